@@ -1,0 +1,31 @@
+# Two entry points: `make demo` (generate, prepare, load a small multimodal dataset) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: install demo test lint bench clean
+
+$(BIN)/energon: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU build of torch first, so nothing pulls CUDA wheels.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(BIN)/energon
+
+install: $(BIN)/energon
+
+demo: install
+	$(BIN)/energon demo --workdir demo_data
+
+test: install
+	$(BIN)/ruff check energon tests tools
+	$(BIN)/ruff format --check energon tests tools
+	$(BIN)/python -m pytest -q -n 2 tests
+
+lint: install
+	$(BIN)/ruff format energon tests tools
+	$(BIN)/ruff check --fix energon tests tools
+
+clean:
+	rm -rf $(VENV) demo_data bench_data

@@ -1,0 +1,59 @@
+"""Executes the micro-batch positions of one rank (or one of its workers) in order.
+
+For each position ``m`` it asks stream ``m % L`` for its batch ``m // L``. A stream whose batches are
+split over several executors (when the layout does not divide the stream count) is computed by each of
+them, and each keeps only its own batches: correct, just slower. A stream already past a position
+(its snapshot says the batch was consumed before a restore) skips it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from energon.pipeline.spec import PipelineSpec
+from energon.pipeline.stages import attach_restore_key
+from energon.pipeline.stream import Stream, build_stream
+from energon.worker import Layout
+
+
+class Executor:
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        layout: Layout,
+        snapshots: dict[int, dict[str, Any]] | None = None,
+        end: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self.layout = layout
+        self.snapshots = snapshots or {}
+        self.end = end
+        self.streams: dict[int, Stream] = {}
+
+    def stream(self, stream_id: int) -> Stream:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            stream = build_stream(self.spec, stream_id)
+            snapshot = self.snapshots.get(stream_id)
+            if snapshot is not None:
+                stream.restore(snapshot)
+            self.streams[stream_id] = stream
+        return stream
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        num_streams = self.spec.num_streams
+        for m in self.layout.positions(self.end):
+            stream_id, index = m % num_streams, m // num_streams
+            stream = self.stream(stream_id)
+            if stream.emitted > index:
+                continue
+            try:
+                while stream.emitted < index:
+                    stream.next_item()
+                value, key = stream.next_item()
+            except StopIteration:
+                continue
+            attach_restore_key(value, ("Stream", stream_id, key))
+            meta = {"m": m, "s": stream_id, "snap": stream.snapshot()}
+            yield value, meta

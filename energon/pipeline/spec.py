@@ -1,0 +1,89 @@
+"""``PipelineSpec``: everything a worker needs to build any logical stream (picklable, no open files)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any
+
+from energon.plan.sharding import stream_counts
+
+
+@dataclasses.dataclass
+class PipelineSpec:
+    leaves: list[Any]
+    training: bool
+    seed: int
+    num_streams: int
+    batch_size: int | None
+    batch_drop_last: bool = False
+    shuffle_buffer_size: int | None = None
+    max_samples_per_sequence: int | None = None
+    parallel_shard_iters: int | None = None
+    shuffle_over_epochs: int | None = 1
+    repeat: bool = True
+    task_encoder: Any = None
+    decoder: Any = None
+    error_handler: Any = None
+    failure_tolerance: int = 100
+    virtual_epoch_length: int = 0
+    limit: int | None = None
+    num_streams_fixed: bool = False
+
+    def leaf_rotations(self) -> list[int]:
+        """Each leaf's remainder samples start where the previous leaf's stopped (balance)."""
+        rotations, total = [], 0
+        for leaf in self.leaves:
+            rotations.append(total % self.num_streams)
+            total += len(leaf)
+        return rotations
+
+    def stream_sample_counts(self) -> list[int]:
+        """Samples per stream in one pass (sample-level excludes not subtracted)."""
+        totals = [0] * self.num_streams
+        for leaf, rotation in zip(self.leaves, self.leaf_rotations()):
+            for s, n in enumerate(stream_counts(len(leaf), self.num_streams, rotation)):
+                totals[s] += n
+        return totals
+
+    def val_batches_per_stream(self) -> int:
+        """Every stream emits this many items in a validation pass (so all ranks are even)."""
+        counts = self.stream_sample_counts()
+        if self.batch_size is None:
+            return max(counts)
+        if self.batch_drop_last:
+            return min(counts) // self.batch_size
+        return math.ceil(max(counts) / self.batch_size)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What must be equal for a saved state to mean the same thing in this pipeline."""
+        te = self.task_encoder
+        return {
+            "datasets": [leaf.fingerprint() for leaf in self.leaves],
+            "training": self.training,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "batch_drop_last": self.batch_drop_last,
+            "shuffle_buffer_size": self.shuffle_buffer_size,
+            "max_samples_per_sequence": self.max_samples_per_sequence,
+            "parallel_shard_iters": self.parallel_shard_iters,
+            "shuffle_over_epochs": self.shuffle_over_epochs,
+            "repeat": self.repeat,
+            "task_encoder": f"{type(te).__module__}.{type(te).__qualname__}" if te is not None else None,
+        }
+
+    def config(self) -> dict[str, Any]:
+        return {
+            **self.fingerprint(),
+            "num_streams": self.num_streams,
+            "virtual_epoch_length": self.virtual_epoch_length,
+            "limit": self.limit,
+            "datasets": [leaf.config() for leaf in self.leaves],
+        }
+
+
+def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
+    text = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

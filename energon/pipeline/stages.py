@@ -1,0 +1,340 @@
+"""The stages of one logical stream, from sample pointers to batches.
+
+Items are ``(value, key)`` pairs. A key is a plain tuple recipe that regenerates the value:
+``("Webdataset", leaf, index)`` for a loaded sample, ``("Map", name, sample_index, sub, inner_key)``
+for the output of a hook, ``("Batch", batch_index, (member keys...))`` for a batch. Buffers hold keys,
+never decoded data, so states stay small and restoring re-reads only what sat in buffers.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from energon.errors import ErrorPolicy, SampleException, SkipSample
+from energon.plan.reader import SliceReader
+from energon.rng import CounterRng
+from energon.task_encoder import hook_context
+
+Item = tuple[Any, tuple]
+
+
+def attach_restore_key(value: Any, key: tuple) -> None:
+    """Record ``key`` on samples/batches that carry a ``__restore_key__``."""
+    if isinstance(value, dict):
+        if "__restore_key__" in value:
+            value["__restore_key__"] = key
+    elif hasattr(value, "__restore_key__"):
+        try:
+            value.__restore_key__ = key
+        except (AttributeError, TypeError):
+            pass
+
+
+def as_key(data: Any) -> tuple:
+    """Keys come back from JSON as lists; turn them into tuples again, recursively."""
+    if isinstance(data, list | tuple):
+        return tuple(as_key(x) for x in data)
+    return data
+
+
+def key_to_data(key: Any) -> Any:
+    if isinstance(key, tuple | list):
+        return [key_to_data(x) for x in key]
+    return key
+
+
+class PointerSource:
+    """Sample pointers of one stream: its leaves' readers, in sequence (concatenation)."""
+
+    def __init__(self, readers: list[SliceReader]) -> None:
+        self.readers = readers
+        self._current = 0
+
+    def __iter__(self) -> Iterator[Item]:
+        return self
+
+    def __next__(self) -> Item:
+        while self._current < len(self.readers):
+            try:
+                index = next(self.readers[self._current])
+            except StopIteration:
+                self._current += 1
+                continue
+            key = ("Webdataset", self._current, index)
+            return key, key
+        raise StopIteration
+
+    def state(self) -> dict[str, Any]:
+        return {"current": self._current, "readers": [r.state() for r in self.readers]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._current = int(state["current"])
+        for reader, reader_state in zip(self.readers, state["readers"]):
+            reader.restore(reader_state)
+
+    def rebuild(self, key: tuple) -> Any:
+        return key
+
+
+class ShuffleBuffer:
+    """Keeps up to ``size`` pointers and emits a uniformly random one each step."""
+
+    def __init__(self, upstream: Any, size: int, rng: CounterRng) -> None:
+        self.upstream = upstream
+        self.size = size
+        self.rng = rng
+        self._buffer: list[tuple] = []
+        self._exhausted = False
+
+    def __iter__(self) -> Iterator[Item]:
+        return self
+
+    def __next__(self) -> Item:
+        while not self._exhausted and len(self._buffer) < self.size:
+            try:
+                _, key = next(self.upstream)
+            except StopIteration:
+                self._exhausted = True
+                break
+            self._buffer.append(key)
+        if not self._buffer:
+            self._exhausted = False  # the next pass (validation restart) may refill
+            raise StopIteration
+        i = self.rng.randbelow(len(self._buffer))
+        key = self._buffer[i]
+        self._buffer[i] = self._buffer[-1]
+        self._buffer.pop()
+        return self.upstream.rebuild(key), key
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "buffer": [key_to_data(k) for k in self._buffer],
+            "rng": self.rng.counter,
+            "exhausted": self._exhausted,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._buffer = [as_key(k) for k in state["buffer"]]
+        self.rng.counter = int(state["rng"])
+        self._exhausted = bool(state["exhausted"])
+
+    def rebuild(self, key: tuple) -> Any:
+        return self.upstream.rebuild(key)
+
+
+class LoadStage:
+    """Reads and decodes the sample a pointer names; failures follow the error policy."""
+
+    def __init__(self, upstream: Any, leaves: list[Any], decoder: Any, policy: ErrorPolicy) -> None:
+        self.upstream = upstream
+        self.leaves = leaves
+        self.decoder = decoder
+        self.policy = policy
+
+    def __iter__(self) -> Iterator[Item]:
+        return self
+
+    def __next__(self) -> Item:
+        while True:
+            _, key = next(self.upstream)
+            try:
+                sample = self.rebuild(key)
+            except SampleException as e:
+                self.policy.failed(e)
+                continue
+            self.policy.succeeded()
+            return sample, key
+
+    def state(self) -> dict[str, Any]:
+        return {"skipped": self.policy.skipped}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.policy.skipped = int(state.get("skipped", 0))
+
+    def rebuild(self, key: tuple) -> Any:
+        _, leaf, index = key
+        return self.leaves[leaf].load(index, self.decoder, key)
+
+
+class MapStage:
+    """Applies a hook (value or generator; ``SkipSample`` drops) and numbers its inputs.
+
+    ``sample_index = inputs_seen * num_streams + stream`` is the deterministic, layout-independent
+    ``current_sample_index``. A generator interrupted between outputs is saved as
+    (input key, sample index, outputs already emitted) and resumed by re-running it.
+    """
+
+    def __init__(
+        self,
+        upstream: Any,
+        fn: Callable[[Any], Any],
+        name: str,
+        policy: ErrorPolicy,
+        *,
+        stream: int,
+        num_streams: int,
+    ) -> None:
+        self.upstream = upstream
+        self.fn = fn
+        self.name = name
+        self.policy = policy
+        self.stream = stream
+        self.num_streams = num_streams
+        self._inputs = 0
+        self._pending: tuple[Iterator, tuple, int, int] | None = None
+
+    def __iter__(self) -> Iterator[Item]:
+        return self
+
+    def __next__(self) -> Item:
+        while True:
+            if self._pending is not None:
+                item = self._next_from_pending()
+                if item is not None:
+                    return item
+                continue
+            value, key = next(self.upstream)
+            sample_index = self._inputs * self.num_streams + self.stream
+            self._inputs += 1
+            try:
+                result = self._call(value, sample_index)
+            except SkipSample:
+                continue
+            except Exception as e:
+                self.policy.failed(e, value)
+                continue
+            if inspect.isgenerator(result):
+                self._pending = (result, key, sample_index, 0)
+                continue
+            self.policy.succeeded()
+            out_key = ("Map", self.name, sample_index, 0, key)
+            attach_restore_key(result, out_key)
+            return result, out_key
+
+    def _call(self, value: Any, sample_index: int) -> Any:
+        previous = hook_context.sample_index
+        hook_context.sample_index = sample_index
+        try:
+            return self.fn(value)
+        finally:
+            hook_context.sample_index = previous
+
+    def _advance(self, gen: Iterator, sample_index: int) -> Any:
+        previous = hook_context.sample_index
+        hook_context.sample_index = sample_index
+        try:
+            return next(gen)
+        finally:
+            hook_context.sample_index = previous
+
+    def _next_from_pending(self) -> Item | None:
+        gen, in_key, sample_index, emitted = self._pending  # type: ignore[misc]
+        try:
+            value = self._advance(gen, sample_index)
+        except StopIteration:
+            self._pending = None
+            self.policy.succeeded()
+            return None
+        except SkipSample:
+            self._pending = None
+            return None
+        except Exception as e:
+            self._pending = None
+            self.policy.failed(e)
+            return None
+        self._pending = (gen, in_key, sample_index, emitted + 1)
+        out_key = ("Map", self.name, sample_index, emitted, in_key)
+        attach_restore_key(value, out_key)
+        return value, out_key
+
+    def state(self) -> dict[str, Any]:
+        pending = None
+        if self._pending is not None:
+            _, in_key, sample_index, emitted = self._pending
+            pending = [key_to_data(in_key), sample_index, emitted]
+        return {"inputs": self._inputs, "pending": pending, "skipped": self.policy.skipped}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._inputs = int(state["inputs"])
+        self.policy.skipped = int(state.get("skipped", 0))
+        self._pending = None
+        if state.get("pending") is not None:
+            in_key, sample_index, emitted = state["pending"]
+            in_key = as_key(in_key)
+            gen = self._call(self.upstream.rebuild(in_key), sample_index)
+            for _ in range(emitted):
+                self._advance(gen, sample_index)
+            self._pending = (gen, in_key, sample_index, emitted)
+
+    def rebuild(self, key: tuple) -> Any:
+        _, _, sample_index, sub, in_key = key
+        result = self._call(self.upstream.rebuild(in_key), sample_index)
+        if inspect.isgenerator(result):
+            for _ in range(sub):
+                self._advance(result, sample_index)
+            result = self._advance(result, sample_index)
+        attach_restore_key(result, key)
+        return result
+
+
+class BatchStage:
+    """Collects consecutive items into batches (sizes from a schedule) and calls the batcher."""
+
+    def __init__(
+        self,
+        upstream: Any,
+        sizes: Callable[[int], int],
+        batcher: Callable[[list], Any],
+        policy: ErrorPolicy,
+        *,
+        drop_last: bool = False,
+        max_batches: int | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.sizes = sizes
+        self.batcher = batcher
+        self.policy = policy
+        self.drop_last = drop_last
+        self.max_batches = max_batches
+        self._batches = 0
+
+    def __iter__(self) -> Iterator[Item]:
+        return self
+
+    def __next__(self) -> Item:
+        while True:
+            if self.max_batches is not None and self._batches >= self.max_batches:
+                raise StopIteration
+            size = self.sizes(self._batches)
+            values, keys = [], []
+            for value, key in self.upstream:
+                values.append(value)
+                keys.append(key)
+                if len(values) >= size:
+                    break
+            if not values or (self.drop_last and len(values) < size):
+                raise StopIteration
+            key = ("Batch", self._batches, tuple(keys))
+            self._batches += 1
+            try:
+                batch = self.batcher(values)
+            except Exception as e:
+                self.policy.failed(e, values)
+                continue
+            self.policy.succeeded()
+            attach_restore_key(batch, key)
+            return batch, key
+
+    def state(self) -> dict[str, Any]:
+        return {"batches": self._batches, "skipped": self.policy.skipped}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._batches = int(state["batches"])
+        self.policy.skipped = int(state.get("skipped", 0))
+
+    def rebuild(self, key: tuple) -> Any:
+        batch = self.batcher([self.upstream.rebuild(k) for k in key[2]])
+        attach_restore_key(batch, key)
+        return batch

@@ -1,0 +1,168 @@
+"""One logical stream: its stage chain, its output counter and its snapshot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from energon.errors import ErrorPolicy, log_exception
+from energon.pipeline.spec import PipelineSpec
+from energon.pipeline.stages import BatchStage, LoadStage, MapStage, PointerSource, ShuffleBuffer
+from energon.plan.reader import SliceReader
+from energon.plan.sharding import slice_bounds, stream_ranges
+from energon.rng import CounterRng, stable_seed
+from energon.task_encoder import hook_context
+
+DEFAULT_PARALLEL_SLICES = 16
+
+
+class Stream:
+    """Emits the items (micro-batches) of one logical stream in order; snapshot after each one."""
+
+    def __init__(self, stream_id: int, spec: PipelineSpec, stages: list[Any], max_items: int | None):
+        self.stream_id = stream_id
+        self.spec = spec
+        self.stages = stages
+        self.max_items = max_items
+        self.emitted = 0
+
+    @property
+    def sink(self) -> Any:
+        return self.stages[-1]
+
+    def next_item(self) -> Any:
+        """The next item; ``StopIteration`` at the end of a finite (validation) pass."""
+        if self.max_items is not None and self.emitted >= self.max_items:
+            raise StopIteration
+        hook_context.batch_index = self.emitted * self.spec.num_streams + self.stream_id
+        hook_context.seed = self.spec.seed
+        value, key = next(self.sink)
+        self.emitted += 1
+        return value, key
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"emitted": self.emitted, "stages": [stage.state() for stage in self.stages]}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        hook_context.seed = self.spec.seed
+        for stage, state in zip(self.stages, snapshot["stages"]):
+            stage.restore(state)
+        self.emitted = int(snapshot["emitted"])
+
+    def rebuild(self, key: tuple) -> Any:
+        hook_context.seed = self.spec.seed
+        return self.sink.rebuild(key)
+
+
+def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
+    """The stage chain of ``stream_id``: pointers -> shuffle -> load -> encode -> batch -> encode."""
+    te = spec.task_encoder
+    handler = spec.error_handler or log_exception
+
+    def policy(name: str, fn: Any = None) -> ErrorPolicy:
+        tolerance = getattr(fn, "__failure_tolerance__", spec.failure_tolerance)
+        return ErrorPolicy(name, handler, tolerance)
+
+    readers, padding = _readers(spec, stream_id)
+    stages: list[Any] = [PointerSource(readers)]
+    if spec.training and spec.shuffle_buffer_size and spec.shuffle_buffer_size > 1:
+        rng = CounterRng(stable_seed(spec.seed, "shuffle-buffer", stream_id))
+        stages.append(ShuffleBuffer(stages[-1], spec.shuffle_buffer_size, rng))
+    stages.append(LoadStage(stages[-1], spec.leaves, spec.decoder, policy("load_sample")))
+    for hook in ("encode_sample",):
+        if te is not None and te.is_active(hook):
+            fn = getattr(te, hook)
+            stages.append(
+                MapStage(
+                    stages[-1],
+                    fn,
+                    hook,
+                    policy(hook, fn),
+                    stream=stream_id,
+                    num_streams=spec.num_streams,
+                )
+            )
+    max_items = None
+    if spec.batch_size is not None:
+        sizes = _batch_sizes(spec, stream_id, padding)
+        stages.append(
+            BatchStage(
+                stages[-1],
+                sizes,
+                te.batch,
+                policy("batch", te.batch),
+                drop_last=spec.batch_drop_last,
+            )
+        )
+        if te.is_active("encode_batch"):
+            fn = te.encode_batch
+            stages.append(
+                MapStage(
+                    stages[-1],
+                    fn,
+                    "encode_batch",
+                    policy("encode_batch", fn),
+                    stream=stream_id,
+                    num_streams=spec.num_streams,
+                )
+            )
+    if not spec.training:
+        max_items = spec.val_batches_per_stream()
+    return Stream(stream_id, spec, stages, max_items)
+
+
+def _readers(spec: PipelineSpec, stream_id: int) -> tuple[list[SliceReader], int]:
+    """One reader per leaf over this stream's range; validation streams get padding if short."""
+    readers = []
+    stream_total = 0
+    for i, (leaf, rotation) in enumerate(zip(spec.leaves, spec.leaf_rotations())):
+        start, end = stream_ranges(0, len(leaf), spec.num_streams, rotation)[stream_id]
+        stream_total += end - start
+        bounds = slice_bounds(start, end, leaf.shard_starts, spec.max_samples_per_sequence)
+        parallel = spec.parallel_shard_iters
+        if parallel is None:
+            parallel = DEFAULT_PARALLEL_SLICES if spec.training else 1
+        readers.append(
+            SliceReader(
+                bounds,
+                seed=stable_seed(spec.seed, "reader", i, stream_id),
+                shuffle=spec.training,
+                shuffle_over_epochs=spec.shuffle_over_epochs,
+                parallel_slices=parallel,
+                repeat=spec.training and spec.repeat,
+                excluded=leaf.excluded,
+            )
+        )
+    padding = 0
+    if not spec.training and not spec.batch_drop_last:
+        padding = max(0, spec.val_batches_per_stream() - stream_total)
+    if padding and readers:
+        target = next((r for r in readers if r.num_samples), None)
+        if target is None:
+            target = readers[0]
+            target.pad_index = 0
+        else:
+            target.pad_index = int(target.bounds[0])
+        target.padding = padding
+    return readers, padding
+
+
+def _batch_sizes(spec: PipelineSpec, stream_id: int, padding: int):
+    """Training: constant. Validation: full batches first, then smaller ones, so that every stream
+    emits the same number of batches (see docs/ordering.md)."""
+    bs = spec.batch_size
+    if spec.training or spec.batch_drop_last:
+        return lambda i: bs
+    total = spec.stream_sample_counts()[stream_id] + padding
+    batches = spec.val_batches_per_stream()
+    if bs <= 1 or batches == 0:
+        return lambda i: bs
+    full = min(batches, (total - batches) // (bs - 1))
+
+    def size(i: int) -> int:
+        if i < full:
+            return bs
+        if i == full:
+            return total - full * bs - (batches - 1 - full)
+        return 1
+
+    return size

@@ -1,0 +1,1 @@
+"""Leaf datasets: turn a sample index into a loaded sample."""

@@ -1,0 +1,199 @@
+"""A leaf dataset: one split of one prepared WebDataset, readable by global sample index.
+
+The leaf is a small, picklable description (paths and counts); files are opened lazily in the process
+that reads. Reading a sample is: locate its shard (binary search over cumulative counts), read its byte
+range through the tar index with one ``pread``, split it into members, decode the wanted parts, build
+the sample. Errors name the dataset, shard, sample key and byte offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+from typing import Any
+
+from energon.errors import EmptyDatasetError, SampleException
+from energon.format.info import read_info
+from energon.format.split import read_split
+from energon.format.tar import split_member_name, split_sample_bytes
+from energon.source.dataset_config import SampleBuilder, load_sample_builder
+from energon.source.shard_reader import cumulative_starts, shard_reader
+
+
+class SampleReadError(SampleException):
+    """A sample's bytes could not be read, split or decoded."""
+
+
+@dataclasses.dataclass
+class WebdatasetLeaf:
+    root: str
+    split_part: str
+    shard_names: list[str]
+    shard_counts: list[int]
+    builder: SampleBuilder
+    excluded: frozenset[int] = frozenset()
+    subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.starts = cumulative_starts(self.shard_counts)
+        self._starts_list = [int(s) for s in self.starts]
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike,
+        *,
+        split_part: str,
+        split_config: str | None = None,
+        dataset_config: str = "dataset.yaml",
+        subflavors: dict[str, Any] | None = None,
+        builder: SampleBuilder | None = None,
+    ) -> WebdatasetLeaf:
+        """Read ``.nv-meta`` once and describe the split ``split_part``."""
+        root = os.path.abspath(os.fspath(root))
+        if builder is None:
+            builder = load_sample_builder(root, dataset_config)
+        split = read_split(root, split_config or builder.split_config or "split.yaml")
+        counts_by_shard = read_info(root)
+        shard_names = split.shards(split_part)
+        missing = [s for s in shard_names if s not in counts_by_shard]
+        if missing:
+            raise ValueError(
+                f"{root}: split {split_part!r} lists shards that are not in .nv-meta/.info.json: "
+                f"{missing[:5]} (re-run `energon prepare`)"
+            )
+        counts = [counts_by_shard[s] for s in shard_names]
+        if not shard_names or sum(counts) == 0:
+            raise EmptyDatasetError(f"{root}: split {split_part!r} has no samples")
+        leaf = cls(
+            root=root,
+            split_part=split_part,
+            shard_names=shard_names,
+            shard_counts=counts,
+            builder=builder,
+            subflavors={**builder.subflavors, **(subflavors or {})},
+        )
+        leaf.excluded = leaf._resolve_sample_excludes(split.sample_excludes())
+        return leaf
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def shard_starts(self) -> list[int]:
+        return self._starts_list[:-1]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard number, index inside the shard) of a global sample index."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample index {index} out of range [0, {len(self)}) in {self.root}")
+        shard = bisect.bisect_right(self._starts_list, index) - 1
+        return shard, index - self._starts_list[shard]
+
+    def shard_path(self, shard: int) -> str:
+        return os.path.join(self.root, self.shard_names[shard])
+
+    def read_members(self, index: int) -> tuple[str, list[tuple[str, memoryview]], str, int]:
+        """(sample key, members, shard name, byte offset) of one sample."""
+        shard, inner = self.locate(index)
+        path = self.shard_path(shard)
+        reader = shard_reader()
+        start, end = reader.byte_range(path, inner)
+        data = reader.read(path, start, end)
+        members = split_sample_bytes(data, base_offset=start, path=path)
+        if not members:
+            raise SampleReadError(f"{path} at byte offset {start}: sample {inner} has no file members")
+        key = _sample_key(members, path, start)
+        return key, members, self.shard_names[shard], start
+
+    def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
+        """Read, decode and build sample ``index``."""
+        key, members, shard_name, offset = self.read_members(index)
+        where = f"{self.root}/{shard_name} sample {key!r} (index {index}) at byte offset {offset}"
+        try:
+            parts = self._decode_parts(members, decoder)
+            from energon.samples import SourceInfo
+
+            base = {
+                "__key__": key,
+                "__restore_key__": restore_key,
+                "__subflavors__": dict(self.subflavors),
+                "__sources__": (
+                    SourceInfo(
+                        dataset_path=self.root,
+                        index=index,
+                        shard_name=shard_name,
+                        file_names=tuple(name for name, _ in members),
+                    ),
+                ),
+                "__shard__": shard_name,
+            }
+            return self.builder.build(parts, base)
+        except SampleException as e:
+            raise SampleReadError(f"{where}: {e}") from e
+        except Exception as e:
+            raise SampleReadError(f"{where}: {type(e).__name__}: {e}") from e
+
+    def _decode_parts(self, members: list[tuple[str, memoryview]], decoder: Any) -> dict[str, Any]:
+        parts: dict[str, Any] = {}
+        for name, payload in members:
+            split = split_member_name(name)
+            if split is None:
+                continue
+            part = split[1]
+            if not self.builder.wants_part(part):
+                continue
+            raw = bytes(payload)
+            parts[part] = decoder.decode_part(part, raw) if decoder is not None else raw
+        return parts
+
+    def _resolve_sample_excludes(self, excludes: set[tuple[str, str]]) -> frozenset[int]:
+        """Global indices of ``<shard>/<key>`` excludes (looked up in the sqlite index once)."""
+        if not excludes:
+            return frozenset()
+        import sqlite3
+
+        wanted = [(s, k) for s, k in excludes if s in self.shard_names]
+        if not wanted:
+            return frozenset()
+        tar_ids = {name: i for i, name in enumerate(read_info(self.root))}
+        db = sqlite3.connect(f"file:{os.path.join(self.root, '.nv-meta', 'index.sqlite')}?mode=ro", uri=True)
+        try:
+            found = set()
+            for shard_name, key in wanted:
+                row = db.execute(
+                    "SELECT sample_index FROM samples WHERE tar_file_id=? AND sample_key=?",
+                    (tar_ids[shard_name], key),
+                ).fetchone()
+                if row is not None:
+                    shard = self.shard_names.index(shard_name)
+                    found.add(self._starts_list[shard] + int(row[0]))
+        finally:
+            db.close()
+        return frozenset(found)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "path": self.root,
+            "split_part": self.split_part,
+            "shards": [[n, c] for n, c in zip(self.shard_names, self.shard_counts)],
+        }
+
+    def config(self) -> dict[str, Any]:
+        return {**self.fingerprint(), "sample": self.builder.config(), "excluded": len(self.excluded)}
+
+
+def _sample_key(members: list[tuple[str, memoryview]], path: str, offset: int) -> str:
+    keys = set()
+    for name, _ in members:
+        split = split_member_name(name)
+        if split is None:
+            continue
+        keys.add(split[0])
+    if len(keys) != 1:
+        raise SampleReadError(
+            f"{path} at byte offset {offset}: expected the members of one sample, found keys "
+            f"{sorted(keys)} (the tar index does not match the shard; re-run `energon prepare`)"
+        )
+    return keys.pop()

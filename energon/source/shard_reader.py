@@ -1,0 +1,82 @@
+"""Random access to the byte range of one sample in a tar shard (pread through the tar index).
+
+Open file descriptors and memory-mapped indices are cached per process with a small LRU, so a worker
+that reads from many shards keeps a bounded number of files open. Nothing here is pickled: a reader is
+created lazily in each worker process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import numpy as np
+
+from energon.format.tar_index import TarIndex, tar_index_path
+
+
+class _Lru(OrderedDict):
+    def __init__(self, capacity: int, close) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.close = close
+
+    def get_or_open(self, key, opener):
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+            return value
+        value = opener(key)
+        self[key] = value
+        if len(self) > self.capacity:
+            _, old = self.popitem(last=False)
+            self.close(old)
+        return value
+
+
+class ShardReader:
+    """Reads sample byte ranges of local tar shards; one instance per process."""
+
+    def __init__(self, max_open: int = 64) -> None:
+        self._fds = _Lru(max_open, os.close)
+        self._indices = _Lru(max_open, lambda index: None)
+        self._pid = os.getpid()
+
+    def _check_fork(self) -> None:
+        # File offsets are not shared by pread, but be safe and reopen after a fork.
+        if os.getpid() != self._pid:
+            self._fds = _Lru(self._fds.capacity, os.close)
+            self._indices = _Lru(self._indices.capacity, lambda index: None)
+            self._pid = os.getpid()
+
+    def byte_range(self, tar_path: str, sample_in_shard: int) -> tuple[int, int]:
+        self._check_fork()
+        index = self._indices.get_or_open(tar_path, lambda p: TarIndex(tar_index_path(p)))
+        return index.byte_range(sample_in_shard)
+
+    def read(self, tar_path: str, start: int, end: int) -> bytes:
+        self._check_fork()
+        fd = self._fds.get_or_open(tar_path, lambda p: os.open(p, os.O_RDONLY))
+        data = os.pread(fd, end - start, start)
+        if len(data) != end - start:
+            raise OSError(
+                f"{tar_path}: short read at byte offset {start}: wanted {end - start} bytes, got "
+                f"{len(data)} (the shard is truncated or changed since it was prepared)"
+            )
+        return data
+
+
+_reader: ShardReader | None = None
+
+
+def shard_reader() -> ShardReader:
+    """The process-wide reader (created on first use, after any fork)."""
+    global _reader
+    if _reader is None:
+        _reader = ShardReader()
+    return _reader
+
+
+def cumulative_starts(counts: list[int]) -> np.ndarray:
+    """Start offset of each shard in the concatenated index space, plus the total at the end."""
+    return np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))])

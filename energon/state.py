@@ -1,0 +1,228 @@
+"""The saved position of a loader: plain data, versioned, fingerprinted, elastic.
+
+A rank's state says where the global micro-batch sequence stood for that rank (``origin``: every
+position below it was consumed when the current layout started; ``consumed``: how many of the rank's
+own positions ``origin + rank + k * world_size`` were consumed since) and holds a small snapshot of each
+logical stream it read (cursors, RNG counters, buffered sample pointers). Nothing is pickled: a state
+is JSON-serialisable and loads with ``torch.load(weights_only=True)``.
+
+Because streams, not ranks or workers, define the order, a list of per-rank states can be merged and
+re-split for any other number of ranks (``redistribute_states``); the number of workers never matters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from energon.errors import StateError
+
+STATE_FORMAT = "energon-loader-state"
+STATE_VERSION = 1
+
+_REQUIRED = {
+    "format": str,
+    "version": int,
+    "fingerprint": dict,
+    "fingerprint_digest": str,
+    "num_streams": int,
+    "world_size": int,
+    "rank": int,
+    "origin": int,
+    "consumed": int,
+    "pass_offset": int,
+    "streams": list,
+}
+
+
+def make_rank_state(
+    *,
+    fingerprint: dict[str, Any],
+    fingerprint_digest: str,
+    num_streams: int,
+    world_size: int,
+    rank: int,
+    origin: int,
+    consumed: int,
+    pass_offset: int,
+    streams: dict[int, dict[str, Any]],
+    micro_batch_size: int | None,
+) -> dict[str, Any]:
+    return {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "fingerprint": fingerprint,
+        "fingerprint_digest": fingerprint_digest,
+        "num_streams": num_streams,
+        "world_size": world_size,
+        "rank": rank,
+        "origin": origin,
+        "consumed": consumed,
+        "pass_offset": pass_offset,
+        "micro_batch_size": micro_batch_size,
+        "streams": [[s, streams[s]] for s in sorted(streams)],
+    }
+
+
+def check_state_shape(state: Any) -> dict[str, Any]:
+    """Reject anything that is not a well-formed rank state, saying what is wrong."""
+    if isinstance(state, dict) and "dataloader_state_dict" in state:
+        state = state["dataloader_state_dict"]  # Megatron-LM's wrapping
+    if not isinstance(state, dict):
+        raise StateError(f"a loader state must be a dict, got {type(state).__name__}")
+    if state.get("format") != STATE_FORMAT:
+        raise StateError(
+            f"not an energon loader state (format={state.get('format')!r}); states of "
+            "megatron-energon (pickled objects) cannot be restored"
+        )
+    if state.get("version") != STATE_VERSION:
+        raise StateError(
+            f"unsupported loader state version {state.get('version')!r} (this energon reads {STATE_VERSION})"
+        )
+    for name, kind in _REQUIRED.items():
+        if not isinstance(state.get(name), kind):
+            raise StateError(
+                f"loader state field {name!r} is missing or not a {kind.__name__} (the state is damaged)"
+            )
+    for entry in state["streams"]:
+        if not (isinstance(entry, list | tuple) and len(entry) == 2 and isinstance(entry[1], dict)):
+            raise StateError("loader state field 'streams' is damaged")
+    return state
+
+
+def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human-readable list of what differs between two fingerprints."""
+    diffs = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if a != b:
+            diffs.append(f"{key}: saved {_short(a)} != now {_short(b)}")
+    return diffs
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = json.dumps(value, default=str, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_compatible(state: dict[str, Any], fingerprint: dict[str, Any], digest: str) -> None:
+    if state["fingerprint_digest"] == digest:
+        return
+    diffs = fingerprint_differences(state["fingerprint"], fingerprint)
+    raise StateError(
+        "the saved loader state belongs to a different dataset or loader configuration:\n  "
+        + "\n  ".join(diffs or ["(fingerprint digest differs)"])
+    )
+
+
+def stream_snapshots(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(s): snap for s, snap in state["streams"]}
+
+
+def _rank_next_position(state: dict[str, Any]) -> int:
+    return state["origin"] + state["rank"] + state["consumed"] * state["world_size"]
+
+
+def _is_consumed(position: int, states: list[dict[str, Any]]) -> bool:
+    for st in states:
+        if position < st["origin"]:
+            return True
+        offset = position - st["origin"] - st["rank"]
+        if offset >= 0 and offset % st["world_size"] == 0 and offset // st["world_size"] < st["consumed"]:
+            return True
+    return False
+
+
+def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> list[dict[str, Any]]:
+    """Per-rank states of one save point -> per-rank states for ``new_world_size`` ranks.
+
+    The consumed part of the global sequence is kept exactly: the new ranks continue at the first
+    position nobody consumed; positions consumed beyond it (ranks that were a step ahead) are skipped
+    because their streams' snapshots are already past them.
+    """
+    if new_world_size < 1:
+        raise StateError(f"new world size must be >= 1, got {new_world_size}")
+    states = [check_state_shape(s) for s in states]
+    if not states:
+        raise StateError("no states to redistribute")
+    first = states[0]
+    for st in states[1:]:
+        for field in ("fingerprint_digest", "num_streams", "world_size"):
+            if st[field] != first[field]:
+                raise StateError(f"states disagree on {field}: {first[field]!r} vs {st[field]!r}")
+    ranks = sorted(st["rank"] for st in states)
+    if ranks != list(range(first["world_size"])):
+        raise StateError(f"need one state per rank 0..{first['world_size'] - 1}, got ranks {ranks}")
+    num_streams = first["num_streams"]
+    origin = min(_rank_next_position(st) for st in states)
+    merged = _merge_stream_snapshots(states)
+    _check_prefix(merged, states, num_streams, origin)
+    out = []
+    for rank in range(new_world_size):
+        out.append(
+            make_rank_state(
+                fingerprint=first["fingerprint"],
+                fingerprint_digest=first["fingerprint_digest"],
+                num_streams=num_streams,
+                world_size=new_world_size,
+                rank=rank,
+                origin=origin,
+                consumed=0,
+                pass_offset=0,
+                streams=merged,
+                micro_batch_size=first.get("micro_batch_size"),
+            )
+        )
+    return out
+
+
+def _merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    merged: dict[int, dict[str, Any]] = {}
+    for st in states:
+        for s, snap in stream_snapshots(st).items():
+            if s not in merged or snap["emitted"] > merged[s]["emitted"]:
+                merged[s] = snap
+    return merged
+
+
+def _check_prefix(
+    merged: dict[int, dict[str, Any]], states: list[dict[str, Any]], num_streams: int, origin: int
+) -> None:
+    """Each stream's consumed batches must be a prefix, or no snapshot can resume it exactly."""
+    horizon = max(_rank_next_position(st) for st in states)
+    for m in range(origin, horizon):
+        s, i = m % num_streams, m // num_streams
+        emitted = merged.get(s, {"emitted": 0})["emitted"]
+        if _is_consumed(m, states) != (i < emitted):
+            raise StateError(
+                "the per-rank states were saved at different steps in a way that cannot be merged "
+                f"(stream {s} batch {i}); save all ranks at the same step for an elastic restore"
+            )
+
+
+def save_state_file(state: Any, path: str | os.PathLike) -> None:
+    """Write a state (or a list of per-rank states) as JSON, atomically."""
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+    os.replace(tmp, path)
+
+
+def load_state_file(path: str | os.PathLike) -> Any:
+    """Read a state file written as JSON or with ``torch.save`` (never unpickling objects)."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        head = f.read(1)
+    if head in (b"{", b"["):
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except json.JSONDecodeError as e:
+            raise StateError(f"{path}: damaged or truncated state file: {e}") from e
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise StateError(f"{path}: cannot read state file ({type(e).__name__}: {e})") from e

@@ -1,0 +1,82 @@
+"""Shared fixtures: small real datasets (real tar shards, real JPEGs), prepared with our prepare."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from energon.demo import write_captioning_shards, write_text_shards
+from energon.format.prepare import prepare_dataset
+
+TEXT_YAML = """sample_type:
+  __module__: megatron.energon
+  __class__: TextSample
+field_map:
+  text: txt
+"""
+
+CAPTIONING_YAML = """sample_type:
+  __module__: megatron.energon
+  __class__: CaptioningSample
+field_map:
+  image: jpg
+  caption: txt
+"""
+
+
+def make_text_dataset(
+    root: Path, *, num_samples: int, num_shards: int, split=(("train", 1.0),), seed: int = 0
+) -> Path:
+    write_text_shards(root, num_samples=num_samples, num_shards=num_shards, min_chars=5, max_chars=60, seed=seed)
+    prepare_dataset(root, split_parts_ratio=list(split), progress=False, num_workers=1)
+    (root / ".nv-meta" / "dataset.yaml").write_text(TEXT_YAML)
+    return root
+
+
+def make_captioning_dataset(
+    root: Path, *, num_samples: int, num_shards: int, split=(("train", 1.0),), seed: int = 0
+) -> Path:
+    write_captioning_shards(
+        root, num_samples=num_samples, num_shards=num_shards, min_size=24, max_size=48, seed=seed
+    )
+    prepare_dataset(root, split_parts_ratio=list(split), progress=False, num_workers=1)
+    (root / ".nv-meta" / "dataset.yaml").write_text(CAPTIONING_YAML)
+    return root
+
+
+@pytest.fixture(scope="session")
+def text_ds(tmp_path_factory) -> Path:
+    """120 text samples in 5 shards, all in train."""
+    return make_text_dataset(tmp_path_factory.mktemp("text"), num_samples=120, num_shards=5)
+
+
+@pytest.fixture(scope="session")
+def text_val_ds(tmp_path_factory) -> Path:
+    """A train split of 3 shards (60 samples) and a val split of 2 shards (40 samples)."""
+    return make_text_dataset(
+        tmp_path_factory.mktemp("textval"),
+        num_samples=100,
+        num_shards=5,
+        split=(("train", 0.6), ("val", 0.4), ("test", 0.0)),
+    )
+
+
+@pytest.fixture(scope="session")
+def captioning_ds(tmp_path_factory) -> Path:
+    """60 JPEG+caption samples in 3 shards, all in train."""
+    return make_captioning_dataset(tmp_path_factory.mktemp("cap"), num_samples=60, num_shards=3)
+
+
+@pytest.fixture(autouse=True)
+def _no_cuda_env(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    yield
+
+
+def shard_paths(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.tar"))
+
+
+__all__ = ["make_captioning_dataset", "make_text_dataset", "shard_paths", "os"]
