@@ -39,12 +39,6 @@ def as_key(data: Any) -> tuple:
     return data
 
 
-def key_to_data(key: Any) -> Any:
-    if isinstance(key, tuple | list):
-        return [key_to_data(x) for x in key]
-    return key
-
-
 class PointerSource:
     """Sample pointers of one stream: its leaves' readers, in sequence (concatenation)."""
 
@@ -110,7 +104,7 @@ class ShuffleBuffer:
 
     def state(self) -> dict[str, Any]:
         return {
-            "buffer": [key_to_data(k) for k in self._buffer],
+            "buffer": list(self._buffer),
             "rng": self.rng.counter,
             "exhausted": self._exhausted,
         }
@@ -253,7 +247,7 @@ class MapStage:
         pending = None
         if self._pending is not None:
             _, in_key, sample_index, emitted = self._pending
-            pending = [key_to_data(in_key), sample_index, emitted]
+            pending = [in_key, sample_index, emitted]
         return {"inputs": self._inputs, "pending": pending, "skipped": self.policy.skipped}
 
     def restore(self, state: dict[str, Any]) -> None:

@@ -11,6 +11,8 @@ from the seed on restore, so no per-epoch lists are stored.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,7 @@ class SliceReader:
         self._padded = 0
         self._started = False
         self._order: np.ndarray | None = None
+        self._ends = [int(b) for b in bounds[1:]]
 
     @property
     def num_samples(self) -> int:
@@ -103,7 +106,7 @@ class SliceReader:
         entry = self._active[slot]
         index = entry[1]
         entry[1] += 1
-        if entry[1] >= self.bounds[entry[0] + 1]:
+        if entry[1] >= self._ends[entry[0]]:
             self._refill(slot)
         return index
 
@@ -117,10 +120,14 @@ class SliceReader:
             self._open_next_slice()
 
     def _pick_slot(self) -> int:
-        if len(self._active) == 1:
+        """An open slice, with probability proportional to the samples left in it."""
+        active = self._active
+        if len(active) == 1:
             return 0
-        remaining = [self.bounds[i + 1] - c for i, c in self._active]
-        return self._rng.choice_weighted(remaining)
+        ends = self._ends
+        remaining = [ends[i] - c for i, c in active]
+        target = self._rng.randbelow(sum(remaining))
+        return bisect.bisect_right(list(itertools.accumulate(remaining)), target)
 
     def _refill(self, slot: int) -> None:
         if self._pos < self.num_slices:

@@ -50,6 +50,10 @@ _FLAVOR_SAMPLE_TYPES = {
 }
 
 
+# Always set by the loader, whatever a sample_loader returns (its __key__ is kept).
+_FRAMEWORK_FIELDS = ("__restore_key__", "__subflavors__", "__sources__", "__shard__")
+
+
 class DatasetConfigError(ValueError):
     """``dataset.yaml`` is malformed; the message names the file and the key."""
 
@@ -74,23 +78,19 @@ class SampleBuilder:
             return True
         return bool(self.part_filter(part))
 
-    def build(self, parts: dict[str, Any], base: dict[str, Any]) -> Any:
-        """``base`` holds ``__key__``, ``__restore_key__``, ``__subflavors__``, ``__sources__``, ``__shard__``."""
+    def build(self, parts: dict[str, Any], base: dict[str, Any], shard_name: str) -> Any:
+        """``base`` holds ``__key__``, ``__restore_key__``, ``__subflavors__``, ``__sources__``."""
+        if self.kind == "field_map":
+            parts["__key__"] = base["__key__"]
+            return self.sample_type(**base, **self.field_map.apply(parts))
         if self.kind == "crude":
             from energon.samples import CrudeSample
 
-            return CrudeSample({**parts, **base})
-        fields = {k: v for k, v in base.items() if k != "__shard__"}
-        if self.kind == "field_map":
-            fields.update(self.field_map.apply({**parts, "__key__": base["__key__"]}))
-            return self.sample_type(**fields)
-        raw = {**parts, **base}
-        loaded = self.sample_loader(raw)
-        key = loaded.get("__key__", base["__key__"])
-        loaded = {k: v for k, v in loaded.items() if k not in base}
-        fields.update(loaded)
-        fields["__key__"] = key
-        return self.sample_type(**fields)
+            return CrudeSample({**parts, **base, "__shard__": shard_name})
+        loaded = dict(self.sample_loader({**parts, **base, "__shard__": shard_name}))
+        for name in _FRAMEWORK_FIELDS:
+            loaded.pop(name, None)
+        return self.sample_type(**{**base, **loaded})
 
     def config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "subflavors": self.subflavors}

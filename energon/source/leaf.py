@@ -17,6 +17,7 @@ from energon.errors import EmptyDatasetError, SampleException
 from energon.format.info import read_info
 from energon.format.split import read_split
 from energon.format.tar import split_member_name, split_sample_bytes
+from energon.samples import SourceInfo
 from energon.source.dataset_config import SampleBuilder, load_sample_builder
 from energon.source.shard_reader import cumulative_starts, shard_reader
 
@@ -38,6 +39,7 @@ class WebdatasetLeaf:
     def __post_init__(self) -> None:
         self.starts = cumulative_starts(self.shard_counts)
         self._starts_list = [int(s) for s in self.starts]
+        self._shard_paths = [os.path.join(self.root, name) for name in self.shard_names]
 
     @classmethod
     def open(
@@ -92,29 +94,26 @@ class WebdatasetLeaf:
         return shard, index - self._starts_list[shard]
 
     def shard_path(self, shard: int) -> str:
-        return os.path.join(self.root, self.shard_names[shard])
+        return self._shard_paths[shard]
 
-    def read_members(self, index: int) -> tuple[str, list[tuple[str, memoryview]], str, int]:
-        """(sample key, members, shard name, byte offset) of one sample."""
+    def read_members(self, index: int) -> tuple[list[tuple[str, memoryview]], int, int]:
+        """(members, shard number, byte offset) of one sample: one pread through the tar index."""
         shard, inner = self.locate(index)
-        path = self.shard_path(shard)
+        path = self._shard_paths[shard]
         reader = shard_reader()
         start, end = reader.byte_range(path, inner)
-        data = reader.read(path, start, end)
-        members = split_sample_bytes(data, base_offset=start, path=path)
+        members = split_sample_bytes(reader.read(path, start, end), base_offset=start, path=path)
         if not members:
             raise SampleReadError(f"{path} at byte offset {start}: sample {inner} has no file members")
-        key = _sample_key(members, path, start)
-        return key, members, self.shard_names[shard], start
+        return members, shard, start
 
     def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
         """Read, decode and build sample ``index``."""
-        key, members, shard_name, offset = self.read_members(index)
-        where = f"{self.root}/{shard_name} sample {key!r} (index {index}) at byte offset {offset}"
+        members, shard, offset = self.read_members(index)
+        shard_name = self.shard_names[shard]
+        key = None
         try:
-            parts = self._decode_parts(members, decoder)
-            from energon.samples import SourceInfo
-
+            key, parts = self._decode_parts(members, decoder)
             base = {
                 "__key__": key,
                 "__restore_key__": restore_key,
@@ -127,26 +126,40 @@ class WebdatasetLeaf:
                         file_names=tuple(name for name, _ in members),
                     ),
                 ),
-                "__shard__": shard_name,
             }
-            return self.builder.build(parts, base)
-        except SampleException as e:
-            raise SampleReadError(f"{where}: {e}") from e
+            return self.builder.build(parts, base, shard_name)
         except Exception as e:
+            key = key if key is not None else _first_key(members)
+            where = f"{self._shard_paths[shard]} sample {key!r} (index {index}) at byte offset {offset}"
+            if isinstance(e, SampleException):
+                raise SampleReadError(f"{where}: {e}") from e
             raise SampleReadError(f"{where}: {type(e).__name__}: {e}") from e
 
-    def _decode_parts(self, members: list[tuple[str, memoryview]], decoder: Any) -> dict[str, Any]:
+    def _decode_parts(
+        self, members: list[tuple[str, memoryview]], decoder: Any
+    ) -> tuple[str, dict[str, Any]]:
+        """(sample key, decoded wanted parts); all members must belong to one sample."""
         parts: dict[str, Any] = {}
+        key = None
+        wants = self.builder.wants_part
         for name, payload in members:
             split = split_member_name(name)
             if split is None:
                 continue
-            part = split[1]
-            if not self.builder.wants_part(part):
-                continue
-            raw = bytes(payload)
-            parts[part] = decoder.decode_part(part, raw) if decoder is not None else raw
-        return parts
+            member_key, part = split
+            if key is None:
+                key = member_key
+            elif member_key != key:
+                raise SampleReadError(
+                    f"members of two samples ({key!r}, {member_key!r}) in one index entry: the "
+                    "tar index does not match the shard; re-run `energon prepare`"
+                )
+            if wants(part):
+                raw = bytes(payload)
+                parts[part] = decoder.decode_part(part, raw) if decoder is not None else raw
+        if key is None:
+            raise SampleReadError("no sample members with a key")
+        return key, parts
 
     def _resolve_sample_excludes(self, excludes: set[tuple[str, str]]) -> frozenset[int]:
         """Global indices of ``<shard>/<key>`` excludes (looked up in the sqlite index once)."""
@@ -184,16 +197,9 @@ class WebdatasetLeaf:
         return {**self.fingerprint(), "sample": self.builder.config(), "excluded": len(self.excluded)}
 
 
-def _sample_key(members: list[tuple[str, memoryview]], path: str, offset: int) -> str:
-    keys = set()
+def _first_key(members: list[tuple[str, memoryview]]) -> str | None:
     for name, _ in members:
         split = split_member_name(name)
-        if split is None:
-            continue
-        keys.add(split[0])
-    if len(keys) != 1:
-        raise SampleReadError(
-            f"{path} at byte offset {offset}: expected the members of one sample, found keys "
-            f"{sorted(keys)} (the tar index does not match the shard; re-run `energon prepare`)"
-        )
-    return keys.pop()
+        if split is not None:
+            return split[0]
+    return None
