@@ -1,0 +1,84 @@
+"""The ``energon`` command group.
+
+Verbs live in their own modules (each defines a click ``command``) and are imported only when
+used, so ``energon prepare`` does not pay for importing what ``energon preview`` needs, and a verb
+whose module is missing or broken does not take the others down.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+
+import click
+
+# Verb name -> module defining ``command``. Add new verbs here.
+COMMANDS: dict[str, str] = {
+    "prepare": "energon.cli.prepare",
+    "info": "energon.cli.info",
+    "lint": "energon.cli.lint",
+    "preview": "energon.cli.preview",
+    "checkpoint": "energon.cli.checkpoint",
+    "demo": "energon.cli.demo",
+}
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("energon-loader")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _unavailable(name: str, error: BaseException) -> click.Command:
+    """Stands in for a verb whose module failed to import, and says why when invoked."""
+
+    @click.command(name=name, help=f"(unavailable: {error})", context_settings=CONTEXT_SETTINGS)
+    def command() -> None:
+        raise click.ClickException(
+            f"'energon {name}' is unavailable: {type(error).__name__}: {error}"
+        )
+
+    return command
+
+
+class LazyGroup(click.Group):
+    """A group that imports a verb's module only when that verb is listed or run."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if self.get_command(ctx, name) is not None]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module_name = COMMANDS.get(cmd_name)
+        if module_name is None:
+            return None
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name == module_name:
+                return None  # verb not written yet
+            return _unavailable(cmd_name, e)
+        except Exception as e:  # a broken verb must not break the others
+            return _unavailable(cmd_name, e)
+        return getattr(module, "command", None)
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS, invoke_without_command=True)
+@click.version_option(
+    package_version(), "-V", "--version", prog_name="energon-loader", message="%(prog)s %(version)s"
+)
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """energon: prepare, inspect and check multimodal datasets (Megatron-Energon compatible)."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,619 @@
+"""``energon prepare PATH``: index a WebDataset and (optionally) write its ``dataset.yaml``.
+
+Everything the interactive assistant asks can also be given as options, so the command is fully
+scriptable with ``--non-interactive`` (sample types are chosen by NAME there, not by number).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from energon.errors import EnergonError
+from energon.format.dataset_yaml import (
+    CRUDE_CLASS_NAME,
+    crude_dataset_yaml,
+    field_map_dataset_yaml,
+    sample_loader_dataset_yaml,
+    write_dataset_yaml,
+    write_sample_loader_template,
+)
+from energon.format.info import has_info, read_info
+from energon.format.layout import (
+    DATASET_YAML_FILENAME,
+    INDEX_SQLITE_FILENAME,
+    SAMPLE_LOADER_FILENAME,
+    nv_meta_dir,
+)
+from energon.format.prepare import PrepareResult, discover_shards, prepare_dataset
+from energon.format.tar import split_member_name, split_sample_bytes
+from energon.format.tar_index import TarIndex, tar_index_path
+
+MAX_PART_TYPES_FOR_FIELD_MAP = 10
+CRUDE_CHOICE_LABEL = "Crude sample (plain dict for cooking)"
+CRUDE_ALIASES = {CRUDE_CLASS_NAME.lower(), "crudesample", "crude"}
+SPLIT_NAMES = ("train", "val", "test")
+_PART_NAME_RE = re.compile(r"^([^\[]+)")
+
+# ---------------------------------------------------------------------------------------------
+# Sample types offered by the assistant
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    type_name: str
+    default: str | None  # repr of the default, None if the field is required
+
+
+@dataclass(frozen=True)
+class SampleTypeSpec:
+    name: str
+    fields: tuple[FieldSpec, ...]
+
+
+def _required(name: str, type_name: str) -> FieldSpec:
+    return FieldSpec(name, type_name, None)
+
+
+def _optional(name: str, type_name: str, default: str = "None") -> FieldSpec:
+    return FieldSpec(name, type_name, default)
+
+
+# Used only when ``energon.samples`` cannot be imported (e.g. a partial install): the reference's
+# built-in types and their fields.
+_OCR_OPTIONAL = tuple(
+    _optional(n, t)
+    for n, t in (
+        ("block_boxes", "torch.Tensor | None"),
+        ("block_classes", "torch.Tensor | list[str] | None"),
+        ("block_text", "list[str] | None"),
+        ("lines_boxes", "torch.Tensor | None"),
+        ("lines_text", "list[str] | None"),
+        ("words_boxes", "torch.Tensor | None"),
+        ("words_text", "list[str] | None"),
+        ("chars_boxes", "torch.Tensor | None"),
+        ("chars_text", "list[str] | None"),
+    )
+)
+FALLBACK_SAMPLE_TYPES: tuple[SampleTypeSpec, ...] = (
+    SampleTypeSpec(
+        "CaptioningSample", (_required("image", "torch.Tensor"), _required("caption", "str"))
+    ),
+    SampleTypeSpec(
+        "ImageClassificationSample",
+        (
+            _required("image", "torch.Tensor"),
+            _optional("label", "int | None"),
+            _optional("label_name", "str | None"),
+        ),
+    ),
+    SampleTypeSpec("ImageSample", (_required("image", "torch.Tensor"),)),
+    SampleTypeSpec("InterleavedSample", (_required("sequence", "list[torch.Tensor | str]"),)),
+    SampleTypeSpec(
+        "MultiChoiceVQASample",
+        (
+            _required("image", "torch.Tensor"),
+            _required("context", "str"),
+            _optional("choices", "list[str] | None"),
+            _optional("correct_choice_idx", "int", "0"),
+        ),
+    ),
+    SampleTypeSpec(
+        "OCRSample", (_required("image", "torch.Tensor"), _required("text", "str")) + _OCR_OPTIONAL
+    ),
+    SampleTypeSpec("Sample", ()),
+    SampleTypeSpec(
+        "SimilarityInterleavedSample",
+        (
+            _required("images", "list[torch.Tensor]"),
+            _required("texts", "list[str]"),
+            _optional("audio", "list[torch.Tensor] | None"),
+            _optional("video", "list[torch.Tensor] | None"),
+            _optional("similarity_matrix", "torch.Tensor | None"),
+            _optional("matched_text_indices", "list[int] | None"),
+        ),
+    ),
+    SampleTypeSpec("TextSample", (_required("text", "str"),)),
+    SampleTypeSpec(
+        "VQASample",
+        (
+            _required("image", "torch.Tensor"),
+            _required("context", "str"),
+            _optional("answers", "list[str] | None"),
+            _optional("answer_weights", "torch.Tensor | None"),
+        ),
+    ),
+    SampleTypeSpec(
+        "VidQASample",
+        (
+            _required("video", "AVDecoder"),
+            _required("context", "str"),
+            _optional("answers", "list[str] | None"),
+            _optional("answer_weights", "torch.Tensor | None"),
+        ),
+    ),
+)
+
+
+def _field_spec(field: dataclasses.Field) -> FieldSpec:
+    type_name = (
+        field.type
+        if isinstance(field.type, str)
+        else getattr(field.type, "__name__", str(field.type))
+    )
+    if field.default is not dataclasses.MISSING:
+        default: str | None = repr(field.default)
+    elif field.default_factory is not dataclasses.MISSING:
+        default = f"{getattr(field.default_factory, '__name__', 'factory')}()"
+    else:
+        default = None
+    return FieldSpec(field.name, type_name, default)
+
+
+def available_sample_types() -> list[SampleTypeSpec]:
+    """Every ``Sample`` subclass exported by ``energon.samples`` (plus ``Sample``), by name.
+
+    Imported lazily: the samples package pulls in torch, which only the assistant needs.
+    """
+    try:
+        import energon.samples as samples_module
+
+        base = samples_module.Sample
+    except Exception:
+        return list(FALLBACK_SAMPLE_TYPES)
+    specs = []
+    for name in sorted(getattr(samples_module, "__all__", dir(samples_module))):
+        cls = getattr(samples_module, name, None)
+        if isinstance(cls, type) and issubclass(cls, base) and dataclasses.is_dataclass(cls):
+            fields = tuple(
+                _field_spec(f) for f in dataclasses.fields(cls) if not f.name.startswith("__")
+            )
+            specs.append(SampleTypeSpec(cls.__name__, fields))
+    return specs or list(FALLBACK_SAMPLE_TYPES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Option parsing
+
+
+def parse_split_ratio(text: str) -> list[tuple[str, float]]:
+    """``"8,1,1"`` -> ``[("train", 8.0), ("val", 1.0), ("test", 1.0)]``; raises ValueError."""
+    values = [float(v) for v in text.split(",")]
+    if len(values) != 3:
+        raise ValueError("expected exactly three comma-separated numbers (train, val, test)")
+    if any(v < 0 for v in values) or sum(values) <= 0:
+        raise ValueError("ratios must be non-negative and not all zero")
+    return list(zip(SPLIT_NAMES, values))
+
+
+def parse_split_parts(entries: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``("train:parts/train_.*",)`` -> ``[("train", "parts/train_.*")]``; raises ValueError."""
+    result = []
+    for entry in entries:
+        name, sep, pattern = entry.partition(":")
+        if not sep or not name.strip() or not pattern:
+            raise ValueError(f"{entry!r}: expected NAME:PATTERN")
+        result.append((name.strip(), pattern.strip()))
+    return result
+
+
+def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
+    try:
+        field_map = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not valid JSON: {e}", param_hint="--field-map") from None
+    if not isinstance(field_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in field_map.items()
+    ):
+        raise click.BadParameter(
+            'must be a JSON object of strings, e.g. {"image": "jpg", "caption": "txt"}',
+            param_hint="--field-map",
+        )
+    unknown = set(field_map) - {f.name for f in spec.fields}
+    if unknown:
+        raise click.BadParameter(
+            f"{sorted(unknown)} are not fields of {spec.name} "
+            f"(fields: {[f.name for f in spec.fields]})",
+            param_hint="--field-map",
+        )
+    return field_map
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+@click.command(name="prepare", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+@click.option(
+    "--split-parts",
+    multiple=True,
+    metavar="NAME:PATTERN",
+    help="Assign shards matching a regex (braces allowed) to a split; repeatable. Overrides --split-ratio.",
+)
+@click.option("--exclude", default="", help="Regex of shard paths to leave out (re.search).")
+@click.option("--num-workers", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option(
+    "--tar-index-only", is_flag=True, help="Only rebuild .tar.idx files and index.sqlite."
+)
+@click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before a ratio split.")
+@click.option("--media-metadata-by-glob", default=None, help="(not supported yet)")
+@click.option("--media-metadata-by-header", is_flag=True, help="(not supported yet)")
+@click.option("--media-metadata-by-extension", is_flag=True, help="(not supported yet)")
+@click.option("--fix-duplicates", is_flag=True, help="(not supported yet)")
+@click.option("--non-interactive", is_flag=True, help="Never prompt; fail if an answer is missing.")
+@click.option("--split-ratio", default=None, help='train,val,test ratio of shards, e.g. "8,1,1".')
+@click.option("--force-overwrite", is_flag=True, help="Re-prepare an already prepared dataset.")
+@click.option("--skip-dataset-yaml", is_flag=True, help="Do not create a dataset.yaml.")
+@click.option("--dataset-yaml-name", default=DATASET_YAML_FILENAME, show_default=True)
+@click.option("--sample-type", default=None, help="Sample class name (or CrudeWebdataset).")
+@click.option(
+    "--field-map", default=None, help='JSON, e.g. \'{"image": "jpg", "caption": "txt"}\'.'
+)
+@click.option(
+    "--tmp-path",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder to build index.sqlite in before it is copied into .nv-meta.",
+)
+def command(
+    path: Path,
+    progress: bool,
+    split_parts: tuple[str, ...],
+    exclude: str,
+    num_workers: int,
+    tar_index_only: bool,
+    shuffle_tars: bool,
+    media_metadata_by_glob: str | None,
+    media_metadata_by_header: bool,
+    media_metadata_by_extension: bool,
+    fix_duplicates: bool,
+    non_interactive: bool,
+    split_ratio: str | None,
+    force_overwrite: bool,
+    skip_dataset_yaml: bool,
+    dataset_yaml_name: str,
+    sample_type: str | None,
+    field_map: str | None,
+    tmp_path: Path | None,
+) -> None:
+    """Prepare the WebDataset at PATH: index its tar shards and write PATH/.nv-meta/."""
+    if (
+        media_metadata_by_glob is not None
+        or media_metadata_by_header
+        or media_metadata_by_extension
+    ):
+        raise click.UsageError("Media metadata options are not supported yet.")
+    if fix_duplicates:
+        raise click.UsageError(
+            "--fix-duplicates is not supported yet; make sample keys unique (e.g. prefix member "
+            "names with the shard name) and prepare again."
+        )
+    _check_path_kind(path)
+    if not tar_index_only and not _confirm_overwrite(path, force_overwrite, non_interactive):
+        return
+    shards = _find_shards(path, exclude, tar_index_only)
+    if tar_index_only:
+        _run_prepare(path, shards, progress, num_workers, tmp_path, tar_index_only=True)
+        click.echo(f"Rebuilt the tar indices and index.sqlite of {len(shards)} shards. Done.")
+        return
+    ratio, patterns = _ask_split(split_ratio, split_parts, non_interactive)
+    result = _run_prepare(
+        path,
+        shards,
+        progress,
+        num_workers,
+        tmp_path,
+        split_parts_ratio=ratio,
+        split_parts_patterns=patterns,
+        shuffle_seed=42 if shuffle_tars else None,
+    )
+    _print_summary(path, result)
+    if not _should_write_dataset_yaml(skip_dataset_yaml, sample_type, non_interactive):
+        return
+    content = _ask_dataset_yaml(path, result, sample_type, field_map, non_interactive)
+    target = write_dataset_yaml(path, content, dataset_yaml_name, mode_like=path / shards[0])
+    click.echo(f"Wrote {target}.")
+    click.echo("Done")
+
+
+def _check_path_kind(path: Path) -> None:
+    if path.is_file():
+        if path.suffix == ".jsonl":
+            raise click.UsageError("Preparing JSONL files is not supported yet.")
+        if path.suffix == ".yaml":
+            raise click.UsageError("Preparing metadatasets (join indices) is not supported yet.")
+        raise click.UsageError(f"{path} is a file; expected a WebDataset folder.")
+    if _is_filesystem_dataset(path):
+        raise click.UsageError(
+            f"{path} is a filesystem dataset; it must be prepared using 'energon prepare-media'."
+        )
+
+
+def _is_filesystem_dataset(path: Path) -> bool:
+    """A media folder prepared by ``prepare-media``: an index.sqlite without sample tables."""
+    db_path = nv_meta_dir(path) / INDEX_SQLITE_FILENAME
+    if has_info(path) or not db_path.is_file():
+        return False
+    try:
+        with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError:
+        return False
+    return "samples" not in tables
+
+
+def _confirm_overwrite(path: Path, force_overwrite: bool, non_interactive: bool) -> bool:
+    if not has_info(path) or force_overwrite:
+        return True
+    if non_interactive:
+        raise click.ClickException(
+            "Dataset has already been prepared. Use --force-overwrite to overwrite."
+        )
+    return click.confirm(
+        "It seems the dataset had already been prepared. Do you want to continue?", default=False
+    )
+
+
+def _find_shards(path: Path, exclude: str, tar_index_only: bool) -> list[str]:
+    if tar_index_only and has_info(path):
+        shards = list(read_info(path))
+        click.echo(f"Re-indexing the {len(shards)} shards listed in .nv-meta/.info.json.")
+        return shards
+    try:
+        shards = discover_shards(path, exclude or None)
+    except re.error as e:
+        raise click.BadParameter(f"invalid regex: {e}", param_hint="--exclude") from None
+    if not shards:
+        raise click.ClickException("Did not find any tar files. Exiting.")
+    click.echo(f"Found {len(shards)} tar files in total. The first and last ones are:")
+    click.echo(f"- {shards[0]}")
+    click.echo(f"- {shards[-1]}")
+    click.echo(
+        "If you want to exclude some of them, cancel with ctrl+c and specify an exclude "
+        "filter in the command line (--exclude REGEX)."
+    )
+    return shards
+
+
+def _ask_split(
+    split_ratio: str | None, split_parts: tuple[str, ...], non_interactive: bool
+) -> tuple[list[tuple[str, float]] | None, list[tuple[str, str]] | None]:
+    if split_parts:
+        try:
+            return None, parse_split_parts(split_parts)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--split-parts") from None
+    if split_ratio is not None:
+        try:
+            return parse_split_ratio(split_ratio), None
+        except ValueError as e:
+            raise click.BadParameter(f"{split_ratio!r}: {e}", param_hint="--split-ratio") from None
+    if non_interactive:
+        raise click.UsageError("Give --split-ratio or --split-parts in non-interactive mode.")
+    while True:
+        answer = click.prompt(
+            'Please enter a desired train/val/test split like "0.5, 0.2, 0.3" or "8,1,1"'
+        )
+        try:
+            return parse_split_ratio(answer), None
+        except ValueError as e:
+            click.echo(f"Invalid split: {e}. Try again.")
+
+
+def _run_prepare(
+    path: Path,
+    shards: list[str],
+    progress: bool,
+    num_workers: int,
+    tmp_path: Path | None,
+    **kwargs: Any,
+) -> PrepareResult:
+    try:
+        return prepare_dataset(
+            path,
+            shards,
+            num_workers=num_workers,
+            progress=progress,
+            tmp_path=tmp_path,
+            **kwargs,
+        )
+    except (EnergonError, OSError, re.error) as e:
+        raise click.ClickException(
+            f"Preparation failed, previous metadata left unchanged.\n{e}"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# What was found
+
+
+def _print_summary(path: Path, result: PrepareResult) -> None:
+    click.echo(f"Found {result.total_samples:,} samples in {len(result.shard_counts)} shards.")
+    for name, shards in (result.split_parts or {}).items():
+        count = sum(result.shard_counts.get(s, 0) for s in shards)
+        click.echo(f"  {name}: {len(shards)} shards, {count:,} samples")
+    first_shard = next(iter(result.shard_counts))
+    click.echo("Sample 0 and 1 of the first shard:")
+    for key, parts, json_preview in _first_samples_preview(path, first_shard, result):
+        click.echo(f" - {key}: parts {', '.join(parts)}")
+        if json_preview is not None:
+            for line in json_preview.splitlines():
+                click.echo(f"     {line}")
+    shown = result.part_names[:MAX_PART_TYPES_FOR_FIELD_MAP]
+    more = len(result.part_names) > MAX_PART_TYPES_FOR_FIELD_MAP
+    click.echo(
+        f"Found the following part types in the dataset: {', '.join(shown)}{', ...' if more else ''}"
+    )
+
+
+def _first_samples_preview(path: Path, shard: str, result: PrepareResult):
+    """Key, parts and a shortened JSON view of the first samples (reads only those bytes)."""
+    index = TarIndex(path / tar_index_path(shard))
+    with open(path / shard, "rb") as f:
+        for i, (key, parts) in enumerate(result.first_samples):
+            preview = None
+            if "json" in parts:
+                start, end = index.byte_range(i)
+                f.seek(start)
+                for name, payload in split_sample_bytes(f.read(end - start), base_offset=start):
+                    if split_member_name(name) == (key, "json"):
+                        preview = _json_preview(bytes(payload))
+            yield key, parts, preview
+
+
+def _shorten(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _shorten(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shorten(v) for v in value[:3]] + (["..."] if len(value) > 3 else [])
+    if isinstance(value, str) and len(value) > 25:
+        return value[:25] + "..."
+    return value
+
+
+def _json_preview(data: bytes) -> str:
+    try:
+        return json.dumps(_shorten(json.loads(data)), indent=2)
+    except (ValueError, UnicodeDecodeError):
+        return "(json part is not valid JSON)"
+
+
+# ---------------------------------------------------------------------------------------------
+# dataset.yaml assistant
+
+
+def _should_write_dataset_yaml(skip: bool, sample_type: str | None, non_interactive: bool) -> bool:
+    if skip:
+        return False
+    if sample_type is not None:
+        return True
+    if non_interactive:
+        click.echo("Skipping dataset.yaml creation (no --sample-type given).")
+        return False
+    return click.confirm("Do you want to create a dataset.yaml interactively?", default=True)
+
+
+def _ask_dataset_yaml(
+    path: Path,
+    result: PrepareResult,
+    sample_type: str | None,
+    field_map: str | None,
+    non_interactive: bool,
+) -> dict[str, Any]:
+    spec = _choose_sample_type(sample_type)
+    if spec is None:
+        click.echo(
+            "The dataset will yield plain dicts (crude samples); write a Cooker in your task "
+            "encoder to turn them into samples."
+        )
+        return crude_dataset_yaml()
+    _print_fields(spec)
+    if field_map is not None:
+        return field_map_dataset_yaml(spec.name, parse_field_map(field_map, spec))
+    use_field_map = False
+    if not non_interactive:
+        if len(result.part_names) > MAX_PART_TYPES_FOR_FIELD_MAP:
+            click.echo("More than 10 part types: write a sample_loader instead of a field map.")
+        else:
+            use_field_map = click.confirm(
+                "Do you want to set a simple field_map[Y] (or write your own sample_loader [n])?",
+                default=True,
+            )
+    if use_field_map:
+        return field_map_dataset_yaml(spec.name, _ask_field_map(spec, result.part_names))
+    _write_sample_loader(path, spec, result.part_names, non_interactive)
+    return sample_loader_dataset_yaml(spec.name)
+
+
+def _choose_sample_type(sample_type: str | None) -> SampleTypeSpec | None:
+    """The chosen type, or None for crude samples."""
+    specs = available_sample_types()
+    if sample_type is not None:
+        if sample_type.lower() in CRUDE_ALIASES:
+            return None
+        for spec in specs:
+            if spec.name == sample_type:
+                return spec
+        names = [s.name for s in specs] + [CRUDE_CLASS_NAME]
+        raise click.BadParameter(
+            f"unknown sample type {sample_type!r}; choose one of {', '.join(names)}",
+            param_hint="--sample-type",
+        )
+    click.echo("The following sample types are available:")
+    for i, spec in enumerate(specs):
+        click.echo(f"{i}. {spec.name}")
+    click.echo(f"{len(specs)}. {CRUDE_CHOICE_LABEL}")
+    while True:
+        choice = click.prompt("Please enter a number to choose a class", type=int)
+        if 0 <= choice < len(specs):
+            return specs[choice]
+        if choice == len(specs):
+            return None
+        click.echo(f"Invalid choice {choice}; enter a number from 0 to {len(specs)}.")
+
+
+def _describe_field(field: FieldSpec) -> str:
+    default = f", default: {field.default}" if field.default is not None else ""
+    return f"{field.type_name}{default}"
+
+
+def _print_fields(spec: SampleTypeSpec) -> None:
+    click.echo(f"{spec.name} has these fields:")
+    for field in spec.fields:
+        click.echo(f"  {field.name}: {_describe_field(field)}")
+
+
+def _ask_field_map(spec: SampleTypeSpec, part_names: list[str]) -> dict[str, str]:
+    """One prompt per field; each comma option must start with a part name that exists."""
+    click.echo(
+        "For each field, enter the part (file extension) to read it from. Use 'a,b' for "
+        "fallbacks and 'json[key]' to read a value from a JSON part."
+    )
+    result: dict[str, str] = {}
+    for field in spec.fields:
+        while True:
+            answer = click.prompt(
+                f"Please enter a webdataset field name for '{field.name}' ({_describe_field(field)})",
+                default="" if field.default is not None else None,
+                show_default=False,
+            ).strip()
+            if not answer and field.default is not None:
+                break
+            bad = _unknown_parts(answer, part_names)
+            if not bad:
+                result[field.name] = answer
+                break
+            click.echo(f"Unknown part type(s) {bad}; found: {', '.join(part_names)}")
+    return result
+
+
+def _unknown_parts(answer: str, part_names: list[str]) -> list[str]:
+    options = [option.strip() for option in answer.split(",")]
+    names = [(m.group(1) if (m := _PART_NAME_RE.match(o)) else o) for o in options]
+    return [n for n in names if n not in part_names]
+
+
+def _write_sample_loader(
+    path: Path, spec: SampleTypeSpec, part_names: list[str], non_interactive: bool
+) -> None:
+    target = nv_meta_dir(path) / SAMPLE_LOADER_FILENAME
+    overwrite = False
+    if target.exists() and not non_interactive:
+        overwrite = click.confirm(
+            f"{target} exists. Overwrite it with a new template?", default=False
+        )
+    fields = [(f.name, f.type_name) for f in spec.fields]
+    if write_sample_loader_template(path, fields, part_names, overwrite=overwrite):
+        click.echo(f"Wrote a template {target}: fill in its TODOs.")
+    else:
+        click.echo(f"Keeping the existing {target}.")

@@ -1,0 +1,21 @@
+"""Decoding of raw sample parts (images with Pillow, basic formats, AV hook) by extension."""
+
+from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, decode_image
+from energon.decode.sample_decoder import (
+    AV_DECODE_MODES,
+    AV_EXTENSIONS,
+    DecodeError,
+    SampleDecoder,
+)
+from energon.decode.sniff import guess_extension
+
+__all__ = [
+    "AV_DECODE_MODES",
+    "AV_EXTENSIONS",
+    "DecodeError",
+    "IMAGE_EXTENSIONS",
+    "IMAGE_MODES",
+    "SampleDecoder",
+    "decode_image",
+    "guess_extension",
+]

@@ -1,0 +1,228 @@
+"""``SampleDecoder``: turns the raw bytes of a sample's parts into Python objects by extension.
+
+The rules follow webdataset's auto-decoding as used by the reference (F95): a ``.gz`` suffix is
+decompressed first, then image extensions (case-insensitive) are decoded with Pillow, audio/video
+extensions go to the AV hook, a few basic extensions (case-sensitive) become str/int/json/arrays,
+and anything else stays raw bytes. Unpickling is refused unless explicitly allowed, because a
+dataset must never be able to run code in the training job by default.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, ImageMode, decode_image
+from energon.decode.sniff import guess_extension
+from energon.errors import SYSTEM_EXCEPTIONS, SampleException
+
+__all__ = [
+    "AV_DECODE_MODES",
+    "AV_EXTENSIONS",
+    "DecodeError",
+    "SampleDecoder",
+]
+
+#: Extensions (lower case) handed to the audio/video hook.
+AV_EXTENSIONS: frozenset[str] = frozenset("mp4 avi mov webm mkv flac mp3 wav flv".split())
+#: Accepted ``av_decode`` values.
+AV_DECODE_MODES: tuple[str, ...] = ("AVDecoder", "torch", "pyav")
+
+_PICKLE_EXTENSIONS = frozenset({"pyd", "pickle", "pkl"})
+_UNSUPPORTED = {
+    "ten": "tenbin",
+    "tb": "tenbin",
+    "mp": "msgpack",
+    "msg": "msgpack",
+    "cbor": "CBOR",
+}
+
+
+class DecodeError(SampleException):
+    """A part could not be decoded; names the part (and the sample key when known)."""
+
+    def __init__(self, message: str, *, part_name: str, key: str | None = None) -> None:
+        where = f"sample {key!r}, part {part_name!r}" if key is not None else f"part {part_name!r}"
+        super().__init__(f"{where}: {message}")
+        self.part_name = part_name
+        self.key = key
+
+
+def _decode_text(data: bytes | memoryview) -> str:
+    return str(data, "utf-8")
+
+
+def _decode_int(data: bytes | memoryview) -> int:
+    return int(bytes(data))
+
+
+def _decode_json(data: bytes | memoryview) -> Any:
+    return json.loads(bytes(data))
+
+
+def _decode_npy(data: bytes | memoryview) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _decode_npz(data: bytes | memoryview) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+class SampleDecoder:
+    """Decodes the parts of a raw sample by their extension (the text after the last dot of the
+    part name, e.g. ``jpg`` for part ``jpg`` or ``img.jpg``).
+
+    ``image_decode``: one of ``IMAGE_MODES`` (default ``torchrgb``: float32 (3, H, W) in [0, 1]).
+    ``av_decode``: ``"AVDecoder"`` (default), ``"torch"`` or ``"pyav"``; see ``decode_av``.
+    ``video_decode_audio``: also decode the audio track of videos (for ``av_decode="torch"``).
+    ``guess_content``: pick the decoder from the content's magic bytes when recognised.
+    ``allow_pickle``: decode ``pyd``/``pickle``/``pkl`` parts and allow full ``torch.load`` of
+    ``pth`` parts. Off by default because unpickling untrusted data runs arbitrary code.
+    """
+
+    def __init__(
+        self,
+        *,
+        image_decode: str = "torchrgb",
+        av_decode: str = "AVDecoder",
+        video_decode_audio: bool = False,
+        guess_content: bool = False,
+        allow_pickle: bool = False,
+    ) -> None:
+        if image_decode not in IMAGE_MODES:
+            raise ValueError(
+                f"Unknown image_decode {image_decode!r}; choose one of {', '.join(IMAGE_MODES)}"
+            )
+        if av_decode not in AV_DECODE_MODES:
+            raise ValueError(
+                f"Unknown av_decode {av_decode!r}; choose one of {', '.join(AV_DECODE_MODES)}"
+            )
+        self.image_decode = image_decode
+        self.av_decode = av_decode
+        self.video_decode_audio = video_decode_audio
+        self.guess_content = guess_content
+        self.allow_pickle = allow_pickle
+        self._image_mode: ImageMode = IMAGE_MODES[image_decode]
+        self._basic: dict[str, Callable[[bytes | memoryview], Any]] = self._basic_handlers()
+
+    def _basic_handlers(self) -> dict[str, Callable[[bytes | memoryview], Any]]:
+        """Case-sensitive extension -> decoder for the non-media formats."""
+        handlers: dict[str, Callable[[bytes | memoryview], Any]] = {}
+        for ext in ("txt", "text", "transcript"):
+            handlers[ext] = _decode_text
+        for ext in ("cls", "cls2", "index", "inx", "id"):
+            handlers[ext] = _decode_int
+        for ext in ("json", "jsn"):
+            handlers[ext] = _decode_json
+        handlers["npy"] = _decode_npy
+        handlers["npz"] = _decode_npz
+        handlers["pth"] = self._decode_torch
+        for ext in _PICKLE_EXTENSIONS:
+            handlers[ext] = self._decode_pickle
+        return handlers
+
+    def _decode_torch(self, data: bytes | memoryview) -> Any:
+        # weights_only restricts unpickling to tensors and plain containers.
+        return torch.load(io.BytesIO(data), weights_only=not self.allow_pickle)
+
+    def _decode_pickle(self, data: bytes | memoryview) -> Any:
+        if not self.allow_pickle:
+            raise ValueError(
+                "refusing to unpickle: pickle data can run arbitrary code. If you trust this "
+                "dataset, enable it with SampleDecoder(allow_pickle=True) (e.g. as the task "
+                "encoder's `decoder`)."
+            )
+        return pickle.loads(data)
+
+    def decode_av(self, extension: str, data: bytes | memoryview) -> Any:
+        """Hook for audio/video parts.
+
+        ``av_decode="pyav"`` returns an opened PyAV input container. The lazy ``AVDecoder`` and the
+        fully decoded ``"torch"`` modes are not available yet: until they land these parts are
+        kept as raw ``bytes`` so that datasets with video parts still load.
+        """
+        if self.av_decode == "pyav":
+            import av
+
+            return av.open(io.BytesIO(data))
+        return bytes(data)
+
+    def decode_part(
+        self, part_name: str, data: bytes | memoryview, *, key: str | None = None
+    ) -> Any:
+        """Decode one part by the extension of its name.
+
+        Raises ``DecodeError`` naming the part (and ``key``, the sample key, when given), with the
+        original exception as its cause.
+        """
+        name = part_name
+        try:
+            if name.endswith(".gz") or name == "gz":
+                data = gzip.decompress(data)
+                name = name[:-3]
+            extension = name.rpartition(".")[2]
+            if self.guess_content:
+                extension = guess_extension(data) or extension
+            return self._dispatch(extension, data)
+        except SYSTEM_EXCEPTIONS:
+            raise
+        except Exception as exc:
+            raise DecodeError(f"{type(exc).__name__}: {exc}", part_name=part_name, key=key) from exc
+
+    def _dispatch(self, extension: str, data: bytes | memoryview) -> Any:
+        lowered = extension.lower()
+        if lowered in IMAGE_EXTENSIONS:
+            return decode_image(data, self._image_mode)
+        if lowered in AV_EXTENSIONS:
+            return self.decode_av(lowered, data)
+        handler = self._basic.get(extension)
+        if handler is not None:
+            return handler(data)
+        if extension in _UNSUPPORTED:
+            raise ValueError(
+                f"{_UNSUPPORTED[extension]} parts ('.{extension}') are not supported; decode them "
+                "yourself (set the task encoder's decoder to None to receive raw bytes)"
+            )
+        return bytes(data) if isinstance(data, memoryview) else data
+
+    def decode(self, fname: str, raw: bytes | memoryview) -> Any:
+        """Decode a single file by its name (``dir/000123.jpg`` -> extension ``jpg``); names
+        without a dot stay raw bytes."""
+        base = fname.rpartition("/")[2]
+        if "." not in base:
+            return bytes(raw) if isinstance(raw, memoryview) else raw
+        return self.decode_part(base.partition(".")[2], raw)
+
+    def __call__(self, parts: Mapping[str, Any]) -> dict[str, Any]:
+        """Decode every part of a raw sample dict; ``__key__``-style entries stay untouched."""
+        key = parts.get("__key__")
+        out: dict[str, Any] = {}
+        for name, value in parts.items():
+            if name.startswith("__") or not isinstance(value, (bytes, memoryview)):
+                out[name] = value
+            else:
+                out[name] = self.decode_part(name, value, key=key)
+        return out
+
+    def config(self) -> dict[str, Any]:
+        """Plain-data description (for dataset config dumps and state fingerprints)."""
+        return {
+            "type": type(self).__qualname__,
+            "image_decode": self.image_decode,
+            "av_decode": self.av_decode,
+            "video_decode_audio": self.video_decode_audio,
+            "guess_content": self.guess_content,
+            "allow_pickle": self.allow_pickle,
+        }
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "type")
+        return f"{type(self).__name__}({options})"

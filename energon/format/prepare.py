@@ -1,0 +1,511 @@
+"""``prepare``: scan a WebDataset's shards once and write its ``.nv-meta`` metadata.
+
+Shards are scanned in parallel worker processes, each reading only tar headers. Results are
+aggregated in the order of the shard list (which defines ``tar_file_id``), so the output does not
+depend on which worker finished first.
+
+Nothing is published until every shard was scanned: tar indices and ``index.sqlite`` are built
+under temporary names, then renamed into place, and ``.info.json`` (the "this dataset is prepared"
+marker) is written last. An interrupted or failed run leaves the previous metadata as it was.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import sys
+import threading
+import uuid
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+from tqdm import tqdm
+
+from energon.errors import EnergonError
+from energon.format.info import (
+    DatasetInfoError,
+    current_energon_version,
+    has_info,
+    read_dataset_info,
+    read_info,
+    write_info,
+)
+from energon.format.layout import (
+    INDEX_SQLITE_FILENAME,
+    INFO_JSON_FILENAME,
+    SPLIT_YAML_FILENAME,
+    PathLike,
+    copy_permissions,
+    nv_meta_dir,
+    remove_quietly,
+    temp_name_for,
+)
+from energon.format.split import expand_all, expand_braces, write_split
+from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid
+from energon.format.tar import scan_tar
+from energon.format.tar_index import encode_offsets, tar_index_path
+
+SHARD_SUFFIXES = (".tar", ".tgz")
+MAX_PART_NAMES = 50
+DEFAULT_SPLIT_NAMES = ("train", "val", "test")
+
+
+class PrepareError(EnergonError):
+    """``prepare`` cannot index the dataset; the message says which shard and why."""
+
+
+class EmptyShardError(PrepareError, ValueError):
+    """A shard holds no samples (every shard must contribute at least one)."""
+
+
+class ShardReadError(PrepareError, OSError):
+    """A shard file cannot be opened or read."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass
+class PrepareResult:
+    """What ``prepare`` found (used by the CLI wizard to propose a ``dataset.yaml``)."""
+
+    shard_counts: dict[str, int]
+    part_names: list[str]  # first-seen order, at most MAX_PART_NAMES
+    first_samples: list[tuple[str, list[str]]]  # first two samples of the first shard: key, parts
+    split_parts: dict[str, list[str]] | None = None  # None with tar_index_only
+
+    @property
+    def total_samples(self) -> int:
+        return sum(self.shard_counts.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Shard discovery and split assignment
+
+
+def discover_shards(root: PathLike, exclude: str | None = None) -> list[str]:
+    """All ``*.tar`` / ``*.tgz`` below ``root`` as sorted POSIX paths relative to ``root``.
+
+    ``exclude`` is a regular expression; paths where it matches anywhere (``re.search``) are dropped.
+    Symlinked folders are followed (datasets are often assembled from links), each real folder once.
+    """
+    root = Path(root)
+    exclude_re = re.compile(exclude) if exclude else None
+    found: list[str] = []
+    seen_dirs: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen_dirs:
+            dirnames.clear()
+            continue
+        seen_dirs.add(real)
+        rel_dir = Path(dirpath).relative_to(root)
+        for name in filenames:
+            if name.endswith(SHARD_SUFFIXES):
+                rel = (rel_dir / name).as_posix()
+                if exclude_re is None or not exclude_re.search(rel):
+                    found.append(rel)
+    return sorted(found)
+
+
+def split_by_ratio(
+    shards: Sequence[str],
+    ratios: Sequence[tuple[str, float]],
+    shuffle_seed: int | None = None,
+) -> dict[str, list[str]]:
+    """Assign whole shards to splits by ratio (cumulative boundaries, rounded down).
+
+    Boundaries are computed with exact fractions of the decimal ratios, so ``7,2,1`` over 10 shards
+    gives 7/2/1 shards (floating cumulative sums would round 0.7+0.2 down and lose a shard).
+    ``shuffle_seed`` shuffles the shard list first with ``random.Random(seed)`` (reference-compatible).
+    """
+    if not ratios or any(r < 0 for _, r in ratios) or sum(r for _, r in ratios) <= 0:
+        raise ValueError(f"invalid split ratios {list(ratios)}: need non-negative values, sum > 0")
+    order = list(shards)
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(order)
+    exact = [Fraction(repr(float(r))) for _, r in ratios]
+    total = sum(exact)
+    result: dict[str, list[str]] = {}
+    start = 0
+    cumulative = Fraction(0)
+    for (name, _), ratio in zip(ratios, exact):
+        cumulative += ratio
+        end = int(len(order) * cumulative / total)
+        result[name] = order[start:end]
+        start = end
+    return result
+
+
+def split_by_patterns(
+    shards: Sequence[str], patterns: Sequence[tuple[str, str]]
+) -> dict[str, list[str]]:
+    """Assign shards to splits by regular expression (``re.match`` on the relative path).
+
+    Each pattern may contain braces and is expanded into several regexes. A shard can land in
+    several splits, or in none.
+    """
+    result: dict[str, list[str]] = {}
+    for name, pattern in patterns:
+        regexes = [re.compile(p) for p in expand_braces(pattern)]
+        matched = [s for s in shards if any(r.match(s) for r in regexes)]
+        result.setdefault(name, []).extend(s for s in matched if s not in result[name])
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Scanning one shard (runs in a worker process)
+
+
+@dataclass
+class ShardScanResult:
+    """One shard's index, in compact arrays so it is cheap to send back from a worker."""
+
+    shard_id: int
+    keys: list[str]
+    offsets: array  # 'Q', len(keys) + 1 entries: the .tar.idx content
+    part_sample_index: array  # 'L', one per part
+    part_names: list[str]  # one per part (interned strings, pickled once each)
+    part_offsets: array  # 'Q'
+    part_sizes: array  # 'Q'
+    found_parts: list[str] = field(default_factory=list)  # distinct part names, first-seen order
+
+    def part_rows(self) -> Iterator[tuple[int, str, int, int]]:
+        return zip(self.part_sample_index, self.part_names, self.part_offsets, self.part_sizes)
+
+
+@dataclass(frozen=True)
+class _ShardTask:
+    shard_id: int
+    tar_path: str
+    index_tmp_path: str | None  # where to write the .tar.idx (renamed into place by the parent)
+
+
+def _scan_shard(task: _ShardTask) -> ShardScanResult:
+    """Scan one shard's headers, write its tar index to the temporary path, return its rows."""
+    try:
+        scan = scan_tar(task.tar_path)
+    except OSError as e:
+        raise ShardReadError(f"{task.tar_path}: cannot read shard: {e.strerror or e}") from None
+    if not scan.samples:
+        raise EmptyShardError(
+            f"{task.tar_path}: shard contains no samples (no members named '<key>.<part>'); "
+            "remove it or exclude it with --exclude"
+        )
+    offsets = array("Q", scan.sample_offsets())
+    if task.index_tmp_path is not None:
+        with open(task.index_tmp_path, "wb") as f:
+            f.write(encode_offsets(offsets))
+    return _compact_result(task.shard_id, scan.samples, offsets)
+
+
+def _compact_result(shard_id: int, samples: list, offsets: array) -> ShardScanResult:
+    interned: dict[str, str] = {}
+    part_sample_index = array("L")
+    part_names: list[str] = []
+    part_offsets = array("Q")
+    part_sizes = array("Q")
+    for sample_index, (_, _, parts) in enumerate(samples):
+        for part, data_offset, size in parts:
+            part_sample_index.append(sample_index)
+            part_names.append(interned.setdefault(part, part))
+            part_offsets.append(data_offset)
+            part_sizes.append(size)
+    return ShardScanResult(
+        shard_id=shard_id,
+        keys=[s[0] for s in samples],
+        offsets=offsets,
+        part_sample_index=part_sample_index,
+        part_names=part_names,
+        part_offsets=part_offsets,
+        part_sizes=part_sizes,
+        found_parts=list(interned)[:MAX_PART_NAMES],
+    )
+
+
+def _fork_is_safe() -> bool:
+    """Forking a process that runs other threads can deadlock the child on a lock one of them held.
+
+    tqdm's monitor thread only sleeps on its own event, which the child never touches; any other
+    thread makes us use a fresh server process instead.
+    """
+    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    return all(type(t).__name__ == "TMonitor" for t in others)
+
+
+def _process_context() -> multiprocessing.context.BaseContext:
+    """Fork when it is safe (fast start, nothing re-imported), else a clean server process."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and sys.platform != "darwin" and _fork_is_safe():
+        return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
+        return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context("spawn")
+
+
+def _iter_scans_in_order(tasks: list[_ShardTask], num_workers: int) -> Iterator[ShardScanResult]:
+    """Scan shards in parallel and yield results in task order (buffering early finishers).
+
+    The pool is started before this returns (not lazily inside the generator), so it is forked
+    before any progress-bar thread exists.
+    """
+    if num_workers <= 1 or len(tasks) <= 1:
+        return (_scan_shard(task) for task in tasks)
+    pool = _process_context().Pool(min(num_workers, len(tasks)))
+    return _ordered_results(pool, tasks)
+
+
+def _ordered_results(pool, tasks: list[_ShardTask]) -> Iterator[ShardScanResult]:
+    pending: dict[int, ShardScanResult] = {}
+    next_id = 0
+    try:
+        for result in pool.imap_unordered(_scan_shard, tasks, chunksize=1):
+            pending[result.shard_id] = result
+            while next_id in pending:
+                yield pending.pop(next_id)
+                next_id += 1
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole preparation
+
+
+@dataclass
+class _Staging:
+    """Temporary files of one run, published together on success or removed on failure."""
+
+    run_id: str
+    index_tmps: dict[str, str] = field(default_factory=dict)  # final .tar.idx path -> tmp path
+    sqlite_tmp: Path | None = None
+
+    def cleanup(self) -> None:
+        for tmp in self.index_tmps.values():
+            remove_quietly(tmp)
+        if self.sqlite_tmp is not None:
+            remove_quietly(self.sqlite_tmp)
+
+
+def _default_num_workers() -> int:
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def prepare_dataset(
+    root: PathLike,
+    shards: Sequence[str] | None = None,
+    *,
+    split_parts_ratio: Sequence[tuple[str, float]] | None = None,
+    split_parts_patterns: Sequence[tuple[str, str]] | None = None,
+    split_config: str = SPLIT_YAML_FILENAME,
+    shuffle_seed: int | None = None,
+    exclude: str | None = None,
+    num_workers: int | None = None,
+    tar_index_only: bool = False,
+    progress: bool = True,
+    tmp_path: PathLike | None = None,
+) -> PrepareResult:
+    """Index every shard of the WebDataset at ``root`` and write ``.nv-meta``.
+
+    ``shards``: relative shard paths (brace patterns allowed); default: all ``*.tar``/``*.tgz``
+    found below ``root`` (or, with ``tar_index_only``, the shards of the existing ``.info.json``).
+    Splits come from ``split_parts_patterns`` if given, else ``split_parts_ratio`` (default: all
+    shards in ``train``). ``tmp_path`` is a folder to build ``index.sqlite`` in (e.g. local disk
+    when the dataset lives on a slow network file system).
+
+    Raises :class:`PrepareError` (empty or unreadable shard), :class:`TarFormatError` (corrupt or
+    truncated tar, with file and byte offset) or ``DuplicateSampleKeyError`` (both locations).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise PrepareError(f"{root}: not a directory")
+    shard_list = _resolve_shards(root, shards, exclude, tar_index_only)
+    _check_index_names_unique(shard_list)
+    meta = nv_meta_dir(root)
+    created_meta = not meta.exists()
+    meta.mkdir(exist_ok=True)
+    _copy_dir_mode(root, meta)
+    staging = _Staging(run_id=uuid.uuid4().hex[:12])
+    try:
+        result = _index_shards(root, shard_list, staging, num_workers, progress, tmp_path)
+        split_parts = None
+        if not tar_index_only:
+            split_parts = _assign_splits(
+                shard_list, split_parts_ratio, split_parts_patterns, shuffle_seed
+            )
+        _publish(root, shard_list, staging, result, split_parts, split_config, tar_index_only)
+    except BaseException:
+        staging.cleanup()
+        if created_meta and not any(meta.iterdir()):
+            meta.rmdir()
+        raise
+    result.split_parts = split_parts
+    return result
+
+
+def _resolve_shards(
+    root: Path, shards: Sequence[str] | None, exclude: str | None, tar_index_only: bool
+) -> list[str]:
+    if shards is not None:
+        shard_list = expand_all(shards)
+        if exclude:
+            exclude_re = re.compile(exclude)
+            shard_list = [s for s in shard_list if not exclude_re.search(s)]
+    elif tar_index_only and has_info(root):
+        shard_list = list(read_info(root))
+    else:
+        shard_list = discover_shards(root, exclude)
+    if not shard_list:
+        raise PrepareError(f"{root}: did not find any tar files (*.tar, *.tgz)")
+    return shard_list
+
+
+def _check_index_names_unique(shards: Sequence[str]) -> None:
+    """``x.tar`` and ``x.tgz`` in one folder would overwrite each other's ``x.tar.idx``."""
+    seen: dict[str, str] = {}
+    for shard in shards:
+        index_name = tar_index_path(shard)
+        if index_name in seen:
+            raise PrepareError(
+                f"shards {seen[index_name]!r} and {shard!r} would share the index file "
+                f"{index_name!r}; rename or exclude one of them"
+            )
+        seen[index_name] = shard
+
+
+def _copy_dir_mode(root: Path, meta: Path) -> None:
+    try:
+        os.chmod(meta, (os.stat(root).st_mode & 0o777) | 0o700)
+    except OSError:
+        pass
+
+
+def _index_shards(
+    root: Path,
+    shards: list[str],
+    staging: _Staging,
+    num_workers: int | None,
+    progress: bool,
+    tmp_path: PathLike | None,
+) -> PrepareResult:
+    """Scan all shards and fill a temporary ``index.sqlite``; nothing is published yet."""
+    tasks = []
+    for shard_id, shard in enumerate(shards):
+        final_index = str(root / tar_index_path(shard))
+        staging.index_tmps[final_index] = f"{final_index}.{staging.run_id}.tmp"
+        tasks.append(_ShardTask(shard_id, str(root / shard), staging.index_tmps[final_index]))
+    sqlite_dir = Path(tmp_path) if tmp_path is not None else nv_meta_dir(root)
+    sqlite_dir.mkdir(parents=True, exist_ok=True)
+    staging.sqlite_tmp = temp_name_for(sqlite_dir / INDEX_SQLITE_FILENAME)
+    counts: dict[str, int] = {}
+    part_names: dict[str, None] = {}
+    first_samples: list[tuple[str, list[str]]] = []
+    # Start the worker processes before opening the database, so they do not inherit it.
+    scans = _iter_scans_in_order(
+        tasks, num_workers if num_workers is not None else _default_num_workers()
+    )
+    writer = SqliteIndexWriter(staging.sqlite_tmp, shards)
+    try:
+        for scan in tqdm(
+            scans, total=len(tasks), desc="Indexing shards", unit="shard", disable=not progress
+        ):
+            writer.add_shard(scan.shard_id, scan.keys, scan.offsets, scan.part_rows())
+            counts[shards[scan.shard_id]] = len(scan.keys)
+            for name in scan.found_parts:
+                if len(part_names) < MAX_PART_NAMES:
+                    part_names.setdefault(name)
+            if scan.shard_id == 0:
+                first_samples = _first_samples(scan)
+        writer.copy_media_tables_from(nv_meta_dir(root) / INDEX_SQLITE_FILENAME)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        if hasattr(scans, "close"):
+            scans.close()  # stops the worker pool
+        raise
+    return PrepareResult(
+        shard_counts=counts, part_names=list(part_names), first_samples=first_samples
+    )
+
+
+def _first_samples(scan: ShardScanResult, n: int = 2) -> list[tuple[str, list[str]]]:
+    wanted = {i: (scan.keys[i], []) for i in range(min(n, len(scan.keys)))}
+    for sample_index, name in zip(scan.part_sample_index, scan.part_names):
+        if sample_index >= n:
+            break
+        wanted[sample_index][1].append(name)
+    return [wanted[i] for i in sorted(wanted)]
+
+
+def _assign_splits(
+    shards: list[str],
+    ratio: Sequence[tuple[str, float]] | None,
+    patterns: Sequence[tuple[str, str]] | None,
+    shuffle_seed: int | None,
+) -> dict[str, list[str]]:
+    if patterns:
+        return split_by_patterns(shards, patterns)
+    if ratio is None:
+        ratio = [("train", 1.0), ("val", 0.0), ("test", 0.0)]
+    return split_by_ratio(shards, ratio, shuffle_seed)
+
+
+def _publish(
+    root: Path,
+    shards: list[str],
+    staging: _Staging,
+    result: PrepareResult,
+    split_parts: dict[str, list[str]] | None,
+    split_config: str,
+    tar_index_only: bool,
+) -> None:
+    """Move every staged file into place; ``.info.json`` goes last (it marks a prepared dataset)."""
+    meta = nv_meta_dir(root)
+    mode_like = root / shards[0]
+    for final, tmp in list(staging.index_tmps.items()):
+        copy_permissions(mode_like, tmp)
+        os.replace(tmp, final)
+        del staging.index_tmps[final]
+    _publish_sqlite(staging, meta / INDEX_SQLITE_FILENAME, mode_like)
+    write_index_uuid(root, mode_like=mode_like)
+    if tar_index_only:
+        _convert_legacy_info(root, mode_like)
+        return
+    write_split(root, split_parts or {}, (), split_config, mode_like=mode_like)
+    write_info(root, result.shard_counts, current_energon_version(), mode_like=mode_like)
+
+
+def _publish_sqlite(staging: _Staging, target: Path, mode_like: Path) -> None:
+    tmp = staging.sqlite_tmp
+    assert tmp is not None
+    if tmp.parent != target.parent:  # built elsewhere (--tmp-path): copy next to the target first
+        local_tmp = temp_name_for(target)
+        try:
+            shutil.copyfile(tmp, local_tmp)
+        except BaseException:
+            remove_quietly(local_tmp)
+            raise
+        remove_quietly(tmp)
+        staging.sqlite_tmp = tmp = local_tmp
+    copy_permissions(mode_like, tmp)
+    os.replace(tmp, target)
+    staging.sqlite_tmp = None
+
+
+def _convert_legacy_info(root: Path, mode_like: Path) -> None:
+    """``--tar-index-only`` turns a legacy ``.info.yaml`` into ``.info.json`` (content unchanged)."""
+    if (nv_meta_dir(root) / INFO_JSON_FILENAME).is_file():
+        return
+    try:
+        info = read_dataset_info(root)
+    except DatasetInfoError:
+        return
+    write_info(root, info.shard_counts, info.energon_version, mode_like=mode_like)

@@ -1,0 +1,204 @@
+"""``split.yaml``: which shards belong to which split, and what to exclude.
+
+Lists are stored brace-collapsed (``parts/data-{000..099}.tar``) so that a dataset with thousands
+of shards keeps a small, reviewable file; readers brace-expand every entry. Collapsing keeps the
+order of the list, because that order is the order in which a split's shards are concatenated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import yaml
+from braceexpand import braceexpand
+
+from energon.errors import EnergonError
+from energon.format.layout import SPLIT_YAML_FILENAME, PathLike, atomic_write_text, nv_meta_dir
+
+_NUMBER_RE = re.compile(r"(\d+)")
+_SHARD_KEY_SEPARATOR_RE = re.compile(r"\.(?:tar|tgz)/")
+
+
+class SplitConfigError(EnergonError, ValueError):
+    """``split.yaml`` is missing or malformed."""
+
+
+class UnknownSplitError(EnergonError, KeyError):
+    """A split name that the split config does not define."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Brace expansion and collapse
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``data-{0..2}.tar`` -> ``["data-0.tar", "data-1.tar", "data-2.tar"]`` (padding kept)."""
+    return list(braceexpand(pattern))
+
+
+def expand_all(patterns: Iterable[str]) -> list[str]:
+    return [name for pattern in patterns for name in expand_braces(pattern)]
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("{", "\\{").replace("}", "\\}")
+
+
+def _tokens(name: str) -> list[str]:
+    """Alternating text / digit tokens; digit runs sit at odd positions."""
+    return _NUMBER_RE.split(name)
+
+
+def _increment_position(a: list[str], b: list[str]) -> int | None:
+    """The one digit token where ``b`` is ``a`` + 1 with the same width, if that is the only change."""
+    if len(a) != len(b):
+        return None
+    changed = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(changed) != 1:
+        return None
+    pos = changed[0]
+    if pos % 2 == 1 and len(a[pos]) == len(b[pos]) and int(b[pos]) == int(a[pos]) + 1:
+        return pos
+    return None
+
+
+def _continues_run(a: list[str], b: list[str], pos: int) -> bool:
+    return _increment_position(a, b) == pos
+
+
+def _render(tokens: list[str], pos: int, last: str | None = None) -> str:
+    if last is None:
+        return "".join(_escape(t) for t in tokens)
+    head = "".join(_escape(t) for t in tokens[:pos])
+    tail = "".join(_escape(t) for t in tokens[pos + 1 :])
+    return f"{head}{{{tokens[pos]}..{last}}}{tail}"
+
+
+def collapse_braces(names: Sequence[str]) -> list[str]:
+    """Order-preserving brace collapse, the inverse of :func:`expand_all`.
+
+    Maximal runs of consecutive names that differ in exactly one number, which grows by one at a
+    constant width, become ``prefix{first..last}suffix``; everything else stays literal.
+    """
+    tokenized = [_tokens(n) for n in names]
+    out: list[str] = []
+    i = 0
+    while i < len(tokenized):
+        pos = (
+            _increment_position(tokenized[i], tokenized[i + 1]) if i + 1 < len(tokenized) else None
+        )
+        if pos is None:
+            out.append(_render(tokenized[i], 0))
+            i += 1
+            continue
+        j = i + 1
+        while j + 1 < len(tokenized) and _continues_run(tokenized[j], tokenized[j + 1], pos):
+            j += 1
+        out.append(_render(tokenized[i], pos, tokenized[j][pos]))
+        i = j + 1
+    if expand_all(out) != list(names):  # a safety net: never write a list that reads back wrong
+        raise SplitConfigError(f"brace collapse does not round-trip for {list(names)[:5]}...")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and writing
+
+
+@dataclass
+class SplitConfig:
+    split_parts: dict[str, list[str]]  # brace-EXPANDED shard lists
+    exclude: list[str] = field(default_factory=list)  # brace-expanded
+    source: str = ""
+
+    def _known_shards(self) -> set[str]:
+        return {shard for shards in self.split_parts.values() for shard in shards}
+
+    def shards(self, split_part: str) -> list[str]:
+        """The split's shards in order, without shards excluded as a whole."""
+        if split_part not in self.split_parts:
+            raise UnknownSplitError(
+                f"{self.source or 'split config'}: invalid split part {split_part!r}; "
+                f"defined: {sorted(self.split_parts)}"
+            )
+        excluded = set(self.exclude)
+        return [s for s in self.split_parts[split_part] if s not in excluded]
+
+    def sample_excludes(self) -> set[tuple[str, str]]:
+        """``(shard name, sample key)`` pairs from ``<shard>.tar/<key>`` exclude entries."""
+        known = self._known_shards()
+        result: set[tuple[str, str]] = set()
+        for entry in self.exclude:
+            if entry in known:
+                continue
+            m = _SHARD_KEY_SEPARATOR_RE.search(entry)
+            if m is not None:
+                result.add((entry[: m.end() - 1], entry[m.end() :]))
+        return result
+
+
+def read_split(root: PathLike, split_config: str = SPLIT_YAML_FILENAME) -> SplitConfig:
+    """Read ``.nv-meta/<split_config>``; for the default name, fall back to ``split.json``."""
+    meta = nv_meta_dir(root)
+    path = meta / split_config
+    if not path.is_file() and split_config == SPLIT_YAML_FILENAME:
+        path = meta / "split.json"
+    if not path.is_file():
+        raise SplitConfigError(f"{meta / split_config}: split config not found")
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f) if path.suffix == ".json" else yaml.safe_load(f)
+    return _parse_split(raw, str(path))
+
+
+def _parse_split(raw: object, path: str) -> SplitConfig:
+    if not isinstance(raw, dict):
+        raise SplitConfigError(f"{path}: expected a mapping with 'split_parts'")
+    unknown = set(raw) - {"split_parts", "exclude"}
+    if unknown:
+        raise SplitConfigError(f"{path}: unknown keys {sorted(unknown)}")
+    parts = raw.get("split_parts")
+    if not isinstance(parts, dict):
+        raise SplitConfigError(f"{path}: 'split_parts' must map split names to shard lists")
+    split_parts: dict[str, list[str]] = {}
+    for name, entries in parts.items():
+        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries or []):
+            raise SplitConfigError(f"{path}: split {name!r} must be a list of shard names")
+        split_parts[str(name)] = expand_all(entries)
+    exclude = raw.get("exclude") or []
+    if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
+        raise SplitConfigError(f"{path}: 'exclude' must be a list of strings")
+    return SplitConfig(split_parts=split_parts, exclude=expand_all(exclude), source=path)
+
+
+def split_config_text(
+    split_parts: dict[str, list[str]], exclude: Sequence[str] = (), *, as_json: bool = False
+) -> str:
+    """The text written for a split config (brace-collapsed lists, ``split_parts`` first)."""
+    content = {
+        "split_parts": {name: collapse_braces(shards) for name, shards in split_parts.items()},
+        "exclude": list(exclude),
+    }
+    if as_json:
+        return json.dumps(content, indent=2)
+    return yaml.dump(content, sort_keys=False)
+
+
+def write_split(
+    root: PathLike,
+    split_parts: dict[str, list[str]],
+    exclude: Sequence[str] = (),
+    split_config: str = SPLIT_YAML_FILENAME,
+    *,
+    mode_like: PathLike | None = None,
+) -> None:
+    """Write ``.nv-meta/<split_config>`` atomically (JSON if the name ends in ``.json``)."""
+    meta = nv_meta_dir(root)
+    meta.mkdir(parents=True, exist_ok=True)
+    text = split_config_text(split_parts, exclude, as_json=split_config.endswith(".json"))
+    atomic_write_text(meta / split_config, text, mode_like=mode_like)

@@ -1,0 +1,180 @@
+"""``.nv-meta/index.sqlite``: every sample's and every part's byte range, for random access by key.
+
+The schema is the reference's (F8) so either tool can read the other's index. ``index.uuid`` is a
+fresh random UUID whenever new rows were written; join indices use it to notice a rebuilt index.
+
+The writer is meant for a NEW database file (``prepare`` builds it under a temporary name and
+renames it into place), so it can switch off journaling and fsync while filling it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from energon.errors import EnergonError
+from energon.format.layout import INDEX_UUID_FILENAME, PathLike, atomic_write_text, nv_meta_dir
+
+SCHEMA = (
+    """CREATE TABLE samples (
+    tar_file_id INTEGER NOT NULL,
+    sample_key TEXT NOT NULL UNIQUE,
+    sample_index INTEGER NOT NULL,
+    byte_offset INTEGER,
+    byte_size INTEGER
+)""",
+    """CREATE TABLE sample_parts (
+    tar_file_id INTEGER,
+    sample_index INTEGER,
+    part_name TEXT,
+    content_byte_offset INTEGER,
+    content_byte_size INTEGER
+)""",
+    """CREATE TABLE media_metadata (
+    entry_key TEXT PRIMARY KEY,
+    metadata_type TEXT NOT NULL,
+    metadata_json TEXT NOT NULL
+)""",
+    """CREATE TABLE media_filters (
+    filter_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    strategy TEXT NOT NULL,
+    patterns TEXT,
+    created_at_utc TEXT DEFAULT CURRENT_TIMESTAMP,
+    UNIQUE(strategy, patterns)
+)""",
+)
+
+INDEXES = (
+    "CREATE INDEX IF NOT EXISTS idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)",
+    "CREATE INDEX IF NOT EXISTS idx_sample_parts_seq "
+    "ON sample_parts(tar_file_id, sample_index, content_byte_offset)",
+    "CREATE INDEX IF NOT EXISTS idx_sample_parts_full "
+    "ON sample_parts(tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size)",
+)
+
+_MEDIA_TABLES = ("media_metadata", "media_filters")
+
+
+class DuplicateSampleKeyError(EnergonError, ValueError):
+    """The same sample key occurs twice in the dataset (keys must be unique across all shards)."""
+
+    def __init__(self, key: str, first: str, second: str) -> None:
+        self.key = key
+        self.first = first
+        self.second = second
+        super().__init__(
+            f"Duplicate sample key {key!r}: first in {first}, again in {second}. Sample keys must be "
+            "unique across all shards of a dataset; rename the members (e.g. prefix them with the "
+            "shard name) and prepare again."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.first, self.second))
+
+
+class SqliteIndexWriter:
+    """Fills a new ``index.sqlite`` shard by shard, then creates the indexes on :meth:`close`.
+
+    ``shard_names`` (in ``tar_file_id`` order) are only used to name both places of a duplicate key.
+    """
+
+    def __init__(self, db_path: PathLike, shard_names: Sequence[str] = ()) -> None:
+        self.db_path = Path(db_path)
+        self.shard_names = list(shard_names)
+        self.rows_written = 0
+        self._db = sqlite3.connect(self.db_path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=OFF")
+        self._db.execute("PRAGMA synchronous=OFF")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        for statement in SCHEMA:
+            self._db.execute(statement)
+
+    def add_shard(
+        self,
+        tar_file_id: int,
+        keys: Sequence[str],
+        offsets: Sequence[int],
+        parts: Iterable[tuple[int, str, int, int]],
+    ) -> None:
+        """Insert one shard: ``offsets`` has ``len(keys) + 1`` entries (the ``.tar.idx``);
+        ``parts`` yields ``(sample_index, part_name, content_offset, content_size)``."""
+        samples = (
+            (tar_file_id, key, i, offsets[i], offsets[i + 1] - offsets[i])
+            for i, key in enumerate(keys)
+        )
+        part_rows = ((tar_file_id, i, name, off, size) for i, name, off, size in parts)
+        db = self._db
+        db.execute("SAVEPOINT shard")
+        try:
+            db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?)", samples)
+        except sqlite3.IntegrityError:
+            db.execute("ROLLBACK TO shard")
+            db.execute("RELEASE shard")
+            raise self._explain_duplicate(tar_file_id, keys, offsets) from None
+        db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", part_rows)
+        db.execute("RELEASE shard")
+        self.rows_written += len(keys)
+
+    def _explain_duplicate(
+        self, tar_file_id: int, keys: Sequence[str], offsets: Sequence[int]
+    ) -> DuplicateSampleKeyError:
+        """Find which key of the rejected shard already exists, and where both copies live."""
+        for i, key in enumerate(keys):
+            row = self._db.execute(
+                "SELECT tar_file_id, byte_offset FROM samples WHERE sample_key = ?", (key,)
+            ).fetchone()
+            if row is not None:
+                first = self._location(row[0], row[1])
+                return DuplicateSampleKeyError(key, first, self._location(tar_file_id, offsets[i]))
+        return DuplicateSampleKeyError("?", "?", self._location(tar_file_id, offsets[0]))
+
+    def _location(self, tar_file_id: int, byte_offset: int) -> str:
+        name = (
+            self.shard_names[tar_file_id]
+            if tar_file_id < len(self.shard_names)
+            else f"tar_file_id {tar_file_id}"
+        )
+        return f"shard {name} at byte offset {byte_offset}"
+
+    def copy_media_tables_from(self, old_db_path: PathLike) -> None:
+        """Carry media metadata over from a previous index (a re-prepare must not lose it)."""
+        if not Path(old_db_path).is_file():
+            return
+        db = self._db
+        db.execute("ATTACH DATABASE ? AS old", (str(old_db_path),))
+        try:
+            existing = {
+                row[0]
+                for row in db.execute("SELECT name FROM old.sqlite_master WHERE type = 'table'")
+            }
+            for table in _MEDIA_TABLES:
+                if table in existing:
+                    db.execute(f"INSERT OR IGNORE INTO main.{table} SELECT * FROM old.{table}")
+        except sqlite3.DatabaseError:
+            pass  # an unreadable old index has nothing worth keeping
+        finally:
+            db.execute("DETACH DATABASE old")
+
+    def close(self) -> None:
+        """Create the lookup indexes and close the database."""
+        for statement in INDEXES:
+            self._db.execute(statement)
+        self._db.close()
+
+    def abort(self) -> None:
+        self._db.close()
+
+
+def write_index_uuid(root: PathLike, *, mode_like: PathLike | None = None) -> str:
+    """Write a new random ``index.uuid`` (the index content changed) and return it."""
+    value = str(uuid.uuid4())
+    meta = nv_meta_dir(root)
+    meta.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(meta / INDEX_UUID_FILENAME, value, mode_like=mode_like)
+    return value
+
+
+def read_index_uuid(root: PathLike) -> str:
+    return (nv_meta_dir(root) / INDEX_UUID_FILENAME).read_text(encoding="utf-8").strip()

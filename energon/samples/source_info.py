@@ -1,0 +1,66 @@
+"""Where a sample came from: enough to find the exact bytes again when something goes wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["SourceInfo", "add_source_info", "get_source_info"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceInfo:
+    """One origin of a sample (a joined or packed sample has several).
+
+    ``dataset_path`` is the dataset root (a path object, or a str for JSONL files); ``index`` is the
+    global sample index for webdataset reads or the entry key for file-store reads; ``file_names``
+    are the full tar member names that were read.
+    """
+
+    dataset_path: Any
+    index: str | int
+    shard_name: str
+    file_names: tuple[str, ...]
+
+
+def _current_sources(sample: Any) -> tuple[SourceInfo, ...]:
+    if isinstance(sample, Mapping):
+        value = sample.get("__sources__")
+    else:
+        value = getattr(sample, "__sources__", None)
+    return tuple(value) if value else ()
+
+
+def add_source_info(sample: Any, *infos: SourceInfo) -> Any:
+    """Append ``infos`` to ``sample.__sources__`` (or ``sample["__sources__"]`` for dict samples).
+
+    Returns the sample so the call can be chained inside a cooker or encoder.
+    """
+    merged = _current_sources(sample) + tuple(infos)
+    if isinstance(sample, Mapping):
+        sample["__sources__"] = merged
+    else:
+        sample.__sources__ = merged
+    return sample
+
+
+def get_source_info(sample: Any) -> list[SourceInfo]:
+    """All source infos of a sample, a dict sample, a batch, or a list/tuple of those, in order."""
+    if isinstance(sample, SourceInfo):
+        return [sample]
+    if isinstance(sample, (list, tuple)) and not hasattr(sample, "_fields"):
+        return [info for item in sample for info in get_source_info(item)]
+    return list(_current_sources(sample))
+
+
+def unique_sources(groups: Iterable[Iterable[SourceInfo] | None]) -> tuple[SourceInfo, ...]:
+    """Concatenate source groups in order, dropping repeats (a joined sample lists each origin once)."""
+    merged: list[SourceInfo] = []
+    for group in groups:
+        for info in group or ():
+            # Linear membership instead of a set: a path object inside may not be hashable,
+            # and a sample has only a handful of sources.
+            if info not in merged:
+                merged.append(info)
+    return tuple(merged)
