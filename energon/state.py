@@ -156,7 +156,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
         raise StateError(f"need one state per rank 0..{first['world_size'] - 1}, got ranks {ranks}")
     num_streams = first["num_streams"]
     origin = min(_rank_next_position(st) for st in states)
-    merged = _merge_stream_snapshots(states)
+    merged = merge_stream_snapshots(states)
     _check_prefix(merged, states, num_streams, origin)
     out = []
     for rank in range(new_world_size):
@@ -177,7 +177,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
     return out
 
 
-def _merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     merged: dict[int, dict[str, Any]] = {}
     for st in states:
         for s, snap in stream_snapshots(st).items():
@@ -226,3 +226,15 @@ def load_state_file(path: str | os.PathLike) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise StateError(f"{path}: cannot read state file ({type(e).__name__}: {e})") from e
+
+
+def dataset_consumption(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per leaf dataset: samples its readers handed out in the streams of this state, and the
+    furthest epoch reached (samples in shuffle buffers count as read)."""
+    datasets = state["fingerprint"]["datasets"]
+    out = [{"path": d["path"], "split_part": d["split_part"], "read": 0, "epoch": 0} for d in datasets]
+    for _, snap in state["streams"]:
+        for entry, reader in zip(out, snap["stages"][0]["readers"]):
+            entry["read"] += int(reader.get("yielded", 0))
+            entry["epoch"] = max(entry["epoch"], int(reader["epoch"]))
+    return out

@@ -44,6 +44,14 @@ def describe(states: list[dict]) -> list[str]:
         f"datasets: {', '.join(d['path'] + ':' + d['split_part'] for d in first['fingerprint']['datasets'])}",
         f"config digest: {first['fingerprint_digest']}",
     ]
+    from energon.state import dataset_consumption, merge_stream_snapshots
+
+    merged = dict(first, streams=[[s, snap] for s, snap in merge_stream_snapshots(states).items()])
+    for entry in dataset_consumption(merged):
+        lines.append(
+            f"dataset {entry['path']} [{entry['split_part']}]: {entry['read']} samples read, "
+            f"epoch {entry['epoch']}"
+        )
     for st in states:
         next_position = st["origin"] + st["rank"] + st["consumed"] * st["world_size"]
         lines.append(

@@ -51,6 +51,7 @@ class SliceReader:
         self._pos = 0
         self._active: list[list[int]] = []
         self._padded = 0
+        self._yielded = 0
         self._started = False
         self._order: np.ndarray | None = None
         self._ends = [int(b) for b in bounds[1:]]
@@ -58,6 +59,11 @@ class SliceReader:
     @property
     def num_samples(self) -> int:
         return int(self.bounds[-1] - self.bounds[0])
+
+    @property
+    def yielded(self) -> int:
+        """Sample indices handed out so far (all epochs)."""
+        return self._yielded
 
     @property
     def epoch(self) -> int:
@@ -70,6 +76,7 @@ class SliceReader:
             "active": [list(a) for a in self._active],
             "rng": self._rng.counter,
             "padded": self._padded,
+            "yielded": self._yielded,
             "started": self._started,
         }
 
@@ -79,6 +86,7 @@ class SliceReader:
         self._active = [[int(i), int(c)] for i, c in state["active"]]
         self._rng.counter = int(state["rng"])
         self._padded = int(state.get("padded", 0))
+        self._yielded = int(state.get("yielded", 0))
         self._started = bool(state["started"])
         self._order = None
 
@@ -89,6 +97,7 @@ class SliceReader:
         while True:
             index = self._next_index()
             if index not in self.excluded:
+                self._yielded += 1
                 return index
 
     def _next_index(self) -> int:
