@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from energon.batch_arena import active_arena
+
 __all__ = [
     "batch_list",
     "batch_pad_stack",
@@ -54,6 +56,12 @@ def _new_batch_tensor(like: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     own ``default_collate`` does): the batch must reach the main process through shared memory
     anyway, and allocating it there saves one full copy of every batch.
     """
+    if like.device.type == "cpu":
+        arena = active_arena()
+        if arena is not None:
+            out = arena.empty(tuple(shape), like.dtype)
+            if out is not None:
+                return out
     if like.device.type == "cpu" and torch.utils.data.get_worker_info() is not None:
         numel = math.prod(shape)
         storage = like.untyped_storage()._new_shared(numel * like.element_size())

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch.utils.data
 
+from energon.batch_arena import BatchArena
 from energon.pipeline.executor import Executor
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.worker import Layout, WorkerConfig
@@ -34,6 +35,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
         self.spec = spec
         self.worker_config = worker_config
         self.resume = ResumePoint()
+        self.arena: BatchArena | None = None
 
     # -- sizes -------------------------------------------------------------------------------
     def positions_per_pass(self) -> int | None:
@@ -100,4 +102,6 @@ class SavableDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
+        if self.arena is not None:
+            self.arena.activate(worker)
         return iter(self.executor(worker))

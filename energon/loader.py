@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import warnings
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from energon.batch_arena import BatchArena
 from energon.dataset import ResumePoint, SavableDataset
 from energon.errors import StateError
 from energon.pipeline.spec import PipelineSpec
@@ -269,9 +271,10 @@ def get_val_datasets(path: Any, **kwargs: Any) -> list[tuple[SavableDataset, Any
 # ---------------------------------------------------------------------------------------------
 
 
-def _collate(item: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+def _collate(arena: BatchArena, item: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """Runs in the worker: numpy -> tensors, and arena tensors -> small references."""
     value, meta = item
-    return torch.utils.data.default_convert(value), meta
+    return arena.export(torch.utils.data.default_convert(value)), meta
 
 
 class Loader:
@@ -309,6 +312,7 @@ class Loader:
         self._pass_offset = 0
         self._snapshots: dict[int, dict[str, Any]] = {}
         self._source: Iterator | None = None
+        self._arena: BatchArena | None = None
 
     # -- iteration ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -334,6 +338,8 @@ class Loader:
                 self._finish_val_pass()
                 return
             self._record(meta)
+            if self.worker_config.num_workers:
+                value = self._arena.import_(value)
             yield value
         self._pass_offset = 0
         if not self.dataset.spec.training:
@@ -357,7 +363,10 @@ class Loader:
             base=self._origin + self._consumed * wc.world_size,
             snapshots=dict(self._snapshots),
         )
+        self._arena = BatchArena(wc.num_workers, shared=wc.num_workers > 0)
+        self.dataset.arena = self._arena
         if wc.num_workers == 0:
+            self._arena.activate(0)
             return iter(self.dataset.executor(0))
         generator = torch.Generator()
         generator.manual_seed(0)  # torch draws worker base seeds from it, not from the global RNG
@@ -365,7 +374,7 @@ class Loader:
             self.dataset,
             batch_size=None,
             num_workers=wc.num_workers,
-            collate_fn=_collate,
+            collate_fn=functools.partial(_collate, self._arena),
             prefetch_factor=self.prefetch_factor,
             persistent_workers=False,
             multiprocessing_context="fork",
@@ -379,6 +388,8 @@ class Loader:
         shutdown = getattr(source, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+        if self._arena is not None:
+            self._arena.close()
 
     def __del__(self) -> None:
         try:

@@ -176,8 +176,8 @@ class ShardScanResult:
     part_sizes: array  # 'Q'
     found_parts: list[str] = field(default_factory=list)  # distinct part names, first-seen order
 
-    def part_rows(self) -> Iterator[tuple[int, str, int, int]]:
-        return zip(self.part_sample_index, self.part_names, self.part_offsets, self.part_sizes)
+    def part_columns(self) -> tuple[array, list[str], array, array]:
+        return self.part_sample_index, self.part_names, self.part_offsets, self.part_sizes
 
 
 @dataclass(frozen=True)
@@ -417,7 +417,7 @@ def _index_shards(
         for scan in tqdm(
             scans, total=len(tasks), desc="Indexing shards", unit="shard", disable=not progress
         ):
-            writer.add_shard(scan.shard_id, scan.keys, scan.offsets, scan.part_rows())
+            writer.add_shard(scan.shard_id, scan.keys, scan.offsets, *scan.part_columns())
             counts[shards[scan.shard_id]] = len(scan.keys)
             for name in scan.found_parts:
                 if len(part_names) < MAX_PART_NAMES:

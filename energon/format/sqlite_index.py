@@ -9,9 +9,11 @@ renames it into place), so it can switch off journaling and fsync while filling 
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 import uuid
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 from pathlib import Path
 
 from energon.errors import EnergonError
@@ -96,15 +98,23 @@ class SqliteIndexWriter:
         tar_file_id: int,
         keys: Sequence[str],
         offsets: Sequence[int],
-        parts: Iterable[tuple[int, str, int, int]],
+        part_sample_index: Iterable[int],
+        part_names: Iterable[str],
+        part_offsets: Iterable[int],
+        part_sizes: Iterable[int],
     ) -> None:
-        """Insert one shard: ``offsets`` has ``len(keys) + 1`` entries (the ``.tar.idx``);
-        ``parts`` yields ``(sample_index, part_name, content_offset, content_size)``."""
-        samples = (
-            (tar_file_id, key, i, offsets[i], offsets[i + 1] - offsets[i])
-            for i, key in enumerate(keys)
+        """Insert one shard, given column-wise.
+
+        ``offsets`` has ``len(keys) + 1`` entries (the ``.tar.idx``); the four part columns hold
+        one entry per part. Rows are assembled by ``zip`` in C: building per-row tuples in Python
+        would cost as much as the inserts themselves.
+        """
+        n = len(keys)
+        byte_sizes = map(operator.sub, offsets[1:], offsets[:n])
+        samples = zip(repeat(tar_file_id, n), keys, range(n), offsets[:n], byte_sizes)
+        part_rows = zip(
+            repeat(tar_file_id), part_sample_index, part_names, part_offsets, part_sizes
         )
-        part_rows = ((tar_file_id, i, name, off, size) for i, name, off, size in parts)
         db = self._db
         db.execute("SAVEPOINT shard")
         try:
