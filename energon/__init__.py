@@ -1,113 +1,81 @@
 """energon: a multimodal streaming data loader for PyTorch and Megatron.
 
 Public API (re-exports only). Datasets prepared by NVIDIA's Megatron-Energon load here and vice versa.
+Names are imported on first use, so ``energon prepare`` and other light commands do not pay for
+importing torch.
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-from energon.batching import (
-    batch_list,
-    batch_pad_stack,
-    batch_stack,
-    concat_pad,
-    generic_batch,
-    generic_concat,
-    homogeneous_concat_mix,
-)
-from energon.dataset import SavableDataset
-from energon.decode import SampleDecoder
-from energon.edataclass import edataclass
-from energon.errors import (
-    EmptyDatasetError,
-    FatalSampleError,
-    SampleException,
-    SkipSample,
-    StateError,
-    log_exception,
-    reraise_exception,
-)
-from energon.loader import (
-    BasicDataLoader,
-    SavableDataLoader,
-    get_loader,
-    get_savable_loader,
-    get_train_dataset,
-    get_val_dataset,
-    get_val_datasets,
-)
-from energon.samples import (
-    Batch,
-    CaptioningSample,
-    CrudeSample,
-    ImageClassificationSample,
-    ImageSample,
-    InterleavedSample,
-    MultiChoiceVQASample,
-    OCRSample,
-    Sample,
-    SimilarityInterleavedSample,
-    SourceInfo,
-    TextSample,
-    VidQASample,
-    VQAOCRSample,
-    VQASample,
-)
-from energon.state import load_state_file, redistribute_states, save_state_file
-from energon.task_encoder import AugmentTaskEncoder, DefaultTaskEncoder, TaskEncoder, stateless
-from energon.worker import WorkerConfig
+_EXPORTS = {
+    "AugmentTaskEncoder": "energon.task_encoder",
+    "BasicDataLoader": "energon.loader",
+    "Batch": "energon.samples",
+    "CaptioningSample": "energon.samples",
+    "CrudeSample": "energon.samples",
+    "DefaultTaskEncoder": "energon.task_encoder",
+    "EmptyDatasetError": "energon.errors",
+    "FatalSampleError": "energon.errors",
+    "ImageClassificationSample": "energon.samples",
+    "ImageSample": "energon.samples",
+    "InterleavedSample": "energon.samples",
+    "MultiChoiceVQASample": "energon.samples",
+    "OCRSample": "energon.samples",
+    "Sample": "energon.samples",
+    "SampleDecoder": "energon.decode",
+    "SampleException": "energon.errors",
+    "SavableDataLoader": "energon.loader",
+    "SavableDataset": "energon.dataset",
+    "SimilarityInterleavedSample": "energon.samples",
+    "SkipSample": "energon.errors",
+    "SourceInfo": "energon.samples",
+    "StateError": "energon.errors",
+    "TaskEncoder": "energon.task_encoder",
+    "TextSample": "energon.samples",
+    "VQAOCRSample": "energon.samples",
+    "VQASample": "energon.samples",
+    "VidQASample": "energon.samples",
+    "WorkerConfig": "energon.worker",
+    "batch_list": "energon.batching",
+    "batch_pad_stack": "energon.batching",
+    "batch_stack": "energon.batching",
+    "concat_pad": "energon.batching",
+    "edataclass": "energon.edataclass",
+    "generic_batch": "energon.batching",
+    "generic_concat": "energon.batching",
+    "get_loader": "energon.loader",
+    "get_savable_loader": "energon.loader",
+    "get_train_dataset": "energon.loader",
+    "get_val_dataset": "energon.loader",
+    "get_val_datasets": "energon.loader",
+    "homogeneous_concat_mix": "energon.batching",
+    "load_state_file": "energon.state",
+    "log_exception": "energon.errors",
+    "redistribute_states": "energon.state",
+    "reraise_exception": "energon.errors",
+    "save_state_file": "energon.state",
+    "stateless": "energon.task_encoder",
+}
 
 try:
     __version__ = version("energon-loader")
 except PackageNotFoundError:  # running from a source tree
     __version__ = "unknown"
 
-__all__ = [
-    "AugmentTaskEncoder",
-    "BasicDataLoader",
-    "Batch",
-    "CaptioningSample",
-    "CrudeSample",
-    "DefaultTaskEncoder",
-    "EmptyDatasetError",
-    "FatalSampleError",
-    "ImageClassificationSample",
-    "ImageSample",
-    "InterleavedSample",
-    "MultiChoiceVQASample",
-    "OCRSample",
-    "Sample",
-    "SampleDecoder",
-    "SampleException",
-    "SavableDataLoader",
-    "SavableDataset",
-    "SimilarityInterleavedSample",
-    "SkipSample",
-    "SourceInfo",
-    "StateError",
-    "TaskEncoder",
-    "TextSample",
-    "VQAOCRSample",
-    "VQASample",
-    "VidQASample",
-    "WorkerConfig",
-    "__version__",
-    "batch_list",
-    "batch_pad_stack",
-    "batch_stack",
-    "concat_pad",
-    "edataclass",
-    "generic_batch",
-    "generic_concat",
-    "get_loader",
-    "get_savable_loader",
-    "get_train_dataset",
-    "get_val_dataset",
-    "get_val_datasets",
-    "homogeneous_concat_mix",
-    "load_state_file",
-    "log_exception",
-    "redistribute_states",
-    "reraise_exception",
-    "save_state_file",
-    "stateless",
-]
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'energon' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__all__ = sorted(_EXPORTS) + ["__version__"]

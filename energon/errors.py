@@ -67,12 +67,16 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Sequence | No
     lines += traceback.format_exception(type(exc), exc, exc.__traceback__)
     for src in sources or ():
         names = ",".join(getattr(src, "file_names", ()) or ())
-        lines.append(f" - {getattr(src, 'dataset_path', '?')}[{getattr(src, 'index', '?')}] "
-                     f"{getattr(src, 'shard_name', '?')} {names}")
+        lines.append(
+            f" - {getattr(src, 'dataset_path', '?')}[{getattr(src, 'index', '?')}] "
+            f"{getattr(src, 'shard_name', '?')} {names}"
+        )
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-def reraise_exception(exc: BaseException, sample: Any = None, sources: Sequence | None = None) -> None:
+def reraise_exception(
+    exc: BaseException, sample: Any = None, sources: Sequence | None = None
+) -> None:
     """Handler that turns every sample error into a hard failure."""
     raise exc
 
@@ -98,7 +102,9 @@ class ErrorPolicy:
     def succeeded(self) -> None:
         self.consecutive = 0
 
-    def failed(self, exc: BaseException, sample: Any = None, sources: Sequence | None = None) -> None:
+    def failed(
+        self, exc: BaseException, sample: Any = None, sources: Sequence | None = None
+    ) -> None:
         """Handle one failure: raise fatal errors, otherwise call the handler and count the skip."""
         if isinstance(exc, SYSTEM_EXCEPTIONS):
             if isinstance(exc, FatalSampleError):

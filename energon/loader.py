@@ -143,8 +143,14 @@ def _build(
                 raise TypeError(f"{leaf.root} yields {st.__name__}, not {sample_type.__name__}")
     if not training and shuffle_over_epochs_multiplier is None:
         shuffle_over_epochs_multiplier = 1
-    if training and shuffle_over_epochs_multiplier is None and parallel_shard_iters not in (None, 1):
-        raise ValueError("unshuffled training (shuffle_over_epochs_multiplier=None) reads one slice at a time")
+    if (
+        training
+        and shuffle_over_epochs_multiplier is None
+        and parallel_shard_iters not in (None, 1)
+    ):
+        raise ValueError(
+            "unshuffled training (shuffle_over_epochs_multiplier=None) reads one slice at a time"
+        )
     spec = PipelineSpec(
         leaves=leaves,
         training=training,
@@ -302,7 +308,9 @@ class Loader:
                     "worker_config differs from the dataset's; the dataset's worker_config is used "
                     "(this argument is deprecated)"
                 )
-            warnings.warn("the loader's worker_config argument is deprecated", FutureWarning, stacklevel=3)
+            warnings.warn(
+                "the loader's worker_config argument is deprecated", FutureWarning, stacklevel=3
+            )
         self.dataset = dataset
         self.worker_config = dataset.worker_config
         self.prefetch_factor = prefetch_factor or self.worker_config.prefetch_factor
@@ -458,7 +466,9 @@ class Loader:
         import torch.distributed as dist
 
         group = self.worker_config.data_parallel_group
-        gathered = [None] * self.worker_config.world_size if dist.get_rank() == global_dst_rank else None
+        gathered = (
+            [None] * self.worker_config.world_size if dist.get_rank() == global_dst_rank else None
+        )
         dist.gather_object(state, gathered, dst=global_dst_rank, group=group)
         return gathered
 
@@ -525,7 +535,9 @@ class SavableDataLoader(Loader):
     """The loader of ``get_savable_loader``."""
 
 
-def get_loader(dataset: SavableDataset, *, worker_config: WorkerConfig | None = None, **kwargs: Any) -> BasicDataLoader:
+def get_loader(
+    dataset: SavableDataset, *, worker_config: WorkerConfig | None = None, **kwargs: Any
+) -> BasicDataLoader:
     """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes."""
     return BasicDataLoader(dataset, worker_config=worker_config, **kwargs)
 

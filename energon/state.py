@@ -129,7 +129,11 @@ def _is_consumed(position: int, states: list[dict[str, Any]]) -> bool:
         if position < st["origin"]:
             return True
         offset = position - st["origin"] - st["rank"]
-        if offset >= 0 and offset % st["world_size"] == 0 and offset // st["world_size"] < st["consumed"]:
+        if (
+            offset >= 0
+            and offset % st["world_size"] == 0
+            and offset // st["world_size"] < st["consumed"]
+        ):
             return True
     return False
 
@@ -232,7 +236,9 @@ def dataset_consumption(state: dict[str, Any]) -> list[dict[str, Any]]:
     """Per leaf dataset: samples its readers handed out in the streams of this state, and the
     furthest epoch reached (samples in shuffle buffers count as read)."""
     datasets = state["fingerprint"]["datasets"]
-    out = [{"path": d["path"], "split_part": d["split_part"], "read": 0, "epoch": 0} for d in datasets]
+    out = [
+        {"path": d["path"], "split_part": d["split_part"], "read": 0, "epoch": 0} for d in datasets
+    ]
     for _, snap in state["streams"]:
         for entry, reader in zip(out, snap["stages"][0]["readers"]):
             entry["read"] += int(reader.get("yielded", 0))

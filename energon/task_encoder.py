@@ -174,7 +174,9 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     def postencode_sample(self, sample: Any) -> T_encoded_sample:
         return sample
 
-    def select_samples_to_pack(self, samples: list[T_encoded_sample]) -> list[list[T_encoded_sample]]:
+    def select_samples_to_pack(
+        self, samples: list[T_encoded_sample]
+    ) -> list[list[T_encoded_sample]]:
         raise NotImplementedError
 
     def pack_selected_samples(self, samples: list[T_encoded_sample]) -> T_encoded_sample:

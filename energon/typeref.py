@@ -23,7 +23,9 @@ def _energon_namespace() -> Any:
 
 
 def _allowed_by_env(module: str) -> bool:
-    allowed = [m.strip() for m in os.environ.get("ENERGON_ALLOWED_MODULES", "").split(",") if m.strip()]
+    allowed = [
+        m.strip() for m in os.environ.get("ENERGON_ALLOWED_MODULES", "").split(",") if m.strip()
+    ]
     return any(module == a or module.startswith(a + ".") for a in allowed)
 
 

@@ -38,12 +38,16 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, world_size): rank={self.rank}, world_size={self.world_size}")
+            raise ValueError(
+                f"rank must be in [0, world_size): rank={self.rank}, world_size={self.world_size}"
+            )
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
 
     @staticmethod
-    def default_worker_config(num_workers: int = 4, data_parallel_group: Any = None) -> WorkerConfig:
+    def default_worker_config(
+        num_workers: int = 4, data_parallel_group: Any = None
+    ) -> WorkerConfig:
         """Rank and world size from ``torch.distributed`` when it is initialised, else a single rank."""
         import torch.distributed as dist
 

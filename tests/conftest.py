@@ -29,7 +29,9 @@ field_map:
 def make_text_dataset(
     root: Path, *, num_samples: int, num_shards: int, split=(("train", 1.0),), seed: int = 0
 ) -> Path:
-    write_text_shards(root, num_samples=num_samples, num_shards=num_shards, min_chars=5, max_chars=60, seed=seed)
+    write_text_shards(
+        root, num_samples=num_samples, num_shards=num_shards, min_chars=5, max_chars=60, seed=seed
+    )
     prepare_dataset(root, split_parts_ratio=list(split), progress=False, num_workers=1)
     (root / ".nv-meta" / "dataset.yaml").write_text(TEXT_YAML)
     return root

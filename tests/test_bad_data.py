@@ -98,7 +98,11 @@ def test_missing_split_and_unprepared_dataset(corrupt_ds, tmp_path_factory):
     empty = tmp_path_factory.mktemp("unprepared")
     with pytest.raises(FileNotFoundError, match="energon prepare"):
         get_train_dataset(
-            empty, worker_config=wc, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None
+            empty,
+            worker_config=wc,
+            batch_size=2,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
         )
 
 
@@ -106,5 +110,9 @@ def test_too_many_streams_for_a_tiny_training_set(corrupt_ds):
     wc = WorkerConfig(rank=0, world_size=4, num_workers=4)
     with pytest.raises(ValueError, match="fewer than the 16 logical streams"):
         get_train_dataset(
-            corrupt_ds, worker_config=wc, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None
+            corrupt_ds,
+            worker_config=wc,
+            batch_size=2,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
         )

@@ -89,12 +89,16 @@ def test_checkpoint_info_and_redist(text_ds, tmp_path):
     assert "rank 1: consumed 3 micro-batches" in result.output
     from energon.state import merge_stream_snapshots
 
-    buffered = sum(len(snap["stages"][1]["buffer"]) for snap in merge_stream_snapshots(states).values())
+    buffered = sum(
+        len(snap["stages"][1]["buffer"]) for snap in merge_stream_snapshots(states).values()
+    )
     consumed = 2 * 3 * 2  # ranks x steps x batch size
     assert f"{consumed + buffered} samples read" in result.output
 
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["checkpoint", "redist", *files, str(out), "--new-world-size", "1"])
+    result = CliRunner().invoke(
+        cli, ["checkpoint", "redist", *files, str(out), "--new-world-size", "1"]
+    )
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in out.iterdir())
     assert written == ["dl_rank000.json"]
@@ -106,8 +110,19 @@ def test_checkpoint_info_and_redist(text_ds, tmp_path):
 def test_demo_runs_end_to_end(tmp_path):
     result = CliRunner().invoke(
         cli,
-        ["demo", "--workdir", str(tmp_path / "demo"), "--samples", "96", "--shards", "2",
-         "--batches", "3", "--workers", "2"],
+        [
+            "demo",
+            "--workdir",
+            str(tmp_path / "demo"),
+            "--samples",
+            "96",
+            "--shards",
+            "2",
+            "--batches",
+            "3",
+            "--workers",
+            "2",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "time to first batch" in result.output

@@ -26,7 +26,12 @@ def _free_port() -> int:
 def _loader(path, num_workers):
     wc = WorkerConfig.default_worker_config(num_workers)
     ds = get_train_dataset(
-        path, worker_config=wc, batch_size=2, shuffle_buffer_size=5, max_samples_per_sequence=4, num_streams=4
+        path,
+        worker_config=wc,
+        batch_size=2,
+        shuffle_buffer_size=5,
+        max_samples_per_sequence=4,
+        num_streams=4,
     )
     return get_savable_loader(ds)
 
@@ -64,7 +69,9 @@ def _run(world_size, path, out_dir, phase, num_workers=0):
     port = _free_port()
     ctx = mp.get_context("fork")
     procs = [
-        ctx.Process(target=_rank_main, args=(r, world_size, port, path, out_dir, phase, num_workers))
+        ctx.Process(
+            target=_rank_main, args=(r, world_size, port, path, out_dir, phase, num_workers)
+        )
         for r in range(world_size)
     ]
     for p in procs:
@@ -86,7 +93,12 @@ def _run(world_size, path, out_dir, phase, num_workers=0):
 def _reference(path, count):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     ds = get_train_dataset(
-        path, worker_config=wc, batch_size=2, shuffle_buffer_size=5, max_samples_per_sequence=4, num_streams=4
+        path,
+        worker_config=wc,
+        batch_size=2,
+        shuffle_buffer_size=5,
+        max_samples_per_sequence=4,
+        num_streams=4,
     )
     it = iter(get_savable_loader(ds))
     return [tuple(next(it).__key__) for _ in range(count)]
@@ -94,7 +106,9 @@ def _reference(path, count):
 
 @pytest.mark.parametrize("world_size,new_world_size", [(2, 2), (4, 2), (4, 3), (2, 4)])
 def test_global_save_and_restore_across_world_sizes(text_ds, tmp_path, world_size, new_world_size):
-    before = _run(world_size, str(text_ds), str(tmp_path), "save", num_workers=1 if world_size == 2 else 0)
+    before = _run(
+        world_size, str(text_ds), str(tmp_path), "save", num_workers=1 if world_size == 2 else 0
+    )
     after = _run(new_world_size, str(text_ds), str(tmp_path), "restore")
     reference = _reference(str(text_ds), len(before) + len(after))
     assert before == reference[: len(before)]

@@ -160,7 +160,11 @@ def test_virtual_epoch_length_and_continuation(text_ds):
 def test_batches_are_pad_stacked_images(captioning_ds, num_workers):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
     ds = get_train_dataset(
-        captioning_ds, worker_config=wc, batch_size=4, shuffle_buffer_size=10, max_samples_per_sequence=10
+        captioning_ds,
+        worker_config=wc,
+        batch_size=4,
+        shuffle_buffer_size=10,
+        max_samples_per_sequence=10,
     )
     batch = next(iter(get_loader(ds)))
     assert batch.image.dtype == torch.float32 and batch.image.ndim == 4

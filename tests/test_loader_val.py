@@ -53,7 +53,9 @@ def test_same_batches_every_pass_and_no_shuffle(text_val_ds):
     second = [list(b.__key__) for b in loader]
     assert first == second
     wc0 = WorkerConfig(rank=0, world_size=1, num_workers=0)
-    single = get_loader(get_val_dataset(text_val_ds, worker_config=wc0, batch_size=8, num_streams=2))
+    single = get_loader(
+        get_val_dataset(text_val_ds, worker_config=wc0, batch_size=8, num_streams=2)
+    )
     assert [list(b.__key__) for b in single] == first
     # one stream reads its range in order
     one = get_loader(get_val_dataset(text_val_ds, worker_config=wc0, batch_size=40))

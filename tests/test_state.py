@@ -171,7 +171,11 @@ def test_restore_errors_are_clear(text_ds, text_val_ds, captioning_ds):
     with pytest.raises(StateError, match="before iterating"):
         started.restore_state_rank(state)
     val = get_savable_loader(
-        get_val_dataset(text_val_ds, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=3)
+        get_val_dataset(
+            text_val_ds,
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+            batch_size=3,
+        )
     )
     with pytest.raises(StateError, match="training"):
         val.restore_state_rank(state)

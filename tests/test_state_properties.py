@@ -44,9 +44,13 @@ def _reference(path, count):
 layouts = st.sampled_from([(1, 0), (1, 2), (2, 0), (2, 1), (4, 0), (3, 0), (1, 3)])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
-    segments=st.lists(st.tuples(layouts, st.integers(min_value=0, max_value=4)), min_size=1, max_size=3)
+    segments=st.lists(
+        st.tuples(layouts, st.integers(min_value=0, max_value=4)), min_size=1, max_size=3
+    )
 )
 def test_interrupted_runs_match_the_uninterrupted_run(captioning_ds, segments):
     torch.set_num_threads(1)

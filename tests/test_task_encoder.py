@@ -73,7 +73,9 @@ def loader_for(path, task_encoder, num_workers=0, **kwargs):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
     options = dict(batch_size=3, shuffle_buffer_size=5, max_samples_per_sequence=5)
     options.update(kwargs)
-    return get_savable_loader(get_train_dataset(path, worker_config=wc, task_encoder=task_encoder, **options))
+    return get_savable_loader(
+        get_train_dataset(path, worker_config=wc, task_encoder=task_encoder, **options)
+    )
 
 
 def summary(batches):
@@ -98,7 +100,9 @@ def test_restore_seeds_leaves_global_rng_alone_and_is_layout_independent(text_ds
     torch.manual_seed(3)
     before = torch.rand(2)
     torch.manual_seed(3)
-    a = summary(next(iter(loader_for(text_ds, SplittingEncoder(), num_streams=2))) for _ in range(4))
+    a = summary(
+        next(iter(loader_for(text_ds, SplittingEncoder(), num_streams=2))) for _ in range(4)
+    )
     after = torch.rand(2)
     assert torch.equal(before, after)
     b = summary(
@@ -132,7 +136,9 @@ class FailingEncoder(DefaultTaskEncoder):
 def test_hook_errors_skip_and_are_reported(text_val_ds, capsys):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     loader = get_savable_loader(
-        get_val_dataset(text_val_ds, worker_config=wc, batch_size=None, task_encoder=FailingEncoder(5))
+        get_val_dataset(
+            text_val_ds, worker_config=wc, batch_size=None, task_encoder=FailingEncoder(5)
+        )
     )
     seen = [s.__key__ for s in loader]
     assert seen and all(int(k.split("_")[1]) % 5 for k in seen)
@@ -143,7 +149,9 @@ def test_hook_errors_skip_and_are_reported(text_val_ds, capsys):
 def test_hook_errors_raise_with_reraise_handler(text_val_ds):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=reraise_exception)
     loader = get_savable_loader(
-        get_val_dataset(text_val_ds, worker_config=wc, batch_size=None, task_encoder=FailingEncoder(5))
+        get_val_dataset(
+            text_val_ds, worker_config=wc, batch_size=None, task_encoder=FailingEncoder(5)
+        )
     )
     with pytest.raises(ValueError, match="cannot encode"):
         list(loader)
@@ -158,7 +166,9 @@ class AlwaysFailing(DefaultTaskEncoder):
 def test_consecutive_failures_become_fatal(text_val_ds):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=lambda *a: None)
     loader = get_savable_loader(
-        get_val_dataset(text_val_ds, worker_config=wc, batch_size=None, task_encoder=AlwaysFailing())
+        get_val_dataset(
+            text_val_ds, worker_config=wc, batch_size=None, task_encoder=AlwaysFailing()
+        )
     )
     with pytest.raises(FatalSampleError, match="in a row"):
         list(loader)

@@ -107,5 +107,3 @@ def _output_names(files: list[str], count: int) -> list[str]:
         stem = os.path.splitext(base[: m.start()] + "{}" + base[m.end() :])[0]
         return [stem.format(str(i).zfill(width)) + ".json" for i in range(count)]
     return [f"state_rank{i:03d}.json" for i in range(count)]
-
-

@@ -18,13 +18,19 @@ field_map:
 
 
 @click.command(name="demo")
-@click.option("--workdir", default="demo_data", show_default=True, help="Where the demo dataset goes.")
+@click.option(
+    "--workdir", default="demo_data", show_default=True, help="Where the demo dataset goes."
+)
 @click.option("--samples", default=2000, show_default=True, help="Number of image+caption samples.")
 @click.option("--shards", default=8, show_default=True, help="Number of tar shards.")
 @click.option("--workers", default=2, show_default=True, help="Loader worker processes.")
-@click.option("--batches", default=100, show_default=True, help="Batches to load for the speed test.")
+@click.option(
+    "--batches", default=100, show_default=True, help="Batches to load for the speed test."
+)
 @click.option("--fresh", is_flag=True, help="Regenerate the dataset even if it exists.")
-def command(workdir: str, samples: int, shards: int, workers: int, batches: int, fresh: bool) -> None:
+def command(
+    workdir: str, samples: int, shards: int, workers: int, batches: int, fresh: bool
+) -> None:
     """Generate, prepare and load a small multimodal dataset, printing batches and samples/s."""
     from tqdm import tqdm
 
@@ -80,7 +86,11 @@ def command(workdir: str, samples: int, shards: int, workers: int, batches: int,
     expected = next(sit).__key__
     resumed = get_savable_loader(
         get_train_dataset(
-            root, worker_config=wc, batch_size=32, shuffle_buffer_size=100, max_samples_per_sequence=100
+            root,
+            worker_config=wc,
+            batch_size=32,
+            shuffle_buffer_size=100,
+            max_samples_per_sequence=100,
         )
     )
     resumed.restore_state_rank(state)
@@ -90,6 +100,8 @@ def command(workdir: str, samples: int, shards: int, workers: int, batches: int,
 
 def _show_batch(batch) -> None:
     click.echo(f"   batch type: {type(batch).__name__}")
-    click.echo(f"   image: {tuple(batch.image.shape)} {batch.image.dtype}, keys: {batch.__key__[:3]} ...")
+    click.echo(
+        f"   image: {tuple(batch.image.shape)} {batch.image.dtype}, keys: {batch.__key__[:3]} ..."
+    )
     for caption in batch.caption[:3]:
         click.echo(f"   caption: {caption!r}")

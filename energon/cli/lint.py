@@ -44,7 +44,9 @@ def check_shard_indices(path: str) -> list[str]:
     return problems
 
 
-def lint_split(path: str, split_part: str, *, parallel: int, dataset_config: str, split_config: str):
+def lint_split(
+    path: str, split_part: str, *, parallel: int, dataset_config: str, split_config: str
+):
     """(samples loaded, failure messages) of one split; None if the split is empty."""
     from energon import WorkerConfig, get_loader, get_val_dataset
     from energon.errors import EmptyDatasetError
@@ -78,7 +80,9 @@ def lint_split(path: str, split_part: str, *, parallel: int, dataset_config: str
 @click.option("--dataset-config", default="dataset.yaml", show_default=True)
 @click.option("--split-config", default="split.yaml", show_default=True)
 @click.option("--parallel", default=1, show_default=True, help="Worker processes.")
-def command(path: str, split_parts: str, dataset_config: str, split_config: str, parallel: int) -> None:
+def command(
+    path: str, split_parts: str, dataset_config: str, split_config: str, parallel: int
+) -> None:
     """Load every sample of PATH; exit non-zero and list the samples that fail."""
     problems = check_shard_indices(path)
     for problem in problems:
@@ -86,7 +90,11 @@ def command(path: str, split_parts: str, dataset_config: str, split_config: str,
     failed: list[str] = []
     for split_part in [s.strip() for s in split_parts.split(",") if s.strip()]:
         result = lint_split(
-            path, split_part, parallel=parallel, dataset_config=dataset_config, split_config=split_config
+            path,
+            split_part,
+            parallel=parallel,
+            dataset_config=dataset_config,
+            split_config=split_config,
         )
         if result is None:
             click.echo(f"Skipping empty split part {split_part}")

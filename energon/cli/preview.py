@@ -71,7 +71,11 @@ def command(path: str, split_parts: str, dataset_config: str, num_samples: int) 
     for split_part in [s.strip() for s in split_parts.split(",") if s.strip()]:
         try:
             dataset = get_val_dataset(
-                path, split_part=split_part, worker_config=wc, batch_size=None, dataset_config=dataset_config
+                path,
+                split_part=split_part,
+                worker_config=wc,
+                batch_size=None,
+                dataset_config=dataset_config,
             )
         except (EmptyDatasetError, UnknownSplitError):
             click.echo(f"Skipping empty split part {split_part}")

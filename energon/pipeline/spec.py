@@ -71,7 +71,9 @@ class PipelineSpec:
             "parallel_shard_iters": self.parallel_shard_iters,
             "shuffle_over_epochs": self.shuffle_over_epochs,
             "repeat": self.repeat,
-            "task_encoder": f"{type(te).__module__}.{type(te).__qualname__}" if te is not None else None,
+            "task_encoder": f"{type(te).__module__}.{type(te).__qualname__}"
+            if te is not None
+            else None,
         }
 
     def config(self) -> dict[str, Any]:

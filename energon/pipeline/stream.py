@@ -18,7 +18,9 @@ DEFAULT_PARALLEL_SLICES = 16
 class Stream:
     """Emits the items (micro-batches) of one logical stream in order; snapshot after each one."""
 
-    def __init__(self, stream_id: int, spec: PipelineSpec, stages: list[Any], max_items: int | None):
+    def __init__(
+        self, stream_id: int, spec: PipelineSpec, stages: list[Any], max_items: int | None
+    ):
         self.stream_id = stream_id
         self.spec = spec
         self.stages = stages

@@ -19,7 +19,9 @@ def bit_reversal_order(n: int) -> list[int]:
     """Generalised bit-reversal permutation: spreads the +1 remainders evenly over streams."""
     if n <= 2:
         return list(range(n))
-    return _interleave(bit_reversal_order(n // 2), [n // 2 + i for i in bit_reversal_order(n - n // 2)])
+    return _interleave(
+        bit_reversal_order(n // 2), [n // 2 + i for i in bit_reversal_order(n - n // 2)]
+    )
 
 
 def _interleave(left: list[int], right: list[int]) -> list[int]:
@@ -39,7 +41,9 @@ def stream_counts(total: int, num_streams: int, rotation: int = 0) -> list[int]:
     return permuted
 
 
-def stream_ranges(start: int, end: int, num_streams: int, rotation: int = 0) -> list[tuple[int, int]]:
+def stream_ranges(
+    start: int, end: int, num_streams: int, rotation: int = 0
+) -> list[tuple[int, int]]:
     """Contiguous ``[a, b)`` range of each stream inside ``[start, end)``."""
     ranges = []
     pos = start

@@ -114,7 +114,9 @@ def read_dataset_yaml(root: str, name: str = "dataset.yaml") -> dict[str, Any]:
         except yaml.YAMLError as e:
             raise DatasetConfigError(f"{path}: invalid YAML: {e}") from e
     if not isinstance(data, dict):
-        raise DatasetConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise DatasetConfigError(
+            f"{path}: expected a mapping at the top level, got {type(data).__name__}"
+        )
     return data
 
 
@@ -131,7 +133,9 @@ def parse_dataset_config(root: str, data: dict[str, Any], *, where: str) -> Samp
             f"{where}: unknown key(s) {sorted(unknown)}; accepted: {sorted(ACCEPTED_KEYS)}"
         )
     if "sample_type" not in data:
-        raise DatasetConfigError(f"{where}: missing 'sample_type' (or a __class__ such as CrudeWebdataset)")
+        raise DatasetConfigError(
+            f"{where}: missing 'sample_type' (or a __class__ such as CrudeWebdataset)"
+        )
     sample_type = _resolve_sample_type(data["sample_type"], where)
     return _builder_for_sample_type(root, sample_type, data, where)
 
@@ -145,7 +149,9 @@ def _resolve_sample_type(ref: Any, where: str) -> type:
     from energon.samples import Sample
 
     if not (isinstance(cls, type) and issubclass(cls, Sample)):
-        raise DatasetConfigError(f"{where}: sample_type {ref['__class__']!r} is not a Sample subclass")
+        raise DatasetConfigError(
+            f"{where}: sample_type {ref['__class__']!r} is not a Sample subclass"
+        )
     return cls
 
 

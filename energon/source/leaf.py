@@ -104,7 +104,9 @@ class WebdatasetLeaf:
         start, end = reader.byte_range(path, inner)
         members = split_sample_bytes(reader.read(path, start, end), base_offset=start, path=path)
         if not members:
-            raise SampleReadError(f"{path} at byte offset {start}: sample {inner} has no file members")
+            raise SampleReadError(
+                f"{path} at byte offset {start}: sample {inner} has no file members"
+            )
         return members, shard, start
 
     def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
@@ -130,7 +132,9 @@ class WebdatasetLeaf:
             return self.builder.build(parts, base, shard_name)
         except Exception as e:
             key = key if key is not None else _first_key(members)
-            where = f"{self._shard_paths[shard]} sample {key!r} (index {index}) at byte offset {offset}"
+            where = (
+                f"{self._shard_paths[shard]} sample {key!r} (index {index}) at byte offset {offset}"
+            )
             if isinstance(e, SampleException):
                 raise SampleReadError(f"{where}: {e}") from e
             raise SampleReadError(f"{where}: {type(e).__name__}: {e}") from e
@@ -171,7 +175,9 @@ class WebdatasetLeaf:
         if not wanted:
             return frozenset()
         tar_ids = {name: i for i, name in enumerate(read_info(self.root))}
-        db = sqlite3.connect(f"file:{os.path.join(self.root, '.nv-meta', 'index.sqlite')}?mode=ro", uri=True)
+        db = sqlite3.connect(
+            f"file:{os.path.join(self.root, '.nv-meta', 'index.sqlite')}?mode=ro", uri=True
+        )
         try:
             found = set()
             for shard_name, key in wanted:
@@ -194,7 +200,11 @@ class WebdatasetLeaf:
         }
 
     def config(self) -> dict[str, Any]:
-        return {**self.fingerprint(), "sample": self.builder.config(), "excluded": len(self.excluded)}
+        return {
+            **self.fingerprint(),
+            "sample": self.builder.config(),
+            "excluded": len(self.excluded),
+        }
 
 
 def _first_key(members: list[tuple[str, memoryview]]) -> str | None:
