@@ -4,11 +4,10 @@ Allocating a fresh 100+ MB batch every step costs more than decoding the images 
 is faulted in and zeroed by the kernel, in the worker and again in the main process. The arena keeps a
 few memory blocks per worker and reuses them:
 
-- In a worker, blocks are files in ``/dev/shm`` mapped once by the worker and once by the main
-  process. A batch tensor placed in a block travels as a tiny :class:`ArenaRef` (block, offset, shape,
-  stride, dtype) instead of through torch's per-tensor shared memory, and the main process hands out a
-  view of its own mapping of the same block.
-- Without workers, blocks are plain memory.
+Blocks are files in ``/dev/shm`` mapped once by the worker and once by the main process. A batch
+tensor placed in a block travels as a tiny :class:`ArenaRef` (block, offset, shape, stride, dtype)
+instead of through torch's per-tensor shared memory, and the main process hands out a view of its own
+mapping of the same block. (Without workers, batches come from :mod:`energon.buffer_pool`.)
 
 A block is free again when the last tensor viewing it is garbage-collected (a finalizer on the numpy
 view under the handed-out tensor), so batches the user keeps are never overwritten. When no block is
@@ -96,15 +95,17 @@ def _span(shape, stride) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
 
 
+def arena_supported() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
 class BatchArena:
     """Per-loader arena; created in the main process before the workers are forked."""
 
-    def __init__(self, num_workers: int, *, shared: bool) -> None:
-        self.shared = shared and os.path.isdir(SHM_DIR)
+    def __init__(self, num_workers: int) -> None:
         self.prefix = f"energon-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        slots = max(1, num_workers) * BLOCKS_PER_WORKER
         # 1 = in use; written by whichever process holds the last reference.
-        self.flags = multiprocessing.RawArray("b", slots) if self.shared else bytearray(slots)
+        self.flags = multiprocessing.RawArray("b", max(1, num_workers) * BLOCKS_PER_WORKER)
         self.worker = 0
         self._blocks: dict[int, _Block] = {}
         self._attached: dict[str, np.ndarray] = {}
@@ -157,14 +158,10 @@ class BatchArena:
         if old is not None:
             self._forget_address(old)
         capacity = max(nbytes, int(nbytes * 1.25))
-        if self.shared:
-            name = f"{self.prefix}-{index}-{uuid.uuid4().hex[:6]}"
-            array = _map_file(os.path.join(SHM_DIR, name), capacity, create=True)
-            if old is not None:
-                _unlink_quietly(old.name)
-        else:
-            name = ""
-            array = np.empty(capacity, dtype=np.uint8)
+        name = f"{self.prefix}-{index}-{uuid.uuid4().hex[:6]}"
+        array = _map_file(os.path.join(SHM_DIR, name), capacity, create=True)
+        if old is not None:
+            _unlink_quietly(old.name)
         block = _Block(index, name, capacity, array)
         self._blocks[index] = block
         address = array.ctypes.data
@@ -182,7 +179,7 @@ class BatchArena:
     # -- transfer (worker -> main) ----------------------------------------------------------------
     def export(self, value: Any) -> Any:
         """Replace tensors that live in this worker's blocks by ArenaRefs (recursively)."""
-        if not self.shared or not self._by_address:
+        if not self._by_address:
             return value
         return _transform(value, self._export_tensor)
 
@@ -221,8 +218,6 @@ class BatchArena:
 
     def close(self) -> None:
         """Remove this arena's files (mappings stay valid while tensors use them)."""
-        if not self.shared:
-            return
         for name in os.listdir(SHM_DIR):
             if name.startswith(self.prefix):
                 _unlink_quietly(name)

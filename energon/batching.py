@@ -13,9 +13,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from energon.batch_arena import active_arena
+from energon.buffer_pool import buffer_pool
 
 __all__ = [
     "batch_list",
@@ -62,6 +64,10 @@ def _new_batch_tensor(like: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
             out = arena.empty(tuple(shape), like.dtype)
             if out is not None:
                 return out
+        elif like.dtype in _NUMPY_DTYPES and torch.utils.data.get_worker_info() is None:
+            array = buffer_pool().empty(tuple(shape), _NUMPY_DTYPES[like.dtype])
+            if array is not None:
+                return torch.from_numpy(array)
     if like.device.type == "cpu" and torch.utils.data.get_worker_info() is not None:
         numel = math.prod(shape)
         storage = like.untyped_storage()._new_shared(numel * like.element_size())
@@ -131,15 +137,15 @@ def _numpy_copyable(out: torch.Tensor, tensors: list[torch.Tensor]) -> bool:
 
 
 _NUMPY_DTYPES = {
-    torch.float16,
-    torch.float32,
-    torch.float64,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.bool,
+    torch.float16: np.float16,
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.uint8: np.uint8,
+    torch.int8: np.int8,
+    torch.int16: np.int16,
+    torch.int32: np.int32,
+    torch.int64: np.int64,
+    torch.bool: np.bool_,
 }
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from energon.batch_arena import BatchArena
+from energon.batch_arena import BatchArena, arena_supported
 from energon.dataset import ResumePoint, SavableDataset
 from energon.errors import StateError
 from energon.pipeline.spec import PipelineSpec
@@ -277,10 +277,13 @@ def get_val_datasets(path: Any, **kwargs: Any) -> list[tuple[SavableDataset, Any
 # ---------------------------------------------------------------------------------------------
 
 
-def _collate(arena: BatchArena, item: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+def _collate(
+    arena: BatchArena | None, item: tuple[Any, dict[str, Any]]
+) -> tuple[Any, dict[str, Any]]:
     """Runs in the worker: numpy -> tensors, and arena tensors -> small references."""
     value, meta = item
-    return arena.export(torch.utils.data.default_convert(value)), meta
+    value = torch.utils.data.default_convert(value)
+    return (arena.export(value) if arena is not None else value), meta
 
 
 class Loader:
@@ -346,7 +349,7 @@ class Loader:
                 self._finish_val_pass()
                 return
             self._record(meta)
-            if self.worker_config.num_workers:
+            if self._arena is not None:
                 value = self._arena.import_(value)
             yield value
         self._pass_offset = 0
@@ -371,11 +374,11 @@ class Loader:
             base=self._origin + self._consumed * wc.world_size,
             snapshots=dict(self._snapshots),
         )
-        self._arena = BatchArena(wc.num_workers, shared=wc.num_workers > 0)
-        self.dataset.arena = self._arena
         if wc.num_workers == 0:
-            self._arena.activate(0)
+            self.dataset.arena = None
             return iter(self.dataset.executor(0))
+        self._arena = BatchArena(wc.num_workers) if arena_supported() else None
+        self.dataset.arena = self._arena
         generator = torch.Generator()
         generator.manual_seed(0)  # torch draws worker base seeds from it, not from the global RNG
         loader = torch.utils.data.DataLoader(

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from energon.buffer_pool import pooled_empty
+
 __all__ = ["IMAGE_EXTENSIONS", "IMAGE_MODES", "ImageMode", "decode_image"]
 
 #: Extensions (lower case, last dot component) decoded as images, as in webdataset.
@@ -93,7 +95,7 @@ def _planar(image: Image.Image, dtype: type, keep_channel_dim: bool) -> np.ndarr
     """
     width, height = image.size
     planes = _plane_bytes(image)
-    out = np.empty((len(planes), height, width), dtype=dtype)
+    out = pooled_empty((len(planes), height, width), dtype)
     for channel, raw in enumerate(planes):
         plane = np.frombuffer(raw, dtype=np.uint8).reshape(height, width)
         if dtype is np.float32:
