@@ -110,6 +110,7 @@ class BatchArena:
         self._blocks: dict[int, _Block] = {}
         self._attached: dict[str, np.ndarray] = {}
         self._by_address: list[tuple[int, int, _Block]] = []
+        self._exported = False
 
     # -- allocation (where batches are made) ----------------------------------------------------
     def activate(self, worker: int) -> None:
@@ -177,17 +178,20 @@ class BatchArena:
             self.flags[block.index] = 0
 
     # -- transfer (worker -> main) ----------------------------------------------------------------
-    def export(self, value: Any) -> Any:
-        """Replace tensors that live in this worker's blocks by ArenaRefs (recursively)."""
+    def export(self, value: Any) -> tuple[Any, bool]:
+        """Replace tensors that live in this worker's blocks by ArenaRefs (recursively); also says
+        whether anything was replaced (so the main process can skip the walk)."""
         if not self._by_address:
-            return value
-        return _transform(value, self._export_tensor)
+            return value, False
+        self._exported = False
+        return _transform(value, self._export_tensor), self._exported
 
     def _export_tensor(self, tensor: torch.Tensor) -> Any:
         address = tensor.data_ptr()
         for start, end, block in self._by_address:
             if start <= address < end:
                 block.exported = True
+                self._exported = True
                 return ArenaRef(
                     block=block.index,
                     name=block.name,

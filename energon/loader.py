@@ -283,7 +283,9 @@ def _collate(
     """Runs in the worker: numpy -> tensors, and arena tensors -> small references."""
     value, meta = item
     value = torch.utils.data.default_convert(value)
-    return (arena.export(value) if arena is not None else value), meta
+    if arena is not None:
+        value, meta["arena"] = arena.export(value)
+    return value, meta
 
 
 class Loader:
@@ -349,7 +351,7 @@ class Loader:
                 self._finish_val_pass()
                 return
             self._record(meta)
-            if self._arena is not None:
+            if meta.get("arena"):
                 value = self._arena.import_(value)
             yield value
         self._pass_offset = 0

@@ -23,6 +23,11 @@ class SourceInfo:
     shard_name: str
     file_names: tuple[str, ...]
 
+    def __reduce__(self):
+        # Plain positional rebuild: every batch carries one per sample across process boundaries,
+        # and the dataclass default (``__setstate__`` per field) is several times slower.
+        return (SourceInfo, (self.dataset_path, self.index, self.shard_name, self.file_names))
+
 
 def _current_sources(sample: Any) -> tuple[SourceInfo, ...]:
     if isinstance(sample, Mapping):
