@@ -89,7 +89,20 @@ class SavableDataset(torch.utils.data.IterableDataset):
         )
 
     def pass_end(self) -> int | None:
-        return None if self.spec.training else self.positions_per_pass()
+        """First global position after a finite pass (validation, or training with repeat=False)."""
+        spec = self.spec
+        if not spec.training:
+            return self.positions_per_pass()
+        if spec.repeat or spec.mode == "weight":
+            return None
+        counts = spec.stream_sample_counts()
+        per_stream = [
+            c
+            if spec.batch_size is None
+            else (c // spec.batch_size if spec.batch_drop_last else -(-c // spec.batch_size))
+            for c in counts
+        ]
+        return spec.num_streams * max(per_stream)
 
     def executor(self, worker: int) -> Executor:
         return Executor(

@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import functools
 import json
-import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -24,10 +23,10 @@ import torch.utils.data
 from energon.batch_arena import BatchArena, arena_supported
 from energon.dataset import ResumePoint, SavableDataset
 from energon.errors import StateError
+from energon.metadataset.resolve import resolve_dataset
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stages import as_key
 from energon.pipeline.stream import build_stream
-from energon.source.leaf import WebdatasetLeaf
 from energon.state import (
     check_compatible,
     check_state_shape,
@@ -44,34 +43,6 @@ _DECODE_KWARGS = ("auto_decode", "image_decode", "av_decode", "video_decode_audi
 # ---------------------------------------------------------------------------------------------
 # datasets
 # ---------------------------------------------------------------------------------------------
-
-
-def _resolve_leaves(
-    path: Any, *, split_part: str, dataset_config: str | None, split_config: str | None, subflavors
-) -> list[WebdatasetLeaf]:
-    path = os.fspath(path)
-    if path.endswith(".yaml") and os.path.isfile(path):
-        raise NotImplementedError(
-            f"{path}: metadataset YAML files are not supported by this version of energon yet"
-        )
-    if path.endswith(".jsonl"):
-        raise NotImplementedError(f"{path}: JSONL datasets are not supported by this version yet")
-    nv_meta = os.path.join(path, ".nv-meta")
-    if not (
-        os.path.exists(os.path.join(nv_meta, ".info.json"))
-        or os.path.exists(os.path.join(nv_meta, ".info.yaml"))
-    ):
-        raise FileNotFoundError(
-            f"{path} is not a prepared dataset (no .nv-meta/.info.json): run `energon prepare {path}`"
-        )
-    leaf = WebdatasetLeaf.open(
-        path,
-        split_part=split_part,
-        split_config=split_config,
-        dataset_config=dataset_config or "dataset.yaml",
-        subflavors=subflavors,
-    )
-    return [leaf]
 
 
 def _apply_decode_kwargs(task_encoder: TaskEncoder, kwargs: dict[str, Any]) -> None:
@@ -127,32 +98,28 @@ def _build(
     num_streams = kwargs.pop("num_streams", None)
     parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     sample_type = kwargs.pop("sample_type", None)
-    leaves = _resolve_leaves(
+    resolved = resolve_dataset(
         path,
         split_part=split_part,
+        training=training,
+        subflavors=kwargs.pop("subflavors", None),
+        shuffle_over_epochs_multiplier=shuffle_over_epochs_multiplier if training else None,
         dataset_config=kwargs.pop("dataset_config", None),
         split_config=kwargs.pop("split_config", None),
-        subflavors=kwargs.pop("subflavors", None),
     )
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
-    if sample_type is not None:
-        for leaf in leaves:
-            st = leaf.builder.sample_type
-            if st is not None and not issubclass(st, sample_type):
-                raise TypeError(f"{leaf.root} yields {st.__name__}, not {sample_type.__name__}")
-    if not training and shuffle_over_epochs_multiplier is None:
-        shuffle_over_epochs_multiplier = 1
-    if (
-        training
-        and shuffle_over_epochs_multiplier is None
-        and parallel_shard_iters not in (None, 1)
-    ):
-        raise ValueError(
-            "unshuffled training (shuffle_over_epochs_multiplier=None) reads one slice at a time"
-        )
+    _check_sample_type(resolved.sources, sample_type)
+    if training and resolved.mode == "weight" and not repeat:
+        raise ValueError("a weighted blend is infinite: use repeat=True (or blend_epochized)")
+    if training and parallel_shard_iters not in (None, 1):
+        if any(s.shuffle_over_epochs is None for s in resolved.sources):
+            raise ValueError(
+                "unshuffled training (shuffle_over_epochs_multiplier=None) reads one slice at a time"
+            )
     spec = PipelineSpec(
-        leaves=leaves,
+        sources=resolved.sources,
+        mode=resolved.mode,
         training=training,
         seed=worker_config.seed_offset,
         num_streams=num_streams or worker_config.default_num_streams,
@@ -162,7 +129,6 @@ def _build(
         shuffle_buffer_size=shuffle_buffer_size if training else None,
         max_samples_per_sequence=max_samples_per_sequence if training else None,
         parallel_shard_iters=parallel_shard_iters,
-        shuffle_over_epochs=shuffle_over_epochs_multiplier,
         repeat=repeat if training else False,
         task_encoder=task_encoder,
         decoder=task_encoder.decoder,
@@ -175,8 +141,17 @@ def _build(
     return SavableDataset(spec, worker_config)
 
 
+def _check_sample_type(sources: list[Any], sample_type: type | None) -> None:
+    if sample_type is None:
+        return
+    for source in sources:
+        st = source.leaf.builder.sample_type
+        if st is not None and not issubclass(st, sample_type):
+            raise TypeError(f"{source.leaf.root} yields {st.__name__}, not {sample_type.__name__}")
+
+
 def _check_streams_have_samples(spec: PipelineSpec) -> None:
-    if not spec.training:
+    if not spec.training or not spec.repeat:
         return
     counts = spec.stream_sample_counts()
     if min(counts) == 0:
@@ -263,12 +238,12 @@ def get_val_dataset(
 
 
 def get_val_datasets(path: Any, **kwargs: Any) -> list[tuple[SavableDataset, Any]]:
-    """One validation pipeline per leaf dataset, each with the leaf that describes it."""
+    """One validation pipeline per leaf dataset, each with the source that describes it."""
     dataset = get_val_dataset(path, **kwargs)
     out = []
-    for leaf in dataset.spec.leaves:
-        spec = dataclasses.replace(dataset.spec, leaves=[leaf])
-        out.append((SavableDataset(spec, dataset.worker_config), leaf))
+    for source in dataset.spec.sources:
+        spec = dataclasses.replace(dataset.spec, sources=[source], mode="none")
+        out.append((SavableDataset(spec, dataset.worker_config), source))
     return out
 
 
@@ -348,7 +323,7 @@ class Loader:
             try:
                 value, meta = next(self._source)
             except StopIteration:
-                self._finish_val_pass()
+                self._finish_pass()
                 return
             self._record(meta)
             if meta.get("arena"):
@@ -356,10 +331,10 @@ class Loader:
             yield value
         self._pass_offset = 0
         if not self.dataset.spec.training:
-            self._finish_val_pass()
+            self._finish_pass()
 
-    def _finish_val_pass(self) -> None:
-        """The next validation pass starts from scratch."""
+    def _finish_pass(self) -> None:
+        """After a finite pass (validation, or training with repeat=False) the next starts afresh."""
         self._close_source()
         self._origin = self._consumed = self._pass_offset = 0
         self._snapshots = {}

@@ -126,19 +126,7 @@ class Layout:
             k += 1
 
     def streams(self) -> list[int]:
-        """The logical streams this executor reads from (for a stream count that divides evenly,
-        the streams are exclusive to it)."""
-        step = self.world_size * max(1, self.num_workers)
-        seen: list[int] = []
-        for k in range(self.num_streams):
-            s = self.position(k) % self.num_streams
-            if s not in seen:
-                seen.append(s)
-            if k >= step and len(seen) == self.num_streams:
-                break
-        return sorted(seen)
+        """The logical streams this executor reads from (its positions cycle through them)."""
+        return sorted({self.position(k) % self.num_streams for k in range(self.num_streams)})
 
 
-def rank_position(base: int, rank: int, world_size: int, index: int) -> int:
-    """Global position of a rank's ``index``-th micro-batch."""
-    return base + rank + index * world_size

@@ -43,8 +43,14 @@ class Executor:
 
     def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         num_streams = self.spec.num_streams
+        mine = set(self.layout.streams())
+        exhausted: set[int] = set()
         for m in self.layout.positions(self.end):
             stream_id, index = m % num_streams, m // num_streams
+            if stream_id in exhausted:
+                if exhausted >= mine:
+                    return  # a finite pass whose streams all ended
+                continue
             stream = self.stream(stream_id)
             if stream.emitted > index:
                 continue
@@ -53,6 +59,7 @@ class Executor:
                     stream.next_item()
                 value, key = stream.next_item()
             except StopIteration:
+                exhausted.add(stream_id)
                 continue
             attach_restore_key(value, ("Stream", stream_id, key))
             meta = {"m": m, "s": stream_id, "snap": stream.snapshot()}

@@ -13,7 +13,12 @@ from energon.plan.sharding import stream_counts
 
 @dataclasses.dataclass
 class PipelineSpec:
-    leaves: list[Any]
+    """``sources`` are :class:`energon.metadataset.resolve.Source` (a leaf, its sample range, weight,
+    repetitions); ``mode`` says how a stream mixes them: ``"none"`` (one source), ``"concat"``
+    (one after the other: validation), ``"weight"`` (blend) or ``"repetitions"`` (epochized blend)."""
+
+    sources: list[Any]
+    mode: str
     training: bool
     seed: int
     num_streams: int
@@ -32,21 +37,49 @@ class PipelineSpec:
     limit: int | None = None
     num_streams_fixed: bool = False
 
-    def leaf_rotations(self) -> list[int]:
-        """Each leaf's remainder samples start where the previous leaf's stopped (balance)."""
+    @property
+    def leaves(self) -> list[Any]:
+        return [source.leaf for source in self.sources]
+
+    def source_rotations(self) -> list[int]:
+        """Each source's remainder samples start where the previous source's stopped (balance)."""
         rotations, total = [], 0
-        for leaf in self.leaves:
+        for source in self.sources:
             rotations.append(total % self.num_streams)
-            total += len(leaf)
+            total += len(source)
         return rotations
+
+    def source_stream_counts(self) -> list[list[int]]:
+        """[source][stream] -> samples of that source in that stream's range."""
+        return [
+            stream_counts(len(source), self.num_streams, rotation)
+            for source, rotation in zip(self.sources, self.source_rotations())
+        ]
+
+    def source_stream_quotas(self) -> list[list[int]]:
+        """[source][stream] -> samples per pass of an epochized blend (repetitions, exact globally).
+
+        The fractional part of ``repetitions`` is spread over the streams so that the total is
+        ``floor(len(source) * repetitions)``, not a sum of per-stream roundings (reference S17).
+        """
+        quotas = []
+        for source, counts, rotation in zip(
+            self.sources, self.source_stream_counts(), self.source_rotations()
+        ):
+            whole = int(source.repetitions)
+            extra = int(len(source) * source.repetitions) - len(source) * whole
+            spread = stream_counts(extra, self.num_streams, rotation)
+            quotas.append([n * whole + e for n, e in zip(counts, spread)])
+        return quotas
 
     def stream_sample_counts(self) -> list[int]:
         """Samples per stream in one pass (sample-level excludes not subtracted)."""
-        totals = [0] * self.num_streams
-        for leaf, rotation in zip(self.leaves, self.leaf_rotations()):
-            for s, n in enumerate(stream_counts(len(leaf), self.num_streams, rotation)):
-                totals[s] += n
-        return totals
+        per_source = (
+            self.source_stream_quotas()
+            if self.mode == "repetitions" and self.training
+            else self.source_stream_counts()
+        )
+        return [sum(column) for column in zip(*per_source)]
 
     def val_batches_per_stream(self) -> int:
         """Every stream emits this many items in a validation pass (so all ranks are even)."""
@@ -61,7 +94,8 @@ class PipelineSpec:
         """What must be equal for a saved state to mean the same thing in this pipeline."""
         te = self.task_encoder
         return {
-            "datasets": [leaf.fingerprint() for leaf in self.leaves],
+            "datasets": [source.fingerprint() for source in self.sources],
+            "mode": self.mode,
             "training": self.training,
             "seed": self.seed,
             "batch_size": self.batch_size,
@@ -82,7 +116,7 @@ class PipelineSpec:
             "num_streams": self.num_streams,
             "virtual_epoch_length": self.virtual_epoch_length,
             "limit": self.limit,
-            "datasets": [leaf.config() for leaf in self.leaves],
+            "datasets": [source.config() for source in self.sources],
         }
 
 

@@ -40,33 +40,61 @@ def as_key(data: Any) -> tuple:
 
 
 class PointerSource:
-    """Sample pointers of one stream: its leaves' readers, in sequence (concatenation)."""
+    """Sample pointers of one stream: its sources' readers, one after the other (no schedule) or
+    interleaved by a blend schedule. Keys are ``("Webdataset", source index, sample index)``."""
 
-    def __init__(self, readers: list[SliceReader]) -> None:
+    def __init__(
+        self, readers: list[SliceReader], schedule: Any = None, *, repeat: bool = True
+    ) -> None:
         self.readers = readers
+        self.schedule = schedule
+        self.repeat = repeat
         self._current = 0
+        self._passes = 0
 
     def __iter__(self) -> Iterator[Item]:
         return self
 
     def __next__(self) -> Item:
-        while self._current < len(self.readers):
-            try:
-                index = next(self.readers[self._current])
-            except StopIteration:
-                self._current += 1
-                continue
-            key = ("Webdataset", self._current, index)
-            return key, key
-        raise StopIteration
+        source, index = self._next_pointer()
+        key = ("Webdataset", source, index)
+        return key, key
+
+    def _next_pointer(self) -> tuple[int, int]:
+        if self.schedule is None:
+            while self._current < len(self.readers):
+                try:
+                    return self._current, next(self.readers[self._current])
+                except StopIteration:
+                    self._current += 1
+            raise StopIteration
+        if getattr(self.schedule, "done", False):
+            if not self.repeat:
+                raise StopIteration
+            self.schedule.reset()
+            self._passes += 1
+        source = self.schedule.next()
+        return source, next(self.readers[source])
 
     def state(self) -> dict[str, Any]:
-        return {"current": self._current, "readers": [r.state() for r in self.readers]}
+        return {
+            "current": self._current,
+            "passes": self._passes,
+            "schedule": self.schedule.state() if self.schedule is not None else None,
+            "readers": [r.state() for r in self.readers],
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
         self._current = int(state["current"])
+        self._passes = int(state.get("passes", 0))
+        if self.schedule is not None and state.get("schedule") is not None:
+            self.schedule.restore(state["schedule"])
         for reader, reader_state in zip(self.readers, state["readers"]):
             reader.restore(reader_state)
+
+    def consumed(self) -> list[int]:
+        """Samples handed out so far per source."""
+        return [reader.yielded for reader in self.readers]
 
     def rebuild(self, key: tuple) -> Any:
         return key

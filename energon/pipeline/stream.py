@@ -7,6 +7,7 @@ from typing import Any
 from energon.errors import ErrorPolicy, log_exception
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stages import BatchStage, LoadStage, MapStage, PointerSource, ShuffleBuffer
+from energon.plan.mixing import QuotaSchedule, WeightedSchedule
 from energon.plan.reader import SliceReader
 from energon.plan.sharding import slice_bounds, stream_ranges
 from energon.rng import CounterRng, stable_seed
@@ -64,8 +65,8 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         tolerance = getattr(fn, "__failure_tolerance__", spec.failure_tolerance)
         return ErrorPolicy(name, handler, tolerance)
 
-    readers, padding = _readers(spec, stream_id)
-    stages: list[Any] = [PointerSource(readers)]
+    pointers, padding = _pointer_source(spec, stream_id)
+    stages: list[Any] = [pointers]
     if spec.training and spec.shuffle_buffer_size and spec.shuffle_buffer_size > 1:
         rng = CounterRng(stable_seed(spec.seed, "shuffle-buffer", stream_id))
         stages.append(ShuffleBuffer(stages[-1], spec.shuffle_buffer_size, rng))
@@ -112,14 +113,18 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     return Stream(stream_id, spec, stages, max_items)
 
 
-def _readers(spec: PipelineSpec, stream_id: int) -> tuple[list[SliceReader], int]:
-    """One reader per leaf over this stream's range; validation streams get padding if short."""
+def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, int]:
+    """One reader per source over this stream's range, mixed as the spec's mode says.
+
+    Validation streams that are short of the common batch count get padding (see docs/ordering.md).
+    """
     readers = []
     stream_total = 0
-    for i, (leaf, rotation) in enumerate(zip(spec.leaves, spec.leaf_rotations())):
-        start, end = stream_ranges(0, len(leaf), spec.num_streams, rotation)[stream_id]
+    mixing = spec.training and spec.mode in ("weight", "repetitions")
+    for i, (source, rotation) in enumerate(zip(spec.sources, spec.source_rotations())):
+        start, end = stream_ranges(source.start, source.end, spec.num_streams, rotation)[stream_id]
         stream_total += end - start
-        bounds = slice_bounds(start, end, leaf.shard_starts, spec.max_samples_per_sequence)
+        bounds = slice_bounds(start, end, source.leaf.shard_starts, spec.max_samples_per_sequence)
         parallel = spec.parallel_shard_iters
         if parallel is None:
             parallel = DEFAULT_PARALLEL_SLICES if spec.training else 1
@@ -128,12 +133,18 @@ def _readers(spec: PipelineSpec, stream_id: int) -> tuple[list[SliceReader], int
                 bounds,
                 seed=stable_seed(spec.seed, "reader", i, stream_id),
                 shuffle=spec.training,
-                shuffle_over_epochs=spec.shuffle_over_epochs,
+                shuffle_over_epochs=source.shuffle_over_epochs if spec.training else None,
                 parallel_slices=parallel,
-                repeat=spec.training and spec.repeat,
-                excluded=leaf.excluded,
+                repeat=spec.training and (spec.repeat or mixing),
+                excluded=source.leaf.excluded,
             )
         )
+    schedule = None
+    if spec.training and spec.mode == "weight":
+        weights = [s.weight if r.num_samples else 0.0 for s, r in zip(spec.sources, readers)]
+        schedule = WeightedSchedule(weights, phase=(stream_id * 0.6180339887498949) % 1.0)
+    elif spec.training and spec.mode == "repetitions":
+        schedule = QuotaSchedule([q[stream_id] for q in spec.source_stream_quotas()])
     padding = 0
     if not spec.training and not spec.batch_drop_last:
         padding = max(0, spec.val_batches_per_stream() - stream_total)
@@ -141,11 +152,11 @@ def _readers(spec: PipelineSpec, stream_id: int) -> tuple[list[SliceReader], int
         target = next((r for r in readers if r.num_samples), None)
         if target is None:
             target = readers[0]
-            target.pad_index = 0
+            target.pad_index = spec.sources[0].start
         else:
             target.pad_index = int(target.bounds[0])
         target.padding = padding
-    return readers, padding
+    return PointerSource(readers, schedule, repeat=spec.repeat), padding
 
 
 def _batch_sizes(spec: PipelineSpec, stream_id: int, padding: int):

@@ -1,0 +1,126 @@
+"""Deadlines for work that must not stall a training job (decoding one sample, extracting clips).
+
+``with deadline(2.0, "decode of sample 'x'"):`` bounds the time of the block in two ways:
+
+* **Interrupting (main thread only).** On the main thread of a process (the loader's worker
+  processes and ``num_workers=0`` both decode there) a ``SIGALRM`` timer interrupts the block when
+  it runs late and raises :class:`DecodeTimeoutError` from wherever Python code runs at that moment.
+  Signals are only delivered between Python byte codes: a single C call that never returns (e.g. a
+  codec stuck inside one FFmpeg call) cannot be interrupted by any in-process mechanism.
+* **Cooperative (any thread).** Long loops call :func:`check_deadline` (the AV decoder does so
+  after every decoded frame), which raises once the innermost active deadline has passed. This also
+  works where signals cannot be used (threads other than the main thread, Windows).
+
+Deadlines nest: an inner block never extends an outer one, and leaving a block restores the outer
+timer with its remaining time. ``seconds=None`` (or ``<= 0``) means "no deadline" and costs nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from energon.errors import SampleException
+
+__all__ = ["DecodeTimeoutError", "check_deadline", "deadline", "remaining_time"]
+
+
+class DecodeTimeoutError(SampleException):
+    """Work on one sample took longer than its deadline; handled by the error policy like any
+    other bad sample (skipped and counted, or raised)."""
+
+
+@dataclass
+class _Active:
+    expires_at: float  # time.monotonic() value
+    seconds: float
+    what: str
+
+
+_local = threading.local()
+
+
+def _stack() -> list[_Active]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def _timeout_error(active: _Active) -> DecodeTimeoutError:
+    return DecodeTimeoutError(
+        f"{active.what} took longer than its deadline of {active.seconds:g} s"
+    )
+
+
+def _can_use_signals() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+def _on_alarm(signum: int, frame: object) -> None:
+    """SIGALRM handler: raise for the innermost deadline that has passed (if any is ours)."""
+    stack = _stack()
+    now = time.monotonic()
+    for active in reversed(stack):
+        if now >= active.expires_at - 1e-3:
+            raise _timeout_error(active)
+    if stack:  # woke up early (timer granularity): re-arm for the innermost remaining time
+        signal.setitimer(signal.ITIMER_REAL, max(1e-3, stack[-1].expires_at - now))
+
+
+def check_deadline() -> None:
+    """Raise :class:`DecodeTimeoutError` if the innermost active deadline of this thread passed.
+
+    Cheap (one clock read); call it from loops that may run long, e.g. once per decoded frame.
+    """
+    stack = getattr(_local, "stack", None)
+    if stack and time.monotonic() >= stack[-1].expires_at:
+        raise _timeout_error(stack[-1])
+
+
+def remaining_time() -> float | None:
+    """Seconds left until the innermost active deadline of this thread, or None without one."""
+    stack = getattr(_local, "stack", None)
+    if not stack:
+        return None
+    return stack[-1].expires_at - time.monotonic()
+
+
+@contextmanager
+def deadline(seconds: float | None, what: str = "operation") -> Iterator[None]:
+    """Bound the time of the enclosed block; see the module docstring for how it is enforced.
+
+    ``what`` names the work in the error message (e.g. ``"decode of part 'mp4' of sample 'x'"``).
+    """
+    if seconds is None or seconds <= 0:
+        yield
+        return
+    stack = _stack()
+    expires_at = time.monotonic() + seconds
+    if stack:  # an inner deadline never extends the outer one
+        expires_at = min(expires_at, stack[-1].expires_at)
+    stack.append(_Active(expires_at, seconds, what))
+    use_signals = _can_use_signals()
+    previous_handler = None
+    if use_signals:
+        previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, max(1e-3, expires_at - time.monotonic()))
+    try:
+        yield
+    finally:
+        stack.pop()
+        if use_signals:
+            _restore_outer_timer(stack, previous_handler)
+
+
+def _restore_outer_timer(stack: list[_Active], previous_handler: object) -> None:
+    """Disarm our timer; re-arm it for the enclosing deadline, or give SIGALRM back."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    if stack:
+        signal.setitimer(signal.ITIMER_REAL, max(1e-3, stack[-1].expires_at - time.monotonic()))
+    else:
+        signal.signal(signal.SIGALRM, previous_handler)  # type: ignore[arg-type]

@@ -1,0 +1,346 @@
+"""Turning a metadataset tree (or a plain path) into the flat list of sources the plan reads.
+
+Inheritance follows the reference: ``split_part`` of a reference overrides the inherited split name;
+``subflavors`` merge top-down with outer levels winning, on top of the leaf's ``dataset.yaml``;
+weights are normalised per blend and multiplied through nesting; repetitions multiply;
+``shuffle_over_epochs_multiplier``: ``None`` anywhere wins, else ``-1`` anywhere, else the product;
+subset ratios apply inside the window of the level below them (innermost first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any
+
+from energon.metadataset.config import (
+    Blend,
+    Join,
+    MetadatasetError,
+    Reference,
+    Subset,
+    load_metadataset,
+    parse_metadataset,
+)
+
+TINY_WEIGHT = 1e-3
+
+
+@dataclasses.dataclass
+class Source:
+    """One leaf dataset as the plan sees it: which samples, with what weight or repetitions."""
+
+    leaf: Any
+    start: int
+    end: int
+    weight: float = 1.0
+    repetitions: float = 1.0
+    shuffle_over_epochs: int | None = 1
+    aux: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            **self.leaf.fingerprint(),
+            "range": [self.start, self.end],
+            "weight": self.weight,
+            "repetitions": self.repetitions,
+            "shuffle_over_epochs": self.shuffle_over_epochs,
+        }
+
+    def config(self) -> dict[str, Any]:
+        return {**self.leaf.config(), **self.fingerprint(), "aux": self.aux}
+
+
+@dataclasses.dataclass
+class Resolved:
+    sources: list[Source]
+    mode: str  # "none" (one source), "weight", "repetitions"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    split_part: str
+    base_dir: str
+    training: bool
+    subflavors: dict[str, Any]
+    weight: float = 1.0
+    repetitions: float = 1.0
+    shuffle: int | None = 1
+    ratios: tuple[Subset, ...] = ()
+    dataset_config: str | None = None
+    split_config: str | None = None
+
+
+class Blender:
+    """A weighted blend built in Python: ``Blender([("/data/a", 0.6), ("/data/b", 0.4)])``.
+
+    Usable wherever a dataset path is; equivalent to a YAML ``blend`` of the same references.
+    Entries may also be dicts with any reference keys (``{"path": ..., "weight": ..., "subflavors": ...}``).
+    """
+
+    def __init__(self, entries: list[tuple[Any, float] | dict[str, Any]]) -> None:
+        items = []
+        for entry in entries:
+            if isinstance(entry, dict):
+                items.append(dict(entry))
+            else:
+                path, weight = entry
+                items.append({"path": os.fspath(path), "weight": weight})
+        self.entries = items
+
+    def as_metadataset(self, split_part: str) -> dict[str, Any]:
+        return {"__class__": "MetadatasetV2", "splits": {split_part: {"blend": self.entries}}}
+
+
+def resolve_dataset(
+    path: Any,
+    *,
+    split_part: str,
+    training: bool,
+    subflavors: dict[str, Any] | None = None,
+    shuffle_over_epochs_multiplier: int | None = 1,
+    dataset_config: str | None = None,
+    split_config: str | None = None,
+) -> Resolved:
+    """Sources of ``path`` (dataset dir, ``.jsonl``, metadataset ``.yaml``, ``Blender`` or dict)."""
+    ctx = _Context(
+        split_part=split_part,
+        base_dir=os.getcwd(),
+        training=training,
+        subflavors=dict(subflavors or {}),
+        shuffle=shuffle_over_epochs_multiplier,
+        dataset_config=dataset_config,
+        split_config=split_config,
+    )
+    if isinstance(path, Blender):
+        mds = parse_metadataset(path.as_metadataset(split_part))
+        return _finish(_resolve_split(mds, split_part, ctx), training)
+    if isinstance(path, dict):
+        return _finish(_resolve_split(parse_metadataset(path), split_part, ctx), training)
+    ref = Reference(path=os.fspath(path))
+    return _finish(_resolve_reference(ref, ctx), training)
+
+
+def _finish(resolved: Resolved, training: bool) -> Resolved:
+    sources = resolved.sources
+    _warn_duplicates(sources)
+    if resolved.mode == "weight":
+        sources = _normalise_weights(sources)
+    if not sources:
+        raise MetadatasetError("the metadataset has no datasets with a non-zero weight")
+    mode = resolved.mode if len(sources) > 1 or resolved.mode == "repetitions" else "none"
+    if not training:
+        mode = "none" if len(sources) == 1 else "concat"
+    return Resolved(sources, mode)
+
+
+def _normalise_weights(sources: list[Source]) -> list[Source]:
+    kept = []
+    for source in sources:
+        if source.weight == 0:
+            warnings.warn(
+                f"{_name(source)} has weight 0 and is left out of the blend", stacklevel=4
+            )
+        else:
+            kept.append(source)
+    total = sum(s.weight for s in kept) or 1.0
+    for source in kept:
+        source.weight /= total
+        if source.weight < TINY_WEIGHT:
+            warnings.warn(
+                f"{_name(source)} has a tiny blend weight ({source.weight:.2e}): it will rarely be "
+                "sampled",
+                stacklevel=4,
+            )
+    return kept
+
+
+def _warn_duplicates(sources: list[Source]) -> None:
+    seen: dict[tuple, int] = {}
+    for source in sources:
+        key = (source.leaf.fingerprint()["path"], source.leaf.split_part, source.start, source.end)
+        seen[key] = seen.get(key, 0) + 1
+    for (path, split, _, _), count in seen.items():
+        if count > 1:
+            warnings.warn(
+                f"{path} (split {split}) is reached {count} times through different blend paths; its "
+                "samples will be seen proportionally more often",
+                stacklevel=4,
+            )
+
+
+def _name(source: Source) -> str:
+    return f"{source.leaf.fingerprint()['path']} [{source.leaf.split_part}]"
+
+
+def _resolve_split(mds, split_part: str, ctx: _Context) -> Resolved:
+    if split_part not in mds.splits:
+        raise MetadatasetError(
+            f"{mds.path or '<metadataset>'}: no split {split_part!r}; splits: {sorted(mds.splits)}"
+        )
+    ctx = dataclasses.replace(ctx, base_dir=mds.directory)
+    return _resolve_node(mds.splits[split_part], ctx)
+
+
+def _resolve_node(node: Any, ctx: _Context) -> Resolved:
+    if isinstance(node, Blend):
+        return _resolve_blend(node, ctx)
+    if isinstance(node, Join):
+        from energon.metadataset.join import resolve_join
+
+        return Resolved([resolve_join(node, ctx)], "none")
+    return _resolve_reference(node, ctx)
+
+
+def _with_subflavors(ctx: _Context, own: dict[str, Any]) -> _Context:
+    """Outer levels win over inner ones on conflicting keys."""
+    return dataclasses.replace(ctx, subflavors={**own, **ctx.subflavors})
+
+
+def _with_subset(ctx: _Context, subset: Subset | None, where: str, leaf: bool) -> _Context:
+    if subset is None:
+        return ctx
+    if subset.absolute and not leaf:
+        raise MetadatasetError(
+            f"{where}: absolute subset ranges are only allowed for a leaf dataset"
+        )
+    return dataclasses.replace(ctx, ratios=ctx.ratios + (subset,))
+
+
+def _resolve_blend(node: Blend, ctx: _Context) -> Resolved:
+    ctx = _with_subflavors(ctx, node.subflavors)
+    ctx = _with_subset(ctx, node.subset, "blend", leaf=False)
+    total = sum(e.weight for e in node.entries) if node.mode == "weight" else 1.0
+    sources: list[Source] = []
+    for entry in node.entries:
+        child = ctx
+        if node.mode == "weight":
+            child = dataclasses.replace(
+                ctx, weight=ctx.weight * (entry.weight / total if total else 0.0)
+            )
+        else:
+            child = dataclasses.replace(ctx, repetitions=ctx.repetitions * entry.repetitions)
+        resolved = _resolve_node(entry, child)
+        if len(resolved.sources) > 1 and resolved.mode != node.mode:
+            raise MetadatasetError(
+                "Can only blend datasets which are of the same blend mode (blend vs blend_epochized)"
+            )
+        sources += resolved.sources
+    return Resolved(sources, node.mode)
+
+
+def _resolve_reference(ref: Reference, ctx: _Context) -> Resolved:
+    path = _absolute(ref.path, ctx.base_dir)
+    split_part = ref.split_part or ctx.split_part
+    ctx = _with_subflavors(ctx, ref.subflavors)
+    ctx = dataclasses.replace(
+        ctx, shuffle=_combine_shuffle(ctx.shuffle, ref.shuffle_over_epochs_multiplier)
+    )
+    if path.endswith(".yaml"):
+        if ref.dataset_config or ref.split_config or ref.aux:
+            raise MetadatasetError(
+                f"{path}: dataset_config, split_config and aux cannot be set on a reference to a "
+                "metadataset"
+            )
+        ctx = _with_subset(ctx, ref.subset, path, leaf=False)
+        return _resolve_split(load_metadataset(path), split_part, ctx)
+    leaf = _open_leaf(path, split_part, ref, ctx)
+    start, end = _apply_subsets(0, len(leaf), ref.subset, ctx.ratios)
+    if start >= end:
+        raise MetadatasetError(f"{path}: the subset of split {split_part!r} is empty")
+    aux = {name: _aux_path(value, ctx.base_dir) for name, value in ref.aux.items()}
+    source = Source(
+        leaf=leaf,
+        start=start,
+        end=end,
+        weight=ctx.weight,
+        repetitions=ctx.repetitions,
+        shuffle_over_epochs=ctx.shuffle,
+        aux=aux,
+    )
+    return Resolved([source], "none")
+
+
+def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any:
+    if path.endswith(".jsonl"):
+        from energon.source.jsonl import JsonlLeaf
+
+        return JsonlLeaf.open(path, subflavors=ctx.subflavors)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"dataset {path} does not exist")
+    nv_meta = os.path.join(path, ".nv-meta")
+    if not (
+        os.path.exists(os.path.join(nv_meta, ".info.json"))
+        or os.path.exists(os.path.join(nv_meta, ".info.yaml"))
+    ):
+        raise FileNotFoundError(
+            f"{path} is not a prepared dataset (no .nv-meta/.info.json): run `energon prepare {path}`"
+        )
+    from energon.source.leaf import WebdatasetLeaf
+
+    return WebdatasetLeaf.open(
+        path,
+        split_part=split_part,
+        split_config=ref.split_config or ctx.split_config,
+        dataset_config=ref.dataset_config or ctx.dataset_config or "dataset.yaml",
+        subflavors=ctx.subflavors,
+    )
+
+
+def _apply_subsets(
+    start: int, end: int, own: Subset | None, ratios: tuple[Subset, ...]
+) -> tuple[int, int]:
+    """Own range first (absolute or ratio), then the inherited ratios from the innermost out."""
+    if own is not None:
+        start, end = own.window(start, end)
+    for subset in reversed(ratios):
+        start, end = subset.window(start, end)
+    return start, end
+
+
+def _combine_shuffle(outer: int | None, inner: int | None) -> int | None:
+    if outer is None or inner is None:
+        return None
+    if outer == -1 or inner == -1:
+        return -1
+    return int(outer * inner)
+
+
+def _absolute(path: str, base_dir: str) -> str:
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+
+
+def _aux_path(value: str, base_dir: str) -> str:
+    if value.startswith("filesystem://"):
+        return "filesystem://" + _absolute(value[len("filesystem://") :], base_dir)
+    return _absolute(value, base_dir)
+
+
+def traverse_metadataset(path: str, *, split_part: str) -> list[dict[str, Any]]:
+    """Leaves of one split (path, split_part, aux, hierarchy subflavors) without opening datasets."""
+    mds = load_metadataset(path)
+    out: list[dict[str, Any]] = []
+
+    def walk(node: Any, base_dir: str, split: str, subflavors: dict[str, Any]) -> None:
+        if isinstance(node, Blend):
+            for entry in node.entries:
+                walk(entry, base_dir, split, {**node.subflavors, **subflavors})
+            return
+        if isinstance(node, Join):
+            raise NotImplementedError("traverse_metadataset does not expand joins")
+        merged = {**node.subflavors, **subflavors}
+        target = _absolute(node.path, base_dir)
+        own_split = node.split_part or split
+        if target.endswith(".yaml") and os.path.exists(target):
+            nested = load_metadataset(target)
+            walk(nested.splits[own_split], nested.directory, own_split, merged)
+            return
+        aux = {name: _aux_path(value, base_dir) for name, value in node.aux.items()}
+        out.append({"path": target, "split_part": own_split, "aux": aux, "subflavors": merged})
+
+    walk(mds.splits[split_part], mds.directory, split_part, {})
+    return out
