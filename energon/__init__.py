@@ -10,6 +10,17 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 _EXPORTS = {
+    "Blender": "energon.metadataset.resolve",
+    "Cooker": "energon.task_encoder",
+    "DecodeFileStore": "energon.source.file_store",
+    "FileStore": "energon.source.file_store",
+    "PrimaryFileStore": "energon.source.file_store",
+    "SystemFileStore": "energon.source.file_store",
+    "WebdatasetFileStore": "energon.source.file_store",
+    "basic_sample_keys": "energon.task_encoder",
+    "cooker": "energon.task_encoder",
+    "prepare_metadataset": "energon.metadataset.join",
+    "traverse_metadataset": "energon.metadataset.resolve",
     "AugmentTaskEncoder": "energon.task_encoder",
     "BasicDataLoader": "energon.loader",
     "Batch": "energon.samples",

@@ -476,6 +476,27 @@ class Loader:
             return sorted(states, key=lambda s: s["rank"])
         return redistribute_states(states, world)
 
+    def blend_report(self) -> list[dict[str, Any]]:
+        """Requested weight vs. observed share of each source, over the samples this rank's
+        streams have read so far (samples waiting in shuffle buffers count as read)."""
+        spec = self.dataset.spec
+        consumed = [0] * len(spec.sources)
+        for snapshot in self._snapshots.values():
+            for i, reader in enumerate(snapshot["stages"][0]["readers"]):
+                consumed[i] += int(reader.get("yielded", 0))
+        total = sum(consumed) or 1
+        return [
+            {
+                "path": source.leaf.fingerprint()["path"],
+                "split_part": source.leaf.split_part,
+                "weight": source.weight if spec.mode == "weight" else None,
+                "repetitions": source.repetitions if spec.mode == "repetitions" else None,
+                "consumed": count,
+                "observed": count / total,
+            }
+            for source, count in zip(spec.sources, consumed)
+        ]
+
     # -- debugging ---------------------------------------------------------------------------
     def can_restore_sample(self) -> bool:
         te = self.dataset.spec.task_encoder

@@ -128,5 +128,3 @@ class Layout:
     def streams(self) -> list[int]:
         """The logical streams this executor reads from (its positions cycle through them)."""
         return sorted({self.position(k) % self.num_streams for k in range(self.num_streams)})
-
-

@@ -298,6 +298,9 @@ def command(
             "--fix-duplicates is not supported yet; make sample keys unique (e.g. prefix member "
             "names with the shard name) and prepare again."
         )
+    if path.is_file() and path.suffix in (".jsonl", ".yaml"):
+        _prepare_file(path, progress)
+        return
     _check_path_kind(path)
     if not tar_index_only and not _confirm_overwrite(path, force_overwrite, non_interactive):
         return
@@ -326,12 +329,23 @@ def command(
     click.echo("Done")
 
 
+def _prepare_file(path: Path, progress: bool) -> None:
+    """A JSONL file gets its ``.jsonl.idx``; a metadataset gets the join indices of its joins."""
+    if path.suffix == ".jsonl":
+        from energon.source.jsonl import prepare_jsonl
+
+        count = prepare_jsonl(path)
+        click.echo(f"Done. Found {count} samples.")
+        return
+    from energon.metadataset.join import prepare_metadataset
+
+    for line in prepare_metadataset(path, progress=progress):
+        click.echo(line)
+    click.echo("Done")
+
+
 def _check_path_kind(path: Path) -> None:
     if path.is_file():
-        if path.suffix == ".jsonl":
-            raise click.UsageError("Preparing JSONL files is not supported yet.")
-        if path.suffix == ".yaml":
-            raise click.UsageError("Preparing metadatasets (join indices) is not supported yet.")
         raise click.UsageError(f"{path} is a file; expected a WebDataset folder.")
     if _is_filesystem_dataset(path):
         raise click.UsageError(

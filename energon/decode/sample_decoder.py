@@ -5,6 +5,12 @@ decompressed first, then image extensions (case-insensitive) are decoded with Pi
 extensions go to the AV hook, a few basic extensions (case-sensitive) become str/int/json/arrays,
 and anything else stays raw bytes. Unpickling is refused unless explicitly allowed, because a
 dataset must never be able to run code in the training job by default.
+
+``decode_timeout`` bounds the decoding of each part (see ``energon.deadline``): a part that takes
+longer raises ``DecodeTimeoutError``, which the loader's error policy handles like any bad sample.
+Audio/video parts are decoded lazily by default (an ``AVDecoder``), so most of their decoding
+happens later, in the task encoder; the same timeout is handed to each ``AVDecoder`` and bounds
+each of its calls there too.
 """
 
 from __future__ import annotations
@@ -20,18 +26,25 @@ import numpy as np
 import torch
 
 from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, ImageMode, decode_image
+from energon.deadline import DecodeTimeoutError, deadline
 from energon.decode.sniff import guess_extension
 from energon.errors import SYSTEM_EXCEPTIONS, SampleException
 
 __all__ = [
     "AV_DECODE_MODES",
     "AV_EXTENSIONS",
+    "VIDEO_EXTENSIONS",
     "DecodeError",
     "SampleDecoder",
 ]
 
-#: Extensions (lower case) handed to the audio/video hook.
-AV_EXTENSIONS: frozenset[str] = frozenset("mp4 avi mov webm mkv flac mp3 wav flv".split())
+#: Extensions (lower case) handed to the audio/video hook: the reference's list plus the common
+#: m4v/m4a/aac/ogg, which the reference leaves as raw bytes.
+AV_EXTENSIONS: frozenset[str] = frozenset(
+    "mp4 avi mov webm mkv flac mp3 wav flv m4v ogg m4a aac".split()
+)
+#: AV extensions that hold a video track (``av_decode="torch"`` decodes the video of these).
+VIDEO_EXTENSIONS: frozenset[str] = frozenset("mp4 avi mov webm mkv m4v flv".split())
 #: Accepted ``av_decode`` values.
 AV_DECODE_MODES: tuple[str, ...] = ("AVDecoder", "torch", "pyav")
 
@@ -83,6 +96,8 @@ class SampleDecoder:
     ``image_decode``: one of ``IMAGE_MODES`` (default ``torchrgb``: float32 (3, H, W) in [0, 1]).
     ``av_decode``: ``"AVDecoder"`` (default), ``"torch"`` or ``"pyav"``; see ``decode_av``.
     ``video_decode_audio``: also decode the audio track of videos (for ``av_decode="torch"``).
+    ``decode_timeout``: seconds one part may take to decode (None: unbounded); also the per-call
+    timeout of the lazy ``AVDecoder`` objects it creates.
     ``guess_content``: pick the decoder from the content's magic bytes when recognised.
     ``allow_pickle``: decode ``pyd``/``pickle``/``pkl`` parts and allow full ``torch.load`` of
     ``pth`` parts. Off by default because unpickling untrusted data runs arbitrary code.
@@ -96,6 +111,7 @@ class SampleDecoder:
         video_decode_audio: bool = False,
         guess_content: bool = False,
         allow_pickle: bool = False,
+        decode_timeout: float | None = None,
     ) -> None:
         if image_decode not in IMAGE_MODES:
             raise ValueError(
@@ -110,6 +126,9 @@ class SampleDecoder:
         self.video_decode_audio = video_decode_audio
         self.guess_content = guess_content
         self.allow_pickle = allow_pickle
+        if decode_timeout is not None and decode_timeout <= 0:
+            raise ValueError(f"decode_timeout must be positive or None, got {decode_timeout!r}")
+        self.decode_timeout = decode_timeout
         self._image_mode: ImageMode = IMAGE_MODES[image_decode]
         self._basic: dict[str, Callable[[bytes | memoryview], Any]] = self._basic_handlers()
 
@@ -142,18 +161,28 @@ class SampleDecoder:
             )
         return pickle.loads(data)
 
-    def decode_av(self, extension: str, data: bytes | memoryview) -> Any:
-        """Hook for audio/video parts.
+    def decode_av(self, extension: str, data: bytes | memoryview, name: str = "media") -> Any:
+        """Audio/video parts, by ``av_decode``.
 
-        ``av_decode="pyav"`` returns an opened PyAV input container. The lazy ``AVDecoder`` and the
-        fully decoded ``"torch"`` modes are not available yet: until they land these parts are
-        kept as raw ``bytes`` so that datasets with video parts still load.
+        ``"AVDecoder"``: a lazy :class:`energon.av.AVDecoder` holding the bytes; its headers are
+        checked now, so unreadable media fails here (with the sample's location) rather than later
+        in user code. ``"torch"``: an :class:`energon.av.AVData` with everything decoded (video of
+        video files, plus their audio with ``video_decode_audio``; audio of audio files).
+        ``"pyav"``: an opened PyAV input container.
         """
         if self.av_decode == "pyav":
-            import av
+            from energon.av._pyav import import_av
 
-            return av.open(io.BytesIO(data))
-        return bytes(data)
+            return import_av().open(io.BytesIO(data))
+        from energon.av import AVDecoder
+
+        decoder = AVDecoder(data, timeout=self.decode_timeout, name=name)
+        if self.av_decode == "AVDecoder":
+            decoder.check()
+            return decoder
+        if extension in VIDEO_EXTENSIONS and decoder.has_video_stream():
+            return decoder.get_frames(video_decode_audio=self.video_decode_audio)
+        return decoder.get_audio() if decoder.has_audio_stream() else None
 
     def decode_part(
         self, part_name: str, data: bytes | memoryview, *, key: str | None = None
@@ -164,25 +193,27 @@ class SampleDecoder:
         original exception as its cause.
         """
         name = part_name
+        label = f"{key}.{part_name}" if key is not None else part_name
         try:
-            if name.endswith(".gz") or name == "gz":
-                data = gzip.decompress(data)
-                name = name[:-3]
-            extension = name.rpartition(".")[2]
-            if self.guess_content:
-                extension = guess_extension(data) or extension
-            return self._dispatch(extension, data)
-        except SYSTEM_EXCEPTIONS:
+            with deadline(self.decode_timeout, f"decoding {label}"):
+                if name.endswith(".gz") or name == "gz":
+                    data = gzip.decompress(data)
+                    name = name[:-3]
+                extension = name.rpartition(".")[2]
+                if self.guess_content:
+                    extension = guess_extension(data) or extension
+                return self._dispatch(extension, data, label)
+        except (SYSTEM_EXCEPTIONS, DecodeTimeoutError):
             raise
         except Exception as exc:
             raise DecodeError(f"{type(exc).__name__}: {exc}", part_name=part_name, key=key) from exc
 
-    def _dispatch(self, extension: str, data: bytes | memoryview) -> Any:
+    def _dispatch(self, extension: str, data: bytes | memoryview, label: str) -> Any:
         lowered = extension.lower()
         if lowered in IMAGE_EXTENSIONS:
             return decode_image(data, self._image_mode)
         if lowered in AV_EXTENSIONS:
-            return self.decode_av(lowered, data)
+            return self.decode_av(lowered, data, label)
         handler = self._basic.get(extension)
         if handler is not None:
             return handler(data)
@@ -214,7 +245,7 @@ class SampleDecoder:
 
     def config(self) -> dict[str, Any]:
         """Plain-data description (for dataset config dumps and state fingerprints)."""
-        return {
+        out: dict[str, Any] = {
             "type": type(self).__qualname__,
             "image_decode": self.image_decode,
             "av_decode": self.av_decode,
@@ -222,6 +253,9 @@ class SampleDecoder:
             "guess_content": self.guess_content,
             "allow_pickle": self.allow_pickle,
         }
+        if self.decode_timeout is not None:  # only when set: older configs stay comparable
+            out["decode_timeout"] = self.decode_timeout
+        return out
 
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "type")

@@ -37,7 +37,7 @@ class GPTConfig:
 
     sequence_length: int
     random_seed: int = 1234
-    split: str = "969, 30, 1"
+    split: str | None = "969, 30, 1"
     tokenizer: Any = None
     eod_token: int | None = None
     pad_token: int = -1
@@ -54,7 +54,10 @@ class GPTConfig:
     mock_vocab_size: int = 100
 
     @property
-    def split_matrix(self) -> list[tuple[float, float] | None]:
+    def split_matrix(self) -> list[tuple[float, float] | None] | None:
+        """Book-ends of the splits; None for per-split blends (megatron hashes it as null)."""
+        if self.split is None:
+            return None
         return gi.split_matrix(gi.parse_split(self.split))
 
     @property
@@ -185,7 +188,7 @@ class GPTTokenDataset:
         split: str,
         num_samples: int | None,
         config: GPTConfig,
-        sequence_ids: np.ndarray | None = None,
+        split_range: tuple[float, float] | None = None,
     ) -> None:
         if split not in gi.SPLIT_NAMES:
             raise ValueError(f"split must be one of {gi.SPLIT_NAMES}, not {split!r}")
@@ -194,7 +197,8 @@ class GPTTokenDataset:
         self.split = split
         self.num_samples = num_samples
         self.config = config
-        self._sequence_ids = sequence_ids
+        self._sequence_ids: np.ndarray | None = None
+        self.split_range = split_range
         if isinstance(tokens, MockTokens):
             self.class_name = "MockGPTDataset"
         self.unique_identifiers = gi.gpt_identifiers(
@@ -230,8 +234,9 @@ class GPTTokenDataset:
     def sequence_ids(self) -> np.ndarray:
         """The split's sequence ids (reads the sequence count: header or sequences file)."""
         if self._sequence_ids is None:
-            index = gi.SPLIT_NAMES.index(self.split)
-            bookend = self.config.split_matrix[index]
+            bookend = self.split_range
+            if bookend is None and self.config.split_matrix is not None:
+                bookend = self.config.split_matrix[gi.SPLIT_NAMES.index(self.split)]
             if bookend is None:
                 raise ValueError(f"split {self.split!r} is empty in {self.config.split!r}")
             self._sequence_ids = gi.split_sequence_ids(len(self.tokens), bookend)
@@ -285,7 +290,9 @@ class GPTTokenDataset:
         text = np.concatenate(pieces).astype(np.int64)
         want = self.config.sequence_length + extra
         if len(text) < want:
-            text = np.concatenate([text, np.full(want - len(text), self.config.pad_token, np.int64)])
+            text = np.concatenate(
+                [text, np.full(want - len(text), self.config.pad_token, np.int64)]
+            )
         return text
 
     def __getitem__(self, k: int) -> dict[str, Any]:
@@ -463,6 +470,7 @@ def _split_datasets(
                 split=name,
                 num_samples=sizes[i],
                 config=config,
+                split_range=split_ranges[i],
             )
         )
     return out
@@ -486,6 +494,7 @@ def build_gpt_datasets(
     if config.mock:
         return _split_datasets(None, config.split_matrix, sizes, config, sequences)
     if blend_per_split is not None:
+        config = dataclasses.replace(config, split=None)
         return [
             _per_split_dataset(i, b, sizes, config, sequences) if b else None
             for i, b in enumerate(blend_per_split)

@@ -297,8 +297,8 @@ def gpt_identifiers(
     split: str,
     random_seed: int,
     sequence_length: int,
-    split_string: str,
-    split_matrix_: Sequence[Any],
+    split_string: str | None,
+    split_matrix_: Sequence[Any] | None,
     tokenizer: Any,
 ) -> OrderedDict:
     """The ordered identifiers megatron-core hashes for a GPTDataset (the key of its cache files)."""
@@ -310,7 +310,7 @@ def gpt_identifiers(
     ui["random_seed"] = random_seed
     ui["sequence_length"] = sequence_length
     ui["split"] = split_string
-    ui["split_matrix"] = list(split_matrix_)
+    ui["split_matrix"] = None if split_matrix_ is None else list(split_matrix_)
     ui["tokenizer"] = tokenizer
     return ui
 

@@ -73,6 +73,7 @@ class _Context:
     ratios: tuple[Subset, ...] = ()
     dataset_config: str | None = None
     split_config: str | None = None
+    mds_path: str = ""
 
 
 class Blender:
@@ -182,7 +183,7 @@ def _resolve_split(mds, split_part: str, ctx: _Context) -> Resolved:
         raise MetadatasetError(
             f"{mds.path or '<metadataset>'}: no split {split_part!r}; splits: {sorted(mds.splits)}"
         )
-    ctx = dataclasses.replace(ctx, base_dir=mds.directory)
+    ctx = dataclasses.replace(ctx, base_dir=mds.directory, mds_path=mds.path)
     return _resolve_node(mds.splits[split_part], ctx)
 
 

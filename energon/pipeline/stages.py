@@ -147,13 +147,22 @@ class ShuffleBuffer:
 
 
 class LoadStage:
-    """Reads and decodes the sample a pointer names; failures follow the error policy."""
+    """Reads and decodes the sample a pointer names (and cooks crude samples); failures follow the
+    error policy."""
 
-    def __init__(self, upstream: Any, leaves: list[Any], decoder: Any, policy: ErrorPolicy) -> None:
+    def __init__(
+        self,
+        upstream: Any,
+        leaves: list[Any],
+        decoder: Any,
+        policy: ErrorPolicy,
+        cooks: list[Callable[[Any], Any] | None] | None = None,
+    ) -> None:
         self.upstream = upstream
         self.leaves = leaves
         self.decoder = decoder
         self.policy = policy
+        self.cooks = cooks or [None] * len(leaves)
 
     def __iter__(self) -> Iterator[Item]:
         return self
@@ -177,7 +186,18 @@ class LoadStage:
 
     def rebuild(self, key: tuple) -> Any:
         _, leaf, index = key
-        return self.leaves[leaf].load(index, self.decoder, key)
+        sample = self.leaves[leaf].load(index, self.decoder, key)
+        cook = self.cooks[leaf]
+        if cook is None:
+            return sample
+        try:
+            return cook(sample)
+        except (SampleException, SkipSample):
+            raise
+        except Exception as e:
+            raise SampleException(
+                f"cooking sample {sample.get('__key__')!r} failed: {type(e).__name__}: {e}"
+            ) from e
 
 
 class MapStage:

@@ -11,7 +11,7 @@ from energon.plan.mixing import QuotaSchedule, WeightedSchedule
 from energon.plan.reader import SliceReader
 from energon.plan.sharding import slice_bounds, stream_ranges
 from energon.rng import CounterRng, stable_seed
-from energon.task_encoder import hook_context
+from energon.task_encoder import hook_context, select_cooker
 
 DEFAULT_PARALLEL_SLICES = 16
 
@@ -70,7 +70,8 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     if spec.training and spec.shuffle_buffer_size and spec.shuffle_buffer_size > 1:
         rng = CounterRng(stable_seed(spec.seed, "shuffle-buffer", stream_id))
         stages.append(ShuffleBuffer(stages[-1], spec.shuffle_buffer_size, rng))
-    stages.append(LoadStage(stages[-1], spec.leaves, spec.decoder, policy("load_sample")))
+    cooks = [_cook_function(spec, source) for source in spec.sources]
+    stages.append(LoadStage(stages[-1], spec.leaves, spec.decoder, policy("load_sample"), cooks))
     for hook in ("encode_sample",):
         if te is not None and te.is_active(hook):
             fn = getattr(te, hook)
@@ -111,6 +112,43 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     if not spec.training:
         max_items = spec.val_batches_per_stream()
     return Stream(stream_id, spec, stages, max_items)
+
+
+def _cook_function(spec: PipelineSpec, source: Any) -> Any:
+    """For crude sources with a matching cooker: sample -> cooked sample (aux stores attached)."""
+    if getattr(source.leaf.builder, "kind", None) != "crude":
+        if source.aux:
+            raise ValueError(
+                f"{source.leaf.root}: aux data sources are only allowed for crude datasets"
+            )
+        return None
+    selected = select_cooker(spec.task_encoder, source.leaf.subflavors)
+    if selected is None:
+        return None
+    from energon.source.file_store import DecodeFileStore, PrimaryFileStore, open_file_store
+
+    decoder = spec.decoder
+
+    def wrap(store: Any) -> Any:
+        return DecodeFileStore(store, decoder=decoder) if decoder is not None else store
+
+    stores = {name: wrap(open_file_store(ref)) for name, ref in source.aux.items()}
+    primary = None
+    if selected.need_primary:
+        from energon.source.file_store import WebdatasetFileStore
+
+        try:
+            primary = wrap(WebdatasetFileStore(source.leaf.root))
+        except Exception as e:
+            raise SystemError(f"cannot open the primary store of {source.leaf.root}: {e}") from e
+
+    def cook(sample: Any) -> Any:
+        extra = dict(stores)
+        if primary is not None:
+            extra["primary"] = PrimaryFileStore(primary, sample["__key__"])
+        return selected.cook(sample, **extra)
+
+    return cook
 
 
 def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, int]:

@@ -1,0 +1,162 @@
+"""Random access to single files by name: aux data sources for cookers.
+
+``WebdatasetFileStore`` reads ``<sample key>.<part>`` entries of a prepared dataset through its sqlite
+index (content byte ranges, one pread each); ``SystemFileStore`` reads files below a folder;
+``DecodeFileStore`` decodes what an inner store returns by the file's extension; ``PrimaryFileStore``
+resolves names starting with ``.`` against the current sample's key (``.wav`` -> ``<key>.wav``).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from typing import Any
+
+from energon.errors import SampleException
+
+
+class FileStore:
+    """``store[name] -> (data, SourceInfo)``; ``get(name, sample)`` also records the source."""
+
+    def __getitem__(self, name: str) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def get(self, name: str, sample: Any = None) -> Any:
+        from energon.samples import add_source_info
+
+        data, source = self[name]
+        if sample is not None:
+            add_source_info(sample, source)
+        return data
+
+    def get_path(self) -> str:
+        raise NotImplementedError
+
+
+class SystemFileStore(FileStore):
+    def __init__(self, base_dir: str | None = None) -> None:
+        self.base_dir = os.path.abspath(base_dir) if base_dir else None
+
+    def _path(self, name: str) -> str:
+        if self.base_dir is None:
+            return name
+        path = os.path.normpath(os.path.join(self.base_dir, name))
+        if not path.startswith(self.base_dir + os.sep):
+            raise SampleException(f"{name!r} points outside of {self.base_dir}")
+        return path
+
+    def __getitem__(self, name: str) -> tuple[bytes, Any]:
+        from energon.samples import SourceInfo
+
+        path = self._path(name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise SampleException(f"aux file {path} not found") from None
+        return data, SourceInfo(
+            dataset_path=self.base_dir or "", index=name, shard_name="", file_names=(name,)
+        )
+
+    def get_path(self) -> str:
+        return self.base_dir or ""
+
+
+class WebdatasetFileStore(FileStore):
+    """Entries ``<sample key>.<part>`` of a prepared dataset (any split)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        db_path = os.path.join(self.root, ".nv-meta", "index.sqlite")
+        if not os.path.exists(db_path):
+            raise FileNotFoundError(
+                f"{self.root} has no .nv-meta/index.sqlite: prepare it with `energon prepare`"
+            )
+        from energon.format.info import read_info
+
+        self._shards = list(read_info(self.root))
+        self._db_path = db_path
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root, "_shards": self._shards, "_db_path": self._db_path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None or getattr(self._local, "pid", None) != os.getpid():
+            db = sqlite3.connect(f"file:{self._db_path}?mode=ro&immutable=1", uri=True)
+            self._local.db, self._local.pid = db, os.getpid()
+        return db
+
+    def __getitem__(self, name: str) -> tuple[bytes, Any]:
+        from energon.format.tar import split_member_name
+        from energon.samples import SourceInfo
+        from energon.source.shard_reader import shard_reader
+
+        split = split_member_name(name)
+        if split is None:
+            raise SampleException(f"{name!r} is not a '<sample key>.<part>' entry name")
+        key, part = split
+        row = (
+            self._db()
+            .execute(
+                "SELECT p.tar_file_id, p.content_byte_offset, p.content_byte_size FROM samples s "
+                "JOIN sample_parts p ON p.tar_file_id = s.tar_file_id AND p.sample_index = s.sample_index "
+                "WHERE s.sample_key = ? AND p.part_name = ?",
+                (key, part),
+            )
+            .fetchone()
+        )
+        if row is None:
+            raise SampleException(f"{self.root}: no entry {name!r}")
+        shard_id, offset, size = row
+        shard = self._shards[shard_id]
+        data = shard_reader().read(os.path.join(self.root, shard), offset, offset + size)
+        return data, SourceInfo(
+            dataset_path=self.root, index=name, shard_name=shard, file_names=(name,)
+        )
+
+    def get_path(self) -> str:
+        return self.root
+
+
+class DecodeFileStore(FileStore):
+    def __init__(self, inner: FileStore, *, decoder: Any) -> None:
+        self.inner = inner
+        self.decoder = decoder
+
+    def __getitem__(self, name: str) -> tuple[Any, Any]:
+        data, source = self.inner[name]
+        part = name.rsplit("/", 1)[-1].split(".", 1)[-1] if "." in name else ""
+        return self.decoder.decode_part(part, data), source
+
+    def get_path(self) -> str:
+        return self.inner.get_path()
+
+
+class PrimaryFileStore(FileStore):
+    """The sample's own dataset; names starting with ``.`` are relative to the current key."""
+
+    def __init__(self, inner: FileStore, current_key: str) -> None:
+        self.inner = inner
+        self.current_key = current_key
+
+    def __getitem__(self, name: str) -> tuple[Any, Any]:
+        if name.startswith("."):
+            name = self.current_key + name
+        return self.inner[name]
+
+    def get_path(self) -> str:
+        return self.inner.get_path()
+
+
+def open_file_store(reference: str) -> FileStore:
+    """An aux reference (``filesystem://folder`` or a prepared dataset path) as a store."""
+    if reference.startswith("filesystem://"):
+        return SystemFileStore(reference[len("filesystem://") :])
+    return WebdatasetFileStore(reference)
