@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, ImageMode, decode_image
 from energon.deadline import DecodeTimeoutError, deadline
+from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, ImageMode, decode_image
 from energon.decode.sniff import guess_extension
 from energon.errors import SYSTEM_EXCEPTIONS, SampleException
 
@@ -203,7 +203,7 @@ class SampleDecoder:
                 if self.guess_content:
                     extension = guess_extension(data) or extension
                 return self._dispatch(extension, data, label)
-        except (SYSTEM_EXCEPTIONS, DecodeTimeoutError):
+        except (*SYSTEM_EXCEPTIONS, DecodeTimeoutError):
             raise
         except Exception as exc:
             raise DecodeError(f"{type(exc).__name__}: {exc}", part_name=part_name, key=key) from exc

@@ -23,6 +23,9 @@ _MAGIC: tuple[tuple[int, bytes, str], ...] = (
     (0, b"\xff\xf3", "mp3"),
     (0, b"\xff\xf2", "mp3"),
     (0, b"FLV\x01", "flv"),
+    (0, b"OggS", "ogg"),
+    (0, b"\xff\xf1", "aac"),  # ADTS, MPEG-4
+    (0, b"\xff\xf9", "aac"),  # ADTS, MPEG-2
     (0, b"\x93NUMPY", "npy"),
     (4, b"ftypqt", "mov"),
     (4, b"ftyp", "mp4"),
