@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import tarfile
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -26,6 +28,7 @@ __all__ = [
     "encode_video",
     "frame_number",
     "pick_codec",
+    "write_tar_shards",
 ]
 
 #: Audio sample ``n`` of channel 0 holds ``n % AUDIO_PERIOD``.
@@ -186,3 +189,27 @@ def encode_audio(
     _write_audio(output, stream, rate, channels, seconds)
     output.close()
     return buffer.getvalue()
+
+
+def write_tar_shards(
+    root: str | os.PathLike, samples: Sequence[tuple[str, dict[str, bytes]]], num_shards: int = 1
+) -> list[str]:
+    """Write ``(key, {part: bytes})`` samples into ``num_shards`` tar files under ``root``
+    (contiguous runs of samples per shard); returns the shard file names."""
+    os.makedirs(root, exist_ok=True)
+    per_shard = max(1, math.ceil(len(samples) / num_shards))
+    names = []
+    for shard in range(num_shards):
+        chunk = samples[shard * per_shard : (shard + 1) * per_shard]
+        if not chunk:
+            break
+        name = f"media-{shard:04d}.tar"
+        with tarfile.open(os.path.join(root, name), "w", format=tarfile.USTAR_FORMAT) as tar:
+            for key, parts in chunk:
+                for part, payload in parts.items():
+                    info = tarfile.TarInfo(f"{key}.{part}")
+                    info.size = len(payload)
+                    info.mtime = 0
+                    tar.addfile(info, io.BytesIO(payload))
+        names.append(name)
+    return names

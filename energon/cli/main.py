@@ -20,6 +20,12 @@ COMMANDS: dict[str, str] = {
     "preview": "energon.cli.preview",
     "checkpoint": "energon.cli.checkpoint",
     "demo": "energon.cli.demo",
+    "preprocess": "energon.cli.preprocess",
+    "merge": "energon.cli.merge",
+    "build-sequences": "energon.cli.build_sequences",
+    "prepare-cache": "energon.cli.prepare_cache",
+    "prepare-media": "energon.cli.prepare_media",
+    "demo-av": "energon.cli.demo_av",
 }
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}

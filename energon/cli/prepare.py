@@ -246,9 +246,22 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
     "--tar-index-only", is_flag=True, help="Only rebuild .tar.idx files and index.sqlite."
 )
 @click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before a ratio split.")
-@click.option("--media-metadata-by-glob", default=None, help="(not supported yet)")
-@click.option("--media-metadata-by-header", is_flag=True, help="(not supported yet)")
-@click.option("--media-metadata-by-extension", is_flag=True, help="(not supported yet)")
+@click.option(
+    "--media-metadata-by-glob",
+    default=None,
+    metavar="PATTERNS",
+    help="Store media metadata for parts matching these comma-separated globs (e.g. '*.mp4,*.jpg').",
+)
+@click.option(
+    "--media-metadata-by-header",
+    is_flag=True,
+    help="Store media metadata for every part whose content looks like an image, audio or video.",
+)
+@click.option(
+    "--media-metadata-by-extension",
+    is_flag=True,
+    help="Store media metadata for parts with image/audio/video extensions.",
+)
 @click.option("--fix-duplicates", is_flag=True, help="(not supported yet)")
 @click.option("--non-interactive", is_flag=True, help="Never prompt; fail if an answer is missing.")
 @click.option("--split-ratio", default=None, help='train,val,test ratio of shards, e.g. "8,1,1".')
@@ -287,12 +300,9 @@ def command(
     tmp_path: Path | None,
 ) -> None:
     """Prepare the WebDataset at PATH: index its tar shards and write PATH/.nv-meta/."""
-    if (
-        media_metadata_by_glob is not None
-        or media_metadata_by_header
-        or media_metadata_by_extension
-    ):
-        raise click.UsageError("Media metadata options are not supported yet.")
+    media_filter = parse_media_filter(
+        media_metadata_by_glob, media_metadata_by_header, media_metadata_by_extension
+    )
     if fix_duplicates:
         raise click.UsageError(
             "--fix-duplicates is not supported yet; make sample keys unique (e.g. prefix member "
@@ -306,7 +316,15 @@ def command(
         return
     shards = _find_shards(path, exclude, tar_index_only)
     if tar_index_only:
-        _run_prepare(path, shards, progress, num_workers, tmp_path, tar_index_only=True)
+        _run_prepare(
+            path,
+            shards,
+            progress,
+            num_workers,
+            tmp_path,
+            tar_index_only=True,
+            media_filter=media_filter,
+        )
         click.echo(f"Rebuilt the tar indices and index.sqlite of {len(shards)} shards. Done.")
         return
     ratio, patterns = _ask_split(split_ratio, split_parts, non_interactive)
@@ -319,6 +337,7 @@ def command(
         split_parts_ratio=ratio,
         split_parts_patterns=patterns,
         shuffle_seed=42 if shuffle_tars else None,
+        media_filter=media_filter,
     )
     _print_summary(path, result)
     if not _should_write_dataset_yaml(skip_dataset_yaml, sample_type, non_interactive):
@@ -342,6 +361,18 @@ def _prepare_file(path: Path, progress: bool) -> None:
     for line in prepare_metadataset(path, progress=progress):
         click.echo(line)
     click.echo("Done")
+
+
+def parse_media_filter(glob: str | None, header: bool, extension: bool) -> Any:
+    """The ``MediaFilterConfig`` of the ``--media-metadata-by-*`` options (None if none given)."""
+    if glob is None and not header and not extension:
+        return None
+    from energon.media.extract import MediaFilterConfig
+
+    try:
+        return MediaFilterConfig.parse(glob=glob, header=header, extension=extension)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def _check_path_kind(path: Path) -> None:

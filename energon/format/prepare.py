@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -50,6 +51,9 @@ from energon.format.split import expand_all, expand_braces, write_split
 from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid
 from energon.format.tar import scan_tar
 from energon.format.tar_index import encode_offsets, tar_index_path
+
+if TYPE_CHECKING:
+    from energon.media.extract import MediaFilterConfig
 
 SHARD_SUFFIXES = (".tar", ".tgz")
 MAX_PART_NAMES = 50
@@ -175,6 +179,7 @@ class ShardScanResult:
     part_offsets: array  # 'Q'
     part_sizes: array  # 'Q'
     found_parts: list[str] = field(default_factory=list)  # distinct part names, first-seen order
+    media_rows: list[tuple[str, str, str]] = field(default_factory=list)  # with media_filter
 
     def part_columns(self) -> tuple[array, list[str], array, array]:
         return self.part_sample_index, self.part_names, self.part_offsets, self.part_sizes
@@ -185,6 +190,7 @@ class _ShardTask:
     shard_id: int
     tar_path: str
     index_tmp_path: str | None  # where to write the .tar.idx (renamed into place by the parent)
+    media_filter: MediaFilterConfig | None = None  # also compute media metadata of the parts
 
 
 def _scan_shard(task: _ShardTask) -> ShardScanResult:
@@ -202,7 +208,14 @@ def _scan_shard(task: _ShardTask) -> ShardScanResult:
     if task.index_tmp_path is not None:
         with open(task.index_tmp_path, "wb") as f:
             f.write(encode_offsets(offsets))
-    return _compact_result(task.shard_id, scan.samples, offsets)
+    result = _compact_result(task.shard_id, scan.samples, offsets)
+    if task.media_filter is not None:
+        # same worker, same pass over the shard: the payloads are read while the file is hot
+        from energon.media.prepare import media_rows_for_samples
+
+        with open(task.tar_path, "rb") as f:
+            result.media_rows = media_rows_for_samples(f, scan.samples, task.media_filter)
+    return result
 
 
 def _compact_result(shard_id: int, samples: list, offsets: array) -> ShardScanResult:
@@ -312,6 +325,7 @@ def prepare_dataset(
     tar_index_only: bool = False,
     progress: bool = True,
     tmp_path: PathLike | None = None,
+    media_filter: MediaFilterConfig | None = None,
 ) -> PrepareResult:
     """Index every shard of the WebDataset at ``root`` and write ``.nv-meta``.
 
@@ -319,7 +333,9 @@ def prepare_dataset(
     found below ``root`` (or, with ``tar_index_only``, the shards of the existing ``.info.json``).
     Splits come from ``split_parts_patterns`` if given, else ``split_parts_ratio`` (default: all
     shards in ``train``). ``tmp_path`` is a folder to build ``index.sqlite`` in (e.g. local disk
-    when the dataset lives on a slow network file system).
+    when the dataset lives on a slow network file system). ``media_filter``: also compute media
+    metadata (image sizes, audio/video durations, ...) for the parts it selects, replacing any
+    media metadata of a previous preparation; without it, existing media metadata is kept.
 
     Raises :class:`PrepareError` (empty or unreadable shard), :class:`TarFormatError` (corrupt or
     truncated tar, with file and byte offset) or ``DuplicateSampleKeyError`` (both locations).
@@ -335,7 +351,9 @@ def prepare_dataset(
     _copy_dir_mode(root, meta)
     staging = _Staging(run_id=uuid.uuid4().hex[:12])
     try:
-        result = _index_shards(root, shard_list, staging, num_workers, progress, tmp_path)
+        result = _index_shards(
+            root, shard_list, staging, num_workers, progress, tmp_path, media_filter
+        )
         split_parts = None
         if not tar_index_only:
             split_parts = _assign_splits(
@@ -395,13 +413,18 @@ def _index_shards(
     num_workers: int | None,
     progress: bool,
     tmp_path: PathLike | None,
+    media_filter: MediaFilterConfig | None = None,
 ) -> PrepareResult:
     """Scan all shards and fill a temporary ``index.sqlite``; nothing is published yet."""
     tasks = []
     for shard_id, shard in enumerate(shards):
         final_index = str(root / tar_index_path(shard))
         staging.index_tmps[final_index] = f"{final_index}.{staging.run_id}.tmp"
-        tasks.append(_ShardTask(shard_id, str(root / shard), staging.index_tmps[final_index]))
+        tasks.append(
+            _ShardTask(
+                shard_id, str(root / shard), staging.index_tmps[final_index], media_filter
+            )
+        )
     sqlite_dir = Path(tmp_path) if tmp_path is not None else nv_meta_dir(root)
     sqlite_dir.mkdir(parents=True, exist_ok=True)
     staging.sqlite_tmp = temp_name_for(sqlite_dir / INDEX_SQLITE_FILENAME)
@@ -418,13 +441,18 @@ def _index_shards(
             scans, total=len(tasks), desc="Indexing shards", unit="shard", disable=not progress
         ):
             writer.add_shard(scan.shard_id, scan.keys, scan.offsets, *scan.part_columns())
+            if scan.media_rows:
+                writer.add_media_rows(scan.media_rows)
             counts[shards[scan.shard_id]] = len(scan.keys)
             for name in scan.found_parts:
                 if len(part_names) < MAX_PART_NAMES:
                     part_names.setdefault(name)
             if scan.shard_id == 0:
                 first_samples = _first_samples(scan)
-        writer.copy_media_tables_from(nv_meta_dir(root) / INDEX_SQLITE_FILENAME)
+        if media_filter is None:
+            writer.copy_media_tables_from(nv_meta_dir(root) / INDEX_SQLITE_FILENAME)
+        else:
+            writer.add_media_filter(media_filter.strategy.value, media_filter.patterns_column)
         writer.close()
     except BaseException:
         writer.abort()

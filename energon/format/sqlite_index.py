@@ -19,7 +19,7 @@ from pathlib import Path
 from energon.errors import EnergonError
 from energon.format.layout import INDEX_UUID_FILENAME, PathLike, atomic_write_text, nv_meta_dir
 
-SCHEMA = (
+SAMPLE_SCHEMA = (
     """CREATE TABLE samples (
     tar_file_id INTEGER NOT NULL,
     sample_key TEXT NOT NULL UNIQUE,
@@ -34,6 +34,9 @@ SCHEMA = (
     content_byte_offset INTEGER,
     content_byte_size INTEGER
 )""",
+)
+
+MEDIA_SCHEMA = (
     """CREATE TABLE media_metadata (
     entry_key TEXT PRIMARY KEY,
     metadata_type TEXT NOT NULL,
@@ -47,6 +50,8 @@ SCHEMA = (
     UNIQUE(strategy, patterns)
 )""",
 )
+
+SCHEMA = SAMPLE_SCHEMA + MEDIA_SCHEMA
 
 INDEXES = (
     "CREATE INDEX IF NOT EXISTS idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)",
@@ -166,6 +171,21 @@ class SqliteIndexWriter:
             pass  # an unreadable old index has nothing worth keeping
         finally:
             db.execute("DETACH DATABASE old")
+
+    def add_media_rows(self, rows: Sequence[tuple[str, str, str]]) -> None:
+        """Media metadata rows ``(entry_key, metadata_type, metadata_json)`` (INSERT OR REPLACE)."""
+        from energon.media.store import replace_media_rows
+
+        self._db.execute("SAVEPOINT media")
+        replace_media_rows(self._db, rows)
+        self._db.execute("RELEASE media")
+        self.rows_written += len(rows)
+
+    def add_media_filter(self, strategy: str, patterns: str) -> None:
+        """Record the filter the media metadata was computed with."""
+        from energon.media.store import record_media_filter
+
+        record_media_filter(self._db, strategy, patterns)
 
     def close(self) -> None:
         """Create the lookup indexes and close the database."""

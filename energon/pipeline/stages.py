@@ -68,7 +68,7 @@ class PointerSource:
                 except StopIteration:
                     self._current += 1
             raise StopIteration
-        if getattr(self.schedule, "done", False):
+        if self.schedule.finite and self.schedule.done:
             if not self.repeat:
                 raise StopIteration
             self.schedule.reset()

@@ -166,6 +166,9 @@ def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, 
         parallel = spec.parallel_shard_iters
         if parallel is None:
             parallel = DEFAULT_PARALLEL_SLICES if spec.training else 1
+        if spec.training and spec.mode == "weight":
+            # a blend keeps about as many slices open in total as a single dataset would
+            parallel = max(1, round(parallel * source.weight))
         readers.append(
             SliceReader(
                 bounds,

@@ -15,6 +15,8 @@ from typing import Any
 class WeightedSchedule:
     """Infinite mix by weight; ``phase`` (in [0, 1)) staggers streams so their errors do not align."""
 
+    finite = False
+
     def __init__(self, weights: Sequence[float], phase: float = 0.0) -> None:
         total = sum(weights)
         if total <= 0:
@@ -47,6 +49,8 @@ class WeightedSchedule:
 
 class QuotaSchedule:
     """One pass that picks source ``i`` exactly ``quotas[i]`` times, interleaved proportionally."""
+
+    finite = True
 
     def __init__(self, quotas: Sequence[int]) -> None:
         self.quotas = [int(q) for q in quotas]
