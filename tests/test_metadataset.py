@@ -83,7 +83,13 @@ def test_blend_report_and_state_record_consumption(two_datasets):
     path = write(two_datasets, "blend2.yaml", blend_yaml())
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     loader = get_savable_loader(
-        get_train_dataset(path, worker_config=wc, batch_size=10, shuffle_buffer_size=None, max_samples_per_sequence=10)
+        get_train_dataset(
+            path,
+            worker_config=wc,
+            batch_size=10,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=10,
+        )
     )
     it = iter(loader)
     for _ in range(100):
@@ -113,7 +119,13 @@ splits:
     )
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     with pytest.warns(UserWarning, match="reached 2 times"):
-        ds = get_train_dataset(path, worker_config=wc, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)
+        ds = get_train_dataset(
+            path,
+            worker_config=wc,
+            batch_size=2,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+        )
     assert [round(s.weight, 6) for s in ds.spec.sources] == [0.4, 0.4, 0.1, 0.1]
 
 
@@ -121,22 +133,43 @@ def test_tiny_and_zero_weights_warn(two_datasets):
     path = write(two_datasets, "tiny.yaml", blend_yaml(0.0001, 1))
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     with pytest.warns(UserWarning, match="tiny blend weight"):
-        get_train_dataset(path, worker_config=wc, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)
+        get_train_dataset(
+            path,
+            worker_config=wc,
+            batch_size=2,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+        )
     path = write(two_datasets, "zero.yaml", blend_yaml(0, 1))
     with pytest.warns(UserWarning, match="weight 0"):
-        ds = get_train_dataset(path, worker_config=wc, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)
+        ds = get_train_dataset(
+            path,
+            worker_config=wc,
+            batch_size=2,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+        )
     assert len(ds.spec.sources) == 1
 
 
 @pytest.mark.parametrize("reps,expected_a,expected_b", [((2, 3), 110, 90), ((0.7, 1.5), 38, 45)])
 def test_epochized_blend_counts_are_global(two_datasets, reps, expected_a, expected_b):
-    path = write(two_datasets, f"epo{reps[0]}.yaml", blend_yaml(*reps, kind="blend_epochized", key="repetitions"))
+    path = write(
+        two_datasets,
+        f"epo{reps[0]}.yaml",
+        blend_yaml(*reps, kind="blend_epochized", key="repetitions"),
+    )
     counts = {"a": Counter(), "b": Counter()}
     for rank in range(2):
         wc = WorkerConfig(rank=rank, world_size=2, num_workers=2)
         loader = get_savable_loader(
             get_train_dataset(
-                path, worker_config=wc, batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=5, repeat=False
+                path,
+                worker_config=wc,
+                batch_size=None,
+                shuffle_buffer_size=None,
+                max_samples_per_sequence=5,
+                repeat=False,
             )
         )
         for s in loader:
@@ -158,7 +191,14 @@ def test_save_restore_mid_blend_is_exact_and_elastic(two_datasets):
         for rank in range(world_size):
             wc = WorkerConfig(rank=rank, world_size=world_size, num_workers=0)
             loader = get_savable_loader(
-                get_train_dataset(path, worker_config=wc, batch_size=3, shuffle_buffer_size=6, max_samples_per_sequence=4, num_streams=4)
+                get_train_dataset(
+                    path,
+                    worker_config=wc,
+                    batch_size=3,
+                    shuffle_buffer_size=6,
+                    max_samples_per_sequence=4,
+                    num_streams=4,
+                )
             )
             loader.restore_state_rank(states[rank] if states else None)
             it = iter(loader)
@@ -224,7 +264,14 @@ splits:
     )
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     val = list(get_savable_loader(get_val_dataset(path, worker_config=wc, batch_size=None)))
-    all_keys = [s.__key__ for s in get_savable_loader(get_val_dataset(two_datasets / "a", split_part="train", worker_config=wc, batch_size=None))]
+    all_keys = [
+        s.__key__
+        for s in get_savable_loader(
+            get_val_dataset(
+                two_datasets / "a", split_part="train", worker_config=wc, batch_size=None
+            )
+        )
+    ]
     assert [s.__key__ for s in val] == all_keys[50:55]
     train = samples(path, 12)
     assert {s.__key__ for s in train} == set(all_keys[14:26])
@@ -254,7 +301,10 @@ splits:
         warnings.simplefilter("ignore", FutureWarning)
         got = samples(path, 400)
     assert abs(sum(s.__subflavors__["src"] == "a" for s in got) - 100) <= 2
-    assert next(s for s in got if s.__subflavors__["src"] == "b").__subflavors__["__subflavor__"] == "legacy"
+    assert (
+        next(s for s in got if s.__subflavors__["src"] == "b").__subflavors__["__subflavor__"]
+        == "legacy"
+    )
 
 
 def test_blender_api_matches_yaml(two_datasets):
@@ -277,18 +327,32 @@ def test_blender_api_matches_yaml(two_datasets):
     [
         ("splits:\n  train:\n    blend:\n      - path: ./a\n        colour: red\n", "unknown key"),
         ("splits:\n  train:\n    blend:\n      - path: ./missing\n", "does not exist"),
-        ("splits:\n  train:\n    blend:\n      - path: ./a\n        weight: -1\n", "weight must be"),
+        (
+            "splits:\n  train:\n    blend:\n      - path: ./a\n        weight: -1\n",
+            "weight must be",
+        ),
         (
             "splits:\n  train:\n    blend:\n      - path: ./epo.yaml\n      - path: ./a\n",
             "same blend mode",
         ),
-        ("splits:\n  train:\n    blend:\n      - path: ./a\n        subset: {range: [0, 50%]}\n", "two percentages or two indices"),
+        (
+            "splits:\n  train:\n    blend:\n      - path: ./a\n        subset: {range: [0, 50%]}\n",
+            "two percentages or two indices",
+        ),
         ("splits:\n  val:\n    path: ./a\n", "no split 'train'"),
     ],
 )
 def test_bad_metadatasets_fail_clearly(two_datasets, body, message):
     write(two_datasets, "epo.yaml", blend_yaml(1, 2, kind="blend_epochized", key="repetitions"))
-    path = write(two_datasets, "bad.yaml", "__module__: megatron.energon\n__class__: MetadatasetV2\n" + body)
+    path = write(
+        two_datasets, "bad.yaml", "__module__: megatron.energon\n__class__: MetadatasetV2\n" + body
+    )
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     with pytest.raises((MetadatasetError, FileNotFoundError), match=message):
-        get_train_dataset(path, worker_config=wc, batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None)
+        get_train_dataset(
+            path,
+            worker_config=wc,
+            batch_size=2,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+        )
