@@ -91,6 +91,10 @@ class SavableDataset(torch.utils.data.IterableDataset):
     def pass_end(self) -> int | None:
         """First global position after a finite pass (validation, or training with repeat=False)."""
         spec = self.spec
+        if not spec.training and spec.data_dependent_counts:
+            return spec.num_streams * max(
+                spec.stream_sample_counts()
+            )  # at most one item per sample
         if not spec.training:
             return self.positions_per_pass()
         if spec.repeat or spec.mode == "weight":

@@ -36,7 +36,8 @@ class DecodeTimeoutError(SampleException):
 
 @dataclass
 class _Active:
-    expires_at: float  # time.monotonic() value
+    expires_at: float  # time.monotonic() value, never later than the enclosing deadline's
+    own_expires_at: float  # when this block's own budget runs out
     seconds: float
     what: str
 
@@ -51,9 +52,11 @@ def _stack() -> list[_Active]:
     return stack
 
 
-def _timeout_error(active: _Active) -> DecodeTimeoutError:
+def _timeout_error(stack: list[_Active], now: float) -> DecodeTimeoutError:
+    """The error for the outermost block whose own budget ran out (that is the one to blame)."""
+    culprit = next((a for a in stack if now >= a.own_expires_at - 1e-3), stack[-1])
     return DecodeTimeoutError(
-        f"{active.what} took longer than its deadline of {active.seconds:g} s"
+        f"{culprit.what} took longer than its deadline of {culprit.seconds:g} s"
     )
 
 
@@ -65,9 +68,8 @@ def _on_alarm(signum: int, frame: object) -> None:
     """SIGALRM handler: raise for the innermost deadline that has passed (if any is ours)."""
     stack = _stack()
     now = time.monotonic()
-    for active in reversed(stack):
-        if now >= active.expires_at - 1e-3:
-            raise _timeout_error(active)
+    if stack and now >= stack[-1].expires_at - 1e-3:
+        raise _timeout_error(stack, now)
     if stack:  # woke up early (timer granularity): re-arm for the innermost remaining time
         signal.setitimer(signal.ITIMER_REAL, max(1e-3, stack[-1].expires_at - now))
 
@@ -78,8 +80,10 @@ def check_deadline() -> None:
     Cheap (one clock read); call it from loops that may run long, e.g. once per decoded frame.
     """
     stack = getattr(_local, "stack", None)
-    if stack and time.monotonic() >= stack[-1].expires_at:
-        raise _timeout_error(stack[-1])
+    if stack:
+        now = time.monotonic()
+        if now >= stack[-1].expires_at:
+            raise _timeout_error(stack, now)
 
 
 def remaining_time() -> float | None:
@@ -100,10 +104,11 @@ def deadline(seconds: float | None, what: str = "operation") -> Iterator[None]:
         yield
         return
     stack = _stack()
-    expires_at = time.monotonic() + seconds
+    own_expires_at = time.monotonic() + seconds
+    expires_at = own_expires_at
     if stack:  # an inner deadline never extends the outer one
         expires_at = min(expires_at, stack[-1].expires_at)
-    stack.append(_Active(expires_at, seconds, what))
+    stack.append(_Active(expires_at, own_expires_at, seconds, what))
     use_signals = _can_use_signals()
     previous_handler = None
     if use_signals:

@@ -90,12 +90,20 @@ def _build(
 ) -> SavableDataset:
     if not isinstance(worker_config, WorkerConfig):
         raise TypeError("worker_config must be an energon.WorkerConfig")
-    if packing_buffer_size:
-        raise NotImplementedError("sequence packing (packing_buffer_size) is not supported yet")
+    if packing_buffer_size and not (
+        task_encoder is not None
+        and task_encoder.is_active("select_samples_to_pack")
+        and task_encoder.is_active("pack_selected_samples")
+    ):
+        raise ValueError(
+            "packing_buffer_size needs a task encoder with select_samples_to_pack and "
+            "pack_selected_samples"
+        )
     task_encoder = task_encoder if task_encoder is not None else DefaultTaskEncoder()
     kwargs = dict(kwargs)
     _apply_decode_kwargs(task_encoder, kwargs)
     num_streams = kwargs.pop("num_streams", None)
+    group_max_wait = kwargs.pop("group_max_wait", None)
     parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     sample_type = kwargs.pop("sample_type", None)
     resolved = resolve_dataset(
@@ -136,6 +144,8 @@ def _build(
         failure_tolerance=getattr(task_encoder, "__default_failure_tolerance__", 100),
         virtual_epoch_length=virtual_epoch_length if training else 0,
         limit=limit,
+        packing_buffer_size=packing_buffer_size or None,
+        group_max_wait=group_max_wait,
     )
     _check_streams_have_samples(spec)
     return SavableDataset(spec, worker_config)

@@ -9,7 +9,9 @@ import click
 
 @click.command(name="prepare-cache")
 @click.option("--data-path", default=None, help='Blend: "w1 p1 w2 p2 ..." or "p1 p2 ...".')
-@click.option("--train-data-path", default=None, help="Per-split blend for train (instead of --data-path).")
+@click.option(
+    "--train-data-path", default=None, help="Per-split blend for train (instead of --data-path)."
+)
 @click.option("--valid-data-path", default=None)
 @click.option("--test-data-path", default=None)
 @click.option("--split", default="969, 30, 1", show_default=True)
@@ -32,10 +34,28 @@ import click
 @click.option("--no-extra-token", is_flag=True, help="add_extra_token_to_sequence=False.")
 @click.option("--mid-level-dataset-surplus", type=float, default=0.005, show_default=True)
 @click.option("--per-dataset-sequences-path", default=None, help="From `energon build-sequences`.")
-def command(data_path, train_data_path, valid_data_path, test_data_path, split, data_cache_path,
-            seq_length, seed, global_batch_size, micro_batch_size, world_size, num_microbatches,
-            train_iters, train_samples, eval_iters, eval_interval, tokenizer_identifiers,
-            no_extra_token, mid_level_dataset_surplus, per_dataset_sequences_path):
+def command(
+    data_path,
+    train_data_path,
+    valid_data_path,
+    test_data_path,
+    split,
+    data_cache_path,
+    seq_length,
+    seed,
+    global_batch_size,
+    micro_batch_size,
+    world_size,
+    num_microbatches,
+    train_iters,
+    train_samples,
+    eval_iters,
+    eval_interval,
+    tokenizer_identifiers,
+    no_extra_token,
+    mid_level_dataset_surplus,
+    per_dataset_sequences_path,
+):
     """Build the document/sample/shuffle and blend indices of a run into --data-cache-path.
 
     The global batch size is --global-batch-size, or --micro-batch-size x --world-size x
@@ -46,7 +66,9 @@ def command(data_path, train_data_path, valid_data_path, test_data_path, split, 
 
     if global_batch_size is None:
         if micro_batch_size is None or world_size is None:
-            raise click.UsageError("give --global-batch-size or --micro-batch-size and --world-size")
+            raise click.UsageError(
+                "give --global-batch-size or --micro-batch-size and --world-size"
+            )
         global_batch_size = micro_batch_size * world_size * num_microbatches
     per_split = [train_data_path, valid_data_path, test_data_path]
     use_per_split = any(p is not None for p in per_split)
@@ -74,10 +96,14 @@ def command(data_path, train_data_path, valid_data_path, test_data_path, split, 
             data_path.split() if data_path else None,
             sizes,
             config,
-            blend_per_split=[p.split() if p else None for p in per_split] if use_per_split else None,
+            blend_per_split=[p.split() if p else None for p in per_split]
+            if use_per_split
+            else None,
         )
     except (ValueError, OSError) as e:
         raise click.ClickException(str(e)) from e
     built = sum(not r["cached_before"] for r in report)
     click.echo(f"samples requested [train, valid, test]: {sizes}")
-    click.echo(f"{len(report)} indices in {data_cache_path}: {built} built, {len(report) - built} already cached")
+    click.echo(
+        f"{len(report)} indices in {data_cache_path}: {built} built, {len(report) - built} already cached"
+    )

@@ -7,7 +7,9 @@ import click
 
 @click.command(name="preprocess")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--output-prefix", "-o", required=True, help="Writes <prefix>_<key>_document.bin/.idx.")
+@click.option(
+    "--output-prefix", "-o", required=True, help="Writes <prefix>_<key>_document.bin/.idx."
+)
 @click.option(
     "--tokenizer",
     "-t",
@@ -25,7 +27,9 @@ import click
     help="Token dtype (default: uint16 if the vocabulary fits, else int32).",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def command(inputs, output_prefix, tokenizer, json_keys, workers, append_eod, eod_id, dtype, no_progress):
+def command(
+    inputs, output_prefix, tokenizer, json_keys, workers, append_eod, eod_id, dtype, no_progress
+):
     """Tokenize JSONL files (one document per line) into Megatron's indexed token format."""
     from energon.megatron.indexed import IndexedTokens
     from energon.megatron.preprocess import preprocess_jsonl

@@ -421,9 +421,7 @@ def _index_shards(
         final_index = str(root / tar_index_path(shard))
         staging.index_tmps[final_index] = f"{final_index}.{staging.run_id}.tmp"
         tasks.append(
-            _ShardTask(
-                shard_id, str(root / shard), staging.index_tmps[final_index], media_filter
-            )
+            _ShardTask(shard_id, str(root / shard), staging.index_tmps[final_index], media_filter)
         )
     sqlite_dir = Path(tmp_path) if tmp_path is not None else nv_meta_dir(root)
     sqlite_dir.mkdir(parents=True, exist_ok=True)

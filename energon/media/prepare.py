@@ -7,7 +7,6 @@ is CPU-bound (AV metadata may demux or decode). Results are written through a te
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import sqlite3
@@ -53,7 +52,9 @@ def _row_for(name: str, data: bytes, config: MediaFilterConfig) -> MediaRow | No
 
 
 def media_rows_for_samples(
-    f: BinaryIO, samples: Iterable[tuple[str, int, list[tuple[str, int, int]]]], config: MediaFilterConfig
+    f: BinaryIO,
+    samples: Iterable[tuple[str, int, list[tuple[str, int, int]]]],
+    config: MediaFilterConfig,
 ) -> list[MediaRow]:
     """Rows for the parts of scanned tar samples (``(key, header offset, [(part, offset, size)])``).
 
@@ -102,7 +103,12 @@ def _files_media_rows(task: _FilesTask) -> list[MediaRow]:
 
 
 def _run_tasks(
-    function: Callable, tasks: Sequence, num_workers: int, progress: bool, unit: str, weights: Sequence[int]
+    function: Callable,
+    tasks: Sequence,
+    num_workers: int,
+    progress: bool,
+    unit: str,
+    weights: Sequence[int],
 ) -> Iterator[list[MediaRow]]:
     """Run tasks in a process pool (in-process for one worker), in order, with a progress bar.
 

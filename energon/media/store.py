@@ -87,12 +87,15 @@ class MediaMetadataReader:
             )
         db = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, check_same_thread=True)
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        has_rows = "media_filters" in tables and db.execute(
-            "SELECT 1 FROM media_filters LIMIT 1"
-        ).fetchone()
+        has_rows = (
+            "media_filters" in tables
+            and db.execute("SELECT 1 FROM media_filters LIMIT 1").fetchone()
+        )
         if "media_metadata" not in tables or not has_rows:
             db.close()
-            raise RuntimeError(f"{self.root} was prepared without media metadata; {_HOW_TO_PREPARE}")
+            raise RuntimeError(
+                f"{self.root} was prepared without media metadata; {_HOW_TO_PREPARE}"
+            )
         db.execute("PRAGMA query_only=ON")
         return db
 

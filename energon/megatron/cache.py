@@ -94,7 +94,9 @@ def prepare_cache(
     return report
 
 
-def _build_all(dataset: GPTTokenDataset | BlendedTokenDataset, report: list[dict[str, Any]]) -> None:
+def _build_all(
+    dataset: GPTTokenDataset | BlendedTokenDataset, report: list[dict[str, Any]]
+) -> None:
     if isinstance(dataset, BlendedTokenDataset):
         for child in dataset.datasets:
             _build_all(child, report)

@@ -36,6 +36,17 @@ class PipelineSpec:
     virtual_epoch_length: int = 0
     limit: int | None = None
     num_streams_fixed: bool = False
+    packing_buffer_size: int | None = None
+    group_max_wait: int | None = None
+
+    @property
+    def data_dependent_counts(self) -> bool:
+        """Packing and grouping decide batch contents from the data: per-stream batch counts can
+        not be planned (validation evenness then cannot be guaranteed in advance)."""
+        te = self.task_encoder
+        return bool(self.packing_buffer_size) or (
+            te is not None and te.is_active("batch_group_criterion")
+        )
 
     @property
     def leaves(self) -> list[Any]:
@@ -105,6 +116,8 @@ class PipelineSpec:
             "parallel_shard_iters": self.parallel_shard_iters,
             "shuffle_over_epochs": self.shuffle_over_epochs,
             "repeat": self.repeat,
+            "packing_buffer_size": self.packing_buffer_size,
+            "group_max_wait": self.group_max_wait,
             "task_encoder": f"{type(te).__module__}.{type(te).__qualname__}"
             if te is not None
             else None,

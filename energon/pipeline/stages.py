@@ -380,3 +380,341 @@ class BatchStage:
         batch = self.batcher([self.upstream.rebuild(k) for k in key[2]])
         attach_restore_key(batch, key)
         return batch
+
+
+def _key_data(key: Any) -> Any:
+    """A hashable group key as JSON-able data (tuples become lists)."""
+    if isinstance(key, tuple):
+        return [_key_data(k) for k in key]
+    return key
+
+
+def _call_hook(fn: Callable[..., Any], sample_index: int, *args: Any) -> Any:
+    previous = hook_context.sample_index
+    hook_context.sample_index = sample_index
+    try:
+        return fn(*args)
+    finally:
+        hook_context.sample_index = previous
+
+
+class PackStage:
+    """Sequence packing: a buffer of encoded samples is split into groups by
+    ``select_samples_to_pack``; each group becomes one sample via ``pack_selected_samples``.
+
+    The buffers hold items whose keys can regenerate them, so the state is keys only, and a packed
+    sample's ``__restore_key__`` (set by energon even if the hook leaves it empty) names its members.
+    """
+
+    def __init__(
+        self,
+        upstream: Any,
+        buffer_size: int,
+        select: Callable[[list], list[list]],
+        pack: Callable[[list], Any],
+        postencode: Callable[[Any], Any] | None,
+        policy: ErrorPolicy,
+        *,
+        stream: int,
+        num_streams: int,
+        empty_rounds_tolerance: int = 10,
+    ) -> None:
+        self.upstream = upstream
+        self.buffer_size = buffer_size
+        self.select = select
+        self.pack = pack
+        self.postencode = postencode
+        self.policy = policy
+        self.stream = stream
+        self.num_streams = num_streams
+        self.empty_rounds_tolerance = empty_rounds_tolerance
+        self._reading: list[Item] = []
+        self._pending: list[list[Item]] = []
+        self._packs = 0
+        self._rounds = 0
+        self._exhausted = False
+        self._open: tuple[Iterator, int, tuple, int] | None = None
+
+    def __iter__(self) -> Iterator[Item]:
+        return self
+
+    def __next__(self) -> Item:
+        empty_rounds = 0
+        while True:
+            if self._open is not None:
+                packed = self._next_open()
+                if packed is not None:
+                    return packed
+                continue
+            if self._pending:
+                packed = self._pack_group(self._pending.pop(0))
+                if packed is not None:
+                    return packed
+                continue
+            self._fill()
+            if not self._reading:
+                self._exhausted = False  # the next (validation) pass may refill
+                raise StopIteration
+            if self._select_groups():
+                empty_rounds = 0
+                continue
+            empty_rounds += 1
+            if self._exhausted:
+                self.policy.skipped += len(self._reading)
+                self._reading = []  # the rest of a finished source that no group wants
+            elif empty_rounds > self.empty_rounds_tolerance:
+                raise RuntimeError(
+                    f"select_samples_to_pack returned no group {empty_rounds} times in a row for a full "
+                    f"buffer of {len(self._reading)} samples"
+                )
+
+    def _fill(self) -> None:
+        while not self._exhausted and len(self._reading) < self.buffer_size:
+            try:
+                self._reading.append(next(self.upstream))
+            except StopIteration:
+                self._exhausted = True
+
+    def _select_groups(self) -> bool:
+        """Move the groups chosen by the hook from the reading buffer to the pending list."""
+        by_id = {id(value): (value, key) for value, key in self._reading}
+        index = self._rounds * self.num_streams + self.stream
+        self._rounds += 1
+        try:
+            groups = _call_hook(self.select, index, [value for value, _ in self._reading])
+        except Exception as e:
+            self.policy.failed(e, None)
+            self.policy.skipped += len(self._reading) - 1
+            self._reading = []
+            return True
+        chosen: set[int] = set()
+        pending = []
+        for group in groups:
+            items = []
+            for value in group:
+                if id(value) not in by_id or id(value) in chosen:
+                    raise ValueError(
+                        "select_samples_to_pack must return samples of the buffer, each at most once"
+                    )
+                chosen.add(id(value))
+                items.append(by_id[id(value)])
+            if items:
+                pending.append(items)
+        self._reading = [item for item in self._reading if id(item[0]) not in chosen]
+        self._pending = pending
+        return bool(pending)
+
+    def _pack_group(self, group: list[Item]) -> Item | None:
+        """Start packing a group; a generator packer may emit several packed samples."""
+        members = tuple(k for _, k in group)
+        index = self._packs
+        self._packs += 1
+        try:
+            result = self._pack_values(index, [v for v, _ in group])
+        except SkipSample:
+            return None
+        except Exception as e:
+            self.policy.failed(e, None)
+            return None
+        if inspect.isgenerator(result):
+            self._open = (result, index, members, 0)
+            return self._next_open()
+        self.policy.succeeded()
+        key = ("Pack", index, 0, members)
+        attach_restore_key(result, key)
+        return result, key
+
+    def _next_open(self) -> Item | None:
+        gen, index, members, emitted = self._open  # type: ignore[misc]
+        try:
+            value = _call_hook(next, index * self.num_streams + self.stream, gen)
+        except StopIteration:
+            self._open = None
+            self.policy.succeeded()
+            return None
+        except Exception as e:
+            self._open = None
+            self.policy.failed(e, None)
+            return None
+        self._open = (gen, index, members, emitted + 1)
+        key = ("Pack", index, emitted, members)
+        attach_restore_key(value, key)
+        return value, key
+
+    def _pack_values(self, index: int, values: list[Any]) -> Any:
+        hook_index = index * self.num_streams + self.stream
+        if self.postencode is not None:
+            values = [_call_hook(self.postencode, hook_index, v) for v in values]
+        return _call_hook(self.pack, hook_index, values)
+
+    def state(self) -> dict[str, Any]:
+        open_pack = None
+        if self._open is not None:
+            _, index, members, emitted = self._open
+            open_pack = [index, emitted, list(members)]
+        return {
+            "reading": [k for _, k in self._reading],
+            "pending": [[k for _, k in group] for group in self._pending],
+            "open": open_pack,
+            "packs": self._packs,
+            "rounds": self._rounds,
+            "exhausted": self._exhausted,
+            "skipped": self.policy.skipped,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        rebuild = self.upstream.rebuild
+        self._reading = [(rebuild(k), k) for k in map(as_key, state["reading"])]
+        self._pending = [[(rebuild(k), k) for k in map(as_key, g)] for g in state["pending"]]
+        self._packs = int(state["packs"])
+        self._rounds = int(state["rounds"])
+        self._exhausted = bool(state["exhausted"])
+        self.policy.skipped = int(state.get("skipped", 0))
+        self._open = None
+        if state.get("open") is not None:
+            index, emitted, members = state["open"]
+            members = tuple(map(as_key, members))
+            gen = self._pack_values(index, [rebuild(k) for k in members])
+            for _ in range(emitted):
+                _call_hook(next, index * self.num_streams + self.stream, gen)
+            self._open = (gen, index, members, emitted)
+
+    def rebuild(self, key: tuple) -> Any:
+        _, index, sub, members = key
+        result = self._pack_values(index, [self.upstream.rebuild(k) for k in members])
+        if inspect.isgenerator(result):
+            for _ in range(sub):
+                _call_hook(next, index * self.num_streams + self.stream, result)
+            result = _call_hook(next, index * self.num_streams + self.stream, result)
+        attach_restore_key(result, key)
+        return result
+
+
+class GroupBatchStage:
+    """Batches of samples that share a group key (``batch_group_criterion``), each group with its
+    own batch size. A bucket whose oldest sample has waited ``max_wait`` samples is flushed early."""
+
+    def __init__(
+        self,
+        upstream: Any,
+        criterion: Callable[[Any], tuple[Any, int | None]],
+        batcher: Callable[[list], Any],
+        policy: ErrorPolicy,
+        *,
+        batch_size: int | None,
+        drop_last: bool = False,
+        max_wait: int | None = None,
+        stream: int = 0,
+        num_streams: int = 1,
+    ) -> None:
+        self.upstream = upstream
+        self.criterion = criterion
+        self.batcher = batcher
+        self.policy = policy
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.max_wait = max_wait
+        self.stream = stream
+        self.num_streams = num_streams
+        self._buckets: dict[Any, dict[str, Any]] = {}
+        self._ready: list[list[Item]] = []
+        self._seen = 0
+        self._batches = 0
+
+    def __iter__(self) -> Iterator[Item]:
+        return self
+
+    def __next__(self) -> Item:
+        while True:
+            if self._ready:
+                batch = self._make_batch(self._ready.pop(0))
+                if batch is not None:
+                    return batch
+                continue
+            try:
+                value, key = next(self.upstream)
+            except StopIteration:
+                self._flush_all()
+                if not self._ready:
+                    raise
+                continue
+            self._add(value, key)
+
+    def _add(self, value: Any, key: tuple) -> None:
+        index = self._seen * self.num_streams + self.stream
+        self._seen += 1
+        try:
+            group, size = _call_hook(self.criterion, index, value)
+        except Exception as e:
+            self.policy.failed(e, value)
+            return
+        if (size is None) == (self.batch_size is None):
+            raise ValueError(
+                "batch_group_criterion must return a batch size exactly when batch_size is None "
+                f"(got {size!r} with batch_size={self.batch_size!r})"
+            )
+        size = size or self.batch_size
+        group = as_key(_key_data(group))
+        bucket = self._buckets.setdefault(group, {"size": size, "items": [], "since": self._seen})
+        if bucket["size"] != size:
+            raise ValueError(
+                f"group {group!r} changed its batch size from {bucket['size']} to {size}"
+            )
+        bucket["items"].append((value, key))
+        if len(bucket["items"]) >= size:
+            self._ready.append(self._buckets.pop(group)["items"])
+        self._flush_stale()
+
+    def _flush_stale(self) -> None:
+        if self.max_wait is None:
+            return
+        for group in [
+            g for g, b in self._buckets.items() if self._seen - b["since"] >= self.max_wait
+        ]:
+            self._ready.append(self._buckets.pop(group)["items"])
+
+    def _flush_all(self) -> None:
+        for group in list(self._buckets):
+            items = self._buckets.pop(group)["items"]
+            if not self.drop_last:
+                self._ready.append(items)
+
+    def _make_batch(self, items: list[Item]) -> Item | None:
+        key = ("Batch", self._batches, tuple(k for _, k in items))
+        self._batches += 1
+        try:
+            batch = self.batcher([v for v, _ in items])
+        except Exception as e:
+            self.policy.failed(e, None)
+            return None
+        self.policy.succeeded()
+        attach_restore_key(batch, key)
+        return batch, key
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "buckets": [
+                [_key_data(g), b["size"], b["since"], [k for _, k in b["items"]]]
+                for g, b in self._buckets.items()
+            ],
+            "ready": [[k for _, k in items] for items in self._ready],
+            "seen": self._seen,
+            "batches": self._batches,
+            "skipped": self.policy.skipped,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        rebuild = self.upstream.rebuild
+        self._buckets = {}
+        for group, size, since, keys in state["buckets"]:
+            items = [(rebuild(k), k) for k in map(as_key, keys)]
+            self._buckets[as_key(group)] = {"size": size, "items": items, "since": since}
+        self._ready = [[(rebuild(k), k) for k in map(as_key, keys)] for keys in state["ready"]]
+        self._seen = int(state["seen"])
+        self._batches = int(state["batches"])
+        self.policy.skipped = int(state.get("skipped", 0))
+
+    def rebuild(self, key: tuple) -> Any:
+        batch = self.batcher([self.upstream.rebuild(k) for k in key[2]])
+        attach_restore_key(batch, key)
+        return batch

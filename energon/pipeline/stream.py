@@ -6,7 +6,15 @@ from typing import Any
 
 from energon.errors import ErrorPolicy, log_exception
 from energon.pipeline.spec import PipelineSpec
-from energon.pipeline.stages import BatchStage, LoadStage, MapStage, PointerSource, ShuffleBuffer
+from energon.pipeline.stages import (
+    BatchStage,
+    GroupBatchStage,
+    LoadStage,
+    MapStage,
+    PackStage,
+    PointerSource,
+    ShuffleBuffer,
+)
 from energon.plan.mixing import QuotaSchedule, WeightedSchedule
 from energon.plan.reader import SliceReader
 from energon.plan.sharding import slice_bounds, stream_ranges
@@ -57,13 +65,27 @@ class Stream:
 
 
 def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
-    """The stage chain of ``stream_id``: pointers -> shuffle -> load -> encode -> batch -> encode."""
+    """The stage chain of ``stream_id``: pointers -> shuffle -> load (+cook) -> encode -> pack ->
+    batch or group -> encode batch. Only hooks the task encoder overrides become stages."""
     te = spec.task_encoder
     handler = spec.error_handler or log_exception
 
     def policy(name: str, fn: Any = None) -> ErrorPolicy:
         tolerance = getattr(fn, "__failure_tolerance__", spec.failure_tolerance)
         return ErrorPolicy(name, handler, tolerance)
+
+    def hook_stage(hook: str) -> None:
+        fn = getattr(te, hook)
+        stages.append(
+            MapStage(
+                stages[-1],
+                fn,
+                hook,
+                policy(hook, fn),
+                stream=stream_id,
+                num_streams=spec.num_streams,
+            )
+        )
 
     pointers, padding = _pointer_source(spec, stream_id)
     stages: list[Any] = [pointers]
@@ -72,21 +94,44 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         stages.append(ShuffleBuffer(stages[-1], spec.shuffle_buffer_size, rng))
     cooks = [_cook_function(spec, source) for source in spec.sources]
     stages.append(LoadStage(stages[-1], spec.leaves, spec.decoder, policy("load_sample"), cooks))
-    for hook in ("encode_sample",):
-        if te is not None and te.is_active(hook):
-            fn = getattr(te, hook)
-            stages.append(
-                MapStage(
-                    stages[-1],
-                    fn,
-                    hook,
-                    policy(hook, fn),
-                    stream=stream_id,
-                    num_streams=spec.num_streams,
-                )
+    if te.is_active("preencode_sample") and te.is_active("encode_sample"):
+        raise ValueError(
+            "define either encode_sample or preencode_sample/postencode_sample, not both"
+        )
+    for hook in ("preencode_sample", "encode_sample"):
+        if te.is_active(hook):
+            hook_stage(hook)
+    postencode = te.postencode_sample if te.is_active("postencode_sample") else None
+    if spec.packing_buffer_size:
+        stages.append(
+            PackStage(
+                stages[-1],
+                spec.packing_buffer_size,
+                te.select_samples_to_pack,
+                te.pack_selected_samples,
+                postencode,
+                policy("pack_selected_samples", te.pack_selected_samples),
+                stream=stream_id,
+                num_streams=spec.num_streams,
             )
-    max_items = None
-    if spec.batch_size is not None:
+        )
+    elif postencode is not None:
+        hook_stage("postencode_sample")
+    if te.is_active("batch_group_criterion"):
+        stages.append(
+            GroupBatchStage(
+                stages[-1],
+                te.batch_group_criterion,
+                te.batch,
+                policy("batch", te.batch),
+                batch_size=spec.batch_size,
+                drop_last=spec.batch_drop_last,
+                max_wait=spec.group_max_wait,
+                stream=stream_id,
+                num_streams=spec.num_streams,
+            )
+        )
+    elif spec.batch_size is not None:
         sizes = _batch_sizes(spec, stream_id, padding)
         stages.append(
             BatchStage(
@@ -97,19 +142,12 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 drop_last=spec.batch_drop_last,
             )
         )
-        if te.is_active("encode_batch"):
-            fn = te.encode_batch
-            stages.append(
-                MapStage(
-                    stages[-1],
-                    fn,
-                    "encode_batch",
-                    policy("encode_batch", fn),
-                    stream=stream_id,
-                    num_streams=spec.num_streams,
-                )
-            )
-    if not spec.training:
+    if (spec.batch_size is not None or te.is_active("batch_group_criterion")) and te.is_active(
+        "encode_batch"
+    ):
+        hook_stage("encode_batch")
+    max_items = None
+    if not spec.training and not spec.data_dependent_counts:
         max_items = spec.val_batches_per_stream()
     return Stream(stream_id, spec, stages, max_items)
 
@@ -187,7 +225,7 @@ def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, 
     elif spec.training and spec.mode == "repetitions":
         schedule = QuotaSchedule([q[stream_id] for q in spec.source_stream_quotas()])
     padding = 0
-    if not spec.training and not spec.batch_drop_last:
+    if not spec.training and not spec.batch_drop_last and not spec.data_dependent_counts:
         padding = max(0, spec.val_batches_per_stream() - stream_total)
     if padding and readers:
         target = next((r for r in readers if r.num_samples), None)
@@ -204,7 +242,7 @@ def _batch_sizes(spec: PipelineSpec, stream_id: int, padding: int):
     """Training: constant. Validation: full batches first, then smaller ones, so that every stream
     emits the same number of batches (see docs/ordering.md)."""
     bs = spec.batch_size
-    if spec.training or spec.batch_drop_last:
+    if spec.training or spec.batch_drop_last or spec.data_dependent_counts:
         return lambda i: bs
     total = spec.stream_sample_counts()[stream_id] + padding
     batches = spec.val_batches_per_stream()

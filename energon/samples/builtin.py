@@ -90,7 +90,11 @@ class OCRSample(Sample):
 
 @edataclass
 class SimilarityInterleavedSample(Sample):
-    """Images and texts of a document with image-text similarities (MMC4 style)."""
+    """Images and texts of a document with image-text similarities (MMC4 style).
+
+    ``audio`` / ``video`` hold one entry per media part: lazy ``AVDecoder`` objects as decoded by
+    default, or tensors made from them (the annotation names the decoded-tensor form).
+    """
 
     images: list[torch.Tensor]
     texts: list[str]
@@ -132,8 +136,9 @@ class VQAOCRSample(Sample):
 
 @edataclass
 class VidQASample(Sample):
-    """A question about a video. ``video`` is whatever the decoder returns for the video part
-    (the lazy AV decoder object once AV decoding lands; the raw bytes until then)."""
+    """A question about a video. ``video`` is whatever the decoder returns for the video part:
+    a lazy ``energon.av.AVDecoder`` by default, ``AVData`` with ``av_decode="torch"``, or what a
+    task encoder made of it (e.g. a frames tensor)."""
 
     video: Any
     context: str
