@@ -70,8 +70,10 @@ import torch
 job = json.loads(sys.argv[1])
 if not torch.distributed.is_initialized():  # the 0.16.1 BlendedDataset cache path needs a group
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(job.get("port", 29511)))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    # a file store: no TCP port to collide with parallel test processes
+    torch.distributed.init_process_group(
+        "gloo", rank=0, world_size=1, init_method="file://" + job["out"] + ".store"
+    )
 
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
