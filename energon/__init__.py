@@ -10,6 +10,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 _EXPORTS = {
+    "EpochIndex": "energon.megatron.epoch_index",
+    "GPTConfig": "energon.megatron.gpt_dataset",
+    "IdentityMultiEpochDatasetWrapper": "energon.megatron.epoch_index",
+    "MultiEpochDatasetResampler": "energon.megatron.epoch_index",
     "Blender": "energon.metadataset.resolve",
     "Cooker": "energon.task_encoder",
     "DecodeFileStore": "energon.source.file_store",

@@ -114,6 +114,7 @@ def _build(
         shuffle_over_epochs_multiplier=shuffle_over_epochs_multiplier if training else None,
         dataset_config=kwargs.pop("dataset_config", None),
         split_config=kwargs.pop("split_config", None),
+        token_config=kwargs.pop("token_config", None),
     )
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")

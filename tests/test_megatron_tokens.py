@@ -8,10 +8,11 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon import WorkerConfig, get_savable_loader
+from energon import WorkerConfig, get_savable_loader, get_train_dataset
 from energon.dataset import SavableDataset
 from energon.megatron import gpt_indices as gi
 from energon.megatron.gpt_dataset import GPTConfig, MockTokens, build_gpt_datasets
@@ -282,3 +283,51 @@ def test_token_leaf_errors_are_sample_errors(tmp_path, corpus):
     os.truncate(corpus[0] + ".bin", 4)
     with pytest.raises(SampleException, match="window 0"):
         leaf.load(0, None, ("Webdataset", 0, 0))
+
+
+# -- through the public loading API -----------------------------------------------------------------
+
+
+def test_token_prefix_loads_through_get_train_dataset(tmp_path, corpus):
+    from energon import get_val_dataset
+
+    cfg = config(tmp_path)
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+
+    def loader(**kw):
+        options = dict(
+            batch_size=4,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            token_config=cfg,
+            shuffle_over_epochs_multiplier=None,
+            parallel_shard_iters=1,
+        )
+        options.update(kw)
+        return get_savable_loader(get_train_dataset(corpus[0], worker_config=wc, **options))
+
+    first = loader()
+    it = iter(first)
+    batch = next(it)
+    assert batch["tokens"].shape == (4, 16) and batch["labels"].shape == (4, 16)
+    assert set(batch) >= {"tokens", "labels", "loss_mask", "position_ids"}
+    # unshuffled reading serves megatron's own sample order
+    leaf = TokenLeaf.from_blend(corpus[0], config=cfg, split="train")
+    expected = torch.stack([torch.as_tensor(leaf.dataset[i]["tokens"]) for i in range(4)])
+    assert torch.equal(batch["tokens"], expected)
+    state = first.save_state_rank()
+    following = [next(it)["tokens"] for _ in range(3)]
+    again = loader()
+    again.restore_state_rank(state)
+    it2 = iter(again)
+    assert all(torch.equal(next(it2)["tokens"], t) for t in following)
+    val = get_val_dataset(corpus[0], worker_config=wc, batch_size=4, token_config=cfg)
+    assert len(list(get_savable_loader(val))) > 0
+    with pytest.raises(ValueError, match="token_config"):
+        get_train_dataset(
+            corpus[0],
+            worker_config=wc,
+            batch_size=4,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+        )

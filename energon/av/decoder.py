@@ -188,9 +188,8 @@ def _video_frame_to_array(frame: Any, size: tuple[int, int] | None) -> np.ndarra
     return frame.to_ndarray(format="rgb24")
 
 
-def _frames_to_tensor(frames: list[Any], size: tuple[int, int] | None) -> torch.Tensor:
-    """(F, 3, H, W) uint8 from decoded frames."""
-    arrays = [_video_frame_to_array(frame, size) for frame in frames]
+def _arrays_to_tensor(arrays: list[np.ndarray]) -> torch.Tensor:
+    """(F, 3, H, W) uint8 from (H, W, 3) RGB arrays."""
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
 
 
@@ -298,12 +297,16 @@ class _VideoCursor:
             back_off *= 2
         self._rewind_to_start()
 
-    def clip(self, start: float, end: float) -> tuple[list[Any], float, float] | None:
+    def clip(
+        self, start: float, end: float, convert: Callable[[Any], np.ndarray]
+    ) -> tuple[list[np.ndarray], float, float] | None:
         """Frames covering ``[start, end]`` (pts units): the frame showing at ``start`` and every
-        frame starting up to ``end``; with the clip's start and end pts. None if past the end."""
+        frame starting up to ``end``, each passed through ``convert`` as soon as it is chosen (so
+        decoded frames are not held); with the clip's start and end pts. None if past the end."""
         self.position_before(start)
         covering = self.last if self.last is not None and self.last.pts <= start else None
-        chosen: list[_TimedFrame] = []
+        chosen: list[np.ndarray] = []
+        first_item = last_chosen = None
         while True:
             item = self._next()
             if item is None:
@@ -313,27 +316,31 @@ class _VideoCursor:
                 self.last = item
                 continue
             if not chosen and covering is not None:
-                chosen.append(covering)
+                chosen.append(convert(covering.frame))
+                first_item = last_chosen = covering
             if item.pts > end:
                 self.lookahead = item
                 break
-            chosen.append(item)
-            self.last = item
+            chosen.append(convert(item.frame))
+            if first_item is None:
+                first_item = item
+            last_chosen = self.last = item
         if not chosen:
-            return self._clip_from_last_frame(covering, start)
-        end_pts = self.lookahead.pts if self.lookahead is not None else self._frame_end(chosen[-1])
-        return [c.frame for c in chosen], chosen[0].pts, end_pts
+            return self._clip_from_last_frame(covering, start, convert)
+        assert first_item is not None and last_chosen is not None
+        end_pts = self.lookahead.pts if self.lookahead is not None else self._frame_end(last_chosen)
+        return chosen, first_item.pts, end_pts
 
     def _clip_from_last_frame(
-        self, covering: _TimedFrame | None, start: float
-    ) -> tuple[list[Any], float, float] | None:
+        self, covering: _TimedFrame | None, start: float, convert: Callable[[Any], np.ndarray]
+    ) -> tuple[list[np.ndarray], float, float] | None:
         """At the end of the stream: the last frame still counts if ``start`` lies inside it."""
         if covering is None:
             return None
         frame_end = self._frame_end(covering)
         if start >= frame_end:
             return None
-        return [covering.frame], covering.pts, frame_end
+        return [convert(covering.frame)], covering.pts, frame_end
 
     def _frame_end(self, item: _TimedFrame) -> float:
         duration = getattr(item.frame, "duration", None)
@@ -642,18 +649,22 @@ class AVDecoder:
         facts = self._video_facts()
         with self._opened() as container:
             cursor = _VideoCursor(self, container, facts)
+
+            def convert(frame: Any) -> np.ndarray:
+                return _video_frame_to_array(frame, size)
+
             if unit == "frames" and cursor.index is None:
                 cursor.index = self._probe_index(container, facts)
             results = []
             for start, end in _check_ranges(ranges):
                 pts_range = self._video_range_to_pts(cursor, facts, start, end, unit)
-                clip = cursor.clip(*pts_range) if pts_range is not None else None
+                clip = cursor.clip(*pts_range, convert) if pts_range is not None else None
                 if clip is None:
                     results.append(None)
                     continue
                 frames, first, last = clip
                 span = (float(first * facts.time_base), float(last * facts.time_base))
-                results.append((_frames_to_tensor(frames, size), span))
+                results.append((_arrays_to_tensor(frames), span))
             return results
 
     def _video_range_to_pts(

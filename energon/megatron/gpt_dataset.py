@@ -130,7 +130,12 @@ def npy_shape(path: str) -> tuple[int, ...]:
     """Shape from a ``.npy`` header (reads ~128 bytes, not the array)."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
-        shape, _, _ = np.lib.format._read_array_header(f, version)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, _, _ = read_header(f)
     return shape
 
 

@@ -74,6 +74,7 @@ class _Context:
     dataset_config: str | None = None
     split_config: str | None = None
     mds_path: str = ""
+    token_config: Any = None
 
 
 class Blender:
@@ -106,8 +107,10 @@ def resolve_dataset(
     shuffle_over_epochs_multiplier: int | None = 1,
     dataset_config: str | None = None,
     split_config: str | None = None,
+    token_config: Any = None,
 ) -> Resolved:
-    """Sources of ``path`` (dataset dir, ``.jsonl``, metadataset ``.yaml``, ``Blender`` or dict)."""
+    """Sources of ``path`` (dataset dir, ``.jsonl``, Megatron token prefix, metadataset ``.yaml``,
+    ``Blender`` or dict)."""
     ctx = _Context(
         split_part=split_part,
         base_dir=os.getcwd(),
@@ -116,6 +119,7 @@ def resolve_dataset(
         shuffle=shuffle_over_epochs_multiplier,
         dataset_config=dataset_config,
         split_config=split_config,
+        token_config=token_config,
     )
     if isinstance(path, Blender):
         mds = parse_metadataset(path.as_metadataset(split_part))
@@ -271,6 +275,8 @@ def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any
         from energon.source.jsonl import JsonlLeaf
 
         return JsonlLeaf.open(path, subflavors=ctx.subflavors)
+    if os.path.exists(path + ".idx") and os.path.exists(path + ".bin"):
+        return _open_token_leaf(path, split_part, ctx)
     if not os.path.exists(path):
         raise FileNotFoundError(f"dataset {path} does not exist")
     nv_meta = os.path.join(path, ".nv-meta")
@@ -290,6 +296,23 @@ def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any
         dataset_config=ref.dataset_config or ctx.dataset_config or "dataset.yaml",
         subflavors=ctx.subflavors,
     )
+
+
+_MEGATRON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "test": "test"}
+
+
+def _open_token_leaf(prefix: str, split_part: str, ctx: _Context) -> Any:
+    """A Megatron ``.bin/.idx`` prefix: GPT windows of megatron-core's sample index for the split."""
+    if ctx.token_config is None:
+        raise MetadatasetError(
+            f"{prefix} is a Megatron token dataset: pass token_config=GPTConfig(sequence_length=...) "
+            "(from energon.megatron) to get_train_dataset / get_val_dataset"
+        )
+    if split_part not in _MEGATRON_SPLITS:
+        raise MetadatasetError(f"{prefix}: token datasets have splits train, val and test, not {split_part!r}")
+    from energon.megatron.token_leaf import TokenLeaf
+
+    return TokenLeaf.from_blend(prefix, config=ctx.token_config, split=_MEGATRON_SPLITS[split_part])
 
 
 def _apply_subsets(
