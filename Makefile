@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo demo-av test lint bench clean
 
 $(BIN)/energon: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,9 @@ install: $(BIN)/energon
 demo: install
 	$(BIN)/energon demo --workdir demo_data
 
+demo-av: install
+	$(BIN)/energon demo-av --workdir demo_av_data
+
 test: install
 	$(BIN)/ruff check energon tests tools
 	$(BIN)/ruff format --check energon tests tools
@@ -28,4 +31,4 @@ lint: install
 	$(BIN)/ruff check --fix energon tests tools
 
 clean:
-	rm -rf $(VENV) demo_data bench_data
+	rm -rf $(VENV) demo_data demo_av_data bench_data

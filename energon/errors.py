@@ -105,7 +105,14 @@ class ErrorPolicy:
     def failed(
         self, exc: BaseException, sample: Any = None, sources: Sequence | None = None
     ) -> None:
-        """Handle one failure: raise fatal errors, otherwise call the handler and count the skip."""
+        """Handle one failure: raise fatal errors, otherwise call the handler and count the skip.
+
+        The exception gets a note naming the hook, the sample key and where the sample came from,
+        so both a logged and a re-raised error say which sample broke which hook.
+        """
+        if sources is None:
+            sources = _sources_of(sample)
+        _add_note(exc, _describe_failure(self.name, sample, sources))
         if isinstance(exc, SYSTEM_EXCEPTIONS):
             if isinstance(exc, FatalSampleError):
                 raise exc
@@ -118,3 +125,34 @@ class ErrorPolicy:
                 f"{self.name} failed {self.consecutive} times in a row; likely the code or the "
                 f"dataset is broken. Last error: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+def _sources_of(sample: Any) -> Sequence | None:
+    if isinstance(sample, dict):
+        return sample.get("__sources__")
+    return getattr(sample, "__sources__", None)
+
+
+def _key_of(sample: Any) -> Any:
+    if isinstance(sample, dict):
+        return sample.get("__key__")
+    if isinstance(sample, list | tuple):
+        return [_key_of(s) for s in sample]
+    return getattr(sample, "__key__", None)
+
+
+def _describe_failure(hook: str, sample: Any, sources: Sequence | None) -> str:
+    where = ", ".join(
+        f"{getattr(s, 'dataset_path', '?')}/{getattr(s, 'shard_name', '?')}"
+        for s in (sources or ())
+    )
+    text = f"energon: in hook {hook!r}"
+    key = _key_of(sample)
+    if key is not None:
+        text += f" for sample {key!r}"
+    return text + (f" from {where}" if where else "")
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)

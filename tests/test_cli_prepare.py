@@ -213,8 +213,10 @@ def test_bad_options_are_usage_errors(shards):
         + ["--sample-type", "TextSample", "--field-map", '{"nofield": "txt"}']
     )
     assert bad_map.exit_code == 2 and "not fields of TextSample" in bad_map.output
-    media = _run(["prepare", str(shards), "--media-metadata-by-extension"])
-    assert media.exit_code == 2 and "not supported yet" in media.output
+    media = _run(
+        ["prepare", str(shards), "--media-metadata-by-extension", "--media-metadata-by-header"]
+    )
+    assert media.exit_code == 2, "two media metadata strategies at once are a usage error"
 
 
 def test_prepare_failure_is_reported_and_exits_1(shards):

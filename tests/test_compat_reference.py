@@ -137,7 +137,18 @@ def prepared_pair(ref_python, tmp_path_factory):
         "8,1,1",
         "--no-progress",
     )
+    for root in (ours, theirs):
+        (root / ".nv-meta" / "dataset.yaml").write_text(CAPTIONING_DATASET_YAML)
     return expected, ours, theirs
+
+
+CAPTIONING_DATASET_YAML = yaml.dump(
+    {
+        "sample_type": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
+        "field_map": {"image": "png", "caption": "txt"},
+    },
+    sort_keys=False,
+)
 
 
 # ---- (a) ours -> reference -----------------------------------------------------------------
@@ -158,15 +169,6 @@ print(json.dumps(seen))
 
 def test_reference_loads_our_dataset_every_sample_once(prepared_pair, ref_python):
     expected, ours, _ = prepared_pair
-    (ours / ".nv-meta" / "dataset.yaml").write_text(
-        yaml.dump(
-            {
-                "sample_type": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
-                "field_map": {"image": "png", "caption": "txt"},
-            },
-            sort_keys=False,
-        )
-    )
     out = _run_ref(ref_python, script=LOAD_SCRIPT.replace("sys.argv[1]", repr(str(ours))))
     seen = json.loads(out.strip().splitlines()[-1])
     all_keys = [key for samples in expected.values() for key in samples]
@@ -274,3 +276,21 @@ def test_sqlite_schema_equal(prepared_pair):
     for table in ("samples", "sample_parts"):
         assert ours_tables[table] == theirs_tables[table]
     assert set(theirs_indexes) <= set(ours_indexes)
+
+
+def test_our_loader_reads_reference_prepared_dataset_every_sample_once(prepared_pair):
+    from energon import WorkerConfig, get_loader, get_val_dataset
+
+    expected, _, theirs = prepared_pair
+    captions = {k: p["txt"].decode() for samples in expected.values() for k, p in samples.items()}
+    seen = []
+    for split_part in ("train", "val", "test"):
+        wc = WorkerConfig(rank=0, world_size=1, num_workers=2)
+        loader = get_loader(
+            get_val_dataset(theirs, split_part=split_part, worker_config=wc, batch_size=None)
+        )
+        for sample in loader:
+            assert sample.caption == captions[sample.__key__]
+            assert sample.image.shape[0] == 3
+            seen.append(sample.__key__)
+    assert sorted(seen) == sorted(captions)

@@ -246,10 +246,12 @@ def _wav_bytes() -> bytes:
     return buf.getvalue()
 
 
-def test_av_parts_stay_bytes_until_av_decoder_lands_and_pyav_mode_opens_container():
+def test_av_parts_decode_lazily_and_pyav_mode_opens_container():
+    from energon.av import AVDecoder
+
     wav = _wav_bytes()
-    assert SampleDecoder().decode_part("wav", memoryview(wav)) == wav
-    pytest.importorskip("av")
+    lazy = SampleDecoder().decode_part("wav", memoryview(wav))
+    assert isinstance(lazy, AVDecoder) and lazy.has_audio_stream()
     container = SampleDecoder(av_decode="pyav").decode_part("WAV", wav)
     try:
         assert len(container.streams.audio) == 1

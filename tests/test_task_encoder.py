@@ -144,6 +144,8 @@ def test_hook_errors_skip_and_are_reported(text_val_ds, capsys):
     assert seen and all(int(k.split("_")[1]) % 5 for k in seen)
     err = capsys.readouterr().err
     assert "cannot encode" in err
+    assert "in hook 'encode_sample' for sample '000" in err
+    assert ".tar" in err, "the shard the failing sample came from is named"
 
 
 def test_hook_errors_raise_with_reraise_handler(text_val_ds):

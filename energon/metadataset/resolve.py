@@ -309,7 +309,9 @@ def _open_token_leaf(prefix: str, split_part: str, ctx: _Context) -> Any:
             "(from energon.megatron) to get_train_dataset / get_val_dataset"
         )
     if split_part not in _MEGATRON_SPLITS:
-        raise MetadatasetError(f"{prefix}: token datasets have splits train, val and test, not {split_part!r}")
+        raise MetadatasetError(
+            f"{prefix}: token datasets have splits train, val and test, not {split_part!r}"
+        )
     from energon.megatron.token_leaf import TokenLeaf
 
     return TokenLeaf.from_blend(prefix, config=ctx.token_config, split=_MEGATRON_SPLITS[split_part])

@@ -160,7 +160,9 @@ class WebdatasetLeaf:
                 )
             if wants(part):
                 raw = bytes(payload)
-                parts[part] = decoder.decode_part(part, raw) if decoder is not None else raw
+                parts[part] = (
+                    decoder.decode_part(part, raw, key=key) if decoder is not None else raw
+                )
         if key is None:
             raise SampleReadError("no sample members with a key")
         return key, parts
