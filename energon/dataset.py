@@ -41,6 +41,8 @@ class SavableDataset(torch.utils.data.IterableDataset):
     def positions_per_pass(self) -> int | None:
         """Global micro-batches in one pass (validation), or per epoch (training)."""
         spec = self.spec
+        if not spec.training and not spec.even_ranks:
+            return sum(spec.stream_val_batches(s) for s in range(spec.num_streams))
         if not spec.training:
             return spec.num_streams * spec.val_batches_per_stream()
         counts = spec.stream_sample_counts()
@@ -96,7 +98,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
                 spec.stream_sample_counts()
             )  # at most one item per sample
         if not spec.training:
-            return self.positions_per_pass()
+            return spec.num_streams * spec.val_batches_per_stream()
         if spec.repeat or spec.mode == "weight":
             return None
         counts = spec.stream_sample_counts()

@@ -147,6 +147,7 @@ def _build(
         limit=limit,
         packing_buffer_size=packing_buffer_size or None,
         group_max_wait=group_max_wait,
+        even_ranks=worker_config.world_size > 1,
     )
     _check_streams_have_samples(spec)
     return SavableDataset(spec, worker_config)

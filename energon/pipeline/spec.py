@@ -38,6 +38,7 @@ class PipelineSpec:
     num_streams_fixed: bool = False
     packing_buffer_size: int | None = None
     group_max_wait: int | None = None
+    even_ranks: bool = True  # validation: equalise batch counts across ranks (world_size > 1)
 
     @property
     def data_dependent_counts(self) -> bool:
@@ -92,8 +93,19 @@ class PipelineSpec:
         )
         return [sum(column) for column in zip(*per_source)]
 
+    def stream_val_batches(self, stream: int) -> int:
+        """Items stream ``stream`` emits in a validation pass: the common count when ranks must be
+        even, else its own natural count (a single rank needs no padding)."""
+        if self.even_ranks:
+            return self.val_batches_per_stream()
+        n = self.stream_sample_counts()[stream]
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.batch_drop_last else math.ceil(n / self.batch_size)
+
     def val_batches_per_stream(self) -> int:
-        """Every stream emits this many items in a validation pass (so all ranks are even)."""
+        """Every stream emits at most this many items in a validation pass (exactly this many
+        when ranks must be even)."""
         counts = self.stream_sample_counts()
         if self.batch_size is None:
             return max(counts)

@@ -148,7 +148,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         hook_stage("encode_batch")
     max_items = None
     if not spec.training and not spec.data_dependent_counts:
-        max_items = spec.val_batches_per_stream()
+        max_items = spec.stream_val_batches(stream_id)
     return Stream(stream_id, spec, stages, max_items)
 
 
@@ -225,7 +225,12 @@ def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, 
     elif spec.training and spec.mode == "repetitions":
         schedule = QuotaSchedule([q[stream_id] for q in spec.source_stream_quotas()])
     padding = 0
-    if not spec.training and not spec.batch_drop_last and not spec.data_dependent_counts:
+    if (
+        not spec.training
+        and spec.even_ranks
+        and not spec.batch_drop_last
+        and not spec.data_dependent_counts
+    ):
         padding = max(0, spec.val_batches_per_stream() - stream_total)
     if padding and readers:
         target = next((r for r in readers if r.num_samples), None)
@@ -242,7 +247,7 @@ def _batch_sizes(spec: PipelineSpec, stream_id: int, padding: int):
     """Training: constant. Validation: full batches first, then smaller ones, so that every stream
     emits the same number of batches (see docs/ordering.md)."""
     bs = spec.batch_size
-    if spec.training or spec.batch_drop_last or spec.data_dependent_counts:
+    if spec.training or spec.batch_drop_last or spec.data_dependent_counts or not spec.even_ranks:
         return lambda i: bs
     total = spec.stream_sample_counts()[stream_id] + padding
     batches = spec.val_batches_per_stream()
