@@ -184,7 +184,7 @@ def _cook_function(spec: PipelineSpec, source: Any) -> Any:
         extra = dict(stores)
         if primary is not None:
             extra["primary"] = PrimaryFileStore(primary, sample["__key__"])
-        return selected.cook(sample, **extra)
+        return spec.task_encoder.cook_crude_sample(sample, selected, extra)
 
     return cook
 
