@@ -232,3 +232,39 @@ splits:
         own, extra = sample.text.split("+")
         assert extra == f"aux of {sample.__key__}"
         assert own and own != extra
+
+
+def test_aux_and_primary_stores_give_media_metadata(tmp_path):
+    from click.testing import CliRunner as Runner
+
+    from energon.source.file_store import PrimaryFileStore, SystemFileStore, WebdatasetFileStore
+    from tests.conftest import make_captioning_dataset
+
+    ds = make_captioning_dataset(tmp_path / "imgs", num_samples=6, num_shards=1)
+    assert (
+        Runner().invoke(cli, ["prepare-media", str(ds), "--media-metadata-by-extension"]).exit_code
+        == 0
+    )
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    from PIL import Image
+
+    Image.new("RGB", (32, 16)).save(folder / "a.png")
+    assert (
+        Runner()
+        .invoke(cli, ["prepare-media", str(folder), "--media-metadata-by-extension"])
+        .exit_code
+        == 0
+    )
+    assert SystemFileStore(str(folder)).get_media_metadata("a.png").width == 32
+    store = WebdatasetFileStore(str(ds))
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    first = next(
+        iter(
+            get_savable_loader(
+                get_val_dataset(ds, split_part="train", worker_config=wc, batch_size=None)
+            )
+        )
+    )
+    meta = PrimaryFileStore(store, first.__key__).get_media_metadata(".jpg")
+    assert (meta.height, meta.width) == tuple(first.image.shape[1:])

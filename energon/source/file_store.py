@@ -33,6 +33,17 @@ class FileStore:
     def get_path(self) -> str:
         raise NotImplementedError
 
+    def get_media_metadata(self, key: str) -> Any:
+        """Image size / audio-video durations of entry ``key`` from the prepared media metadata
+        (``energon prepare --media-metadata-...`` or ``energon prepare-media``), without decoding."""
+        readers = self.__dict__.setdefault("_media_readers", {})
+        root = self.get_path()
+        if root not in readers:
+            from energon.media import MediaMetadataReader
+
+            readers[root] = MediaMetadataReader(root)
+        return readers[root].get(key)
+
 
 class SystemFileStore(FileStore):
     def __init__(self, base_dir: str | None = None) -> None:
@@ -81,6 +92,9 @@ class WebdatasetFileStore(FileStore):
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self.root, "_shards": self._shards, "_db_path": self._db_path}
+
+    def get_media_metadata(self, key: str) -> Any:
+        return super().get_media_metadata(key)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -135,6 +149,9 @@ class DecodeFileStore(FileStore):
         part = name.rsplit("/", 1)[-1].split(".", 1)[-1] if "." in name else ""
         return self.decoder.decode_part(part, data), source
 
+    def get_media_metadata(self, key: str) -> Any:
+        return self.inner.get_media_metadata(key)
+
     def get_path(self) -> str:
         return self.inner.get_path()
 
@@ -146,10 +163,14 @@ class PrimaryFileStore(FileStore):
         self.inner = inner
         self.current_key = current_key
 
+    def _name(self, name: str) -> str:
+        return self.current_key + name if name.startswith(".") else name
+
     def __getitem__(self, name: str) -> tuple[Any, Any]:
-        if name.startswith("."):
-            name = self.current_key + name
-        return self.inner[name]
+        return self.inner[self._name(name)]
+
+    def get_media_metadata(self, key: str) -> Any:
+        return self.inner.get_media_metadata(self._name(key))
 
     def get_path(self) -> str:
         return self.inner.get_path()
