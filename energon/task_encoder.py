@@ -168,7 +168,9 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     def decoder(self, value: Any) -> None:
         self.__dict__["_decoder"] = value
 
-    def cook_crude_sample(self, sample: dict[str, Any], cooker: Any, aux: dict[str, Any]) -> T_sample:
+    def cook_crude_sample(
+        self, sample: dict[str, Any], cooker: Any, aux: dict[str, Any]
+    ) -> T_sample:
         """Cook one crude sample with the cooker selected for its dataset (override to wrap it)."""
         return cooker.cook(sample, **aux)
 
