@@ -27,21 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from energon.buffer_pool import numpy_dtype
+
 SHM_DIR = "/dev/shm"
 BLOCKS_PER_WORKER = 8
 MIN_BYTES = 1 << 20  # small tensors are not worth pooling
-
-_TORCH_TO_NUMPY = {
-    torch.float32: np.float32,
-    torch.float64: np.float64,
-    torch.float16: np.float16,
-    torch.uint8: np.uint8,
-    torch.int8: np.int8,
-    torch.int16: np.int16,
-    torch.int32: np.int32,
-    torch.int64: np.int64,
-    torch.bool: np.bool_,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +72,7 @@ def _map_file(path: str, size: int, create: bool) -> np.ndarray:
 
 
 def _view(array: np.ndarray, offset: int, shape, stride, dtype: torch.dtype) -> np.ndarray:
-    np_dtype = np.dtype(_TORCH_TO_NUMPY[dtype])
+    np_dtype = np.dtype(numpy_dtype(dtype))
     nbytes = _span(shape, stride) * np_dtype.itemsize
     flat = array[offset : offset + nbytes].view(np_dtype)
     strides = tuple(s * np_dtype.itemsize for s in stride)
@@ -120,7 +110,7 @@ class BatchArena:
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """An uninitialised contiguous tensor in a free block, or None (then allocate normally)."""
-        if dtype not in _TORCH_TO_NUMPY:
+        if numpy_dtype(dtype) is None:
             return None
         nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
         if nbytes < MIN_BYTES:

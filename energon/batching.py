@@ -13,11 +13,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from energon.batch_arena import active_arena
-from energon.buffer_pool import buffer_pool
+from energon.buffer_pool import buffer_pool, numpy_dtype
 
 __all__ = [
     "batch_list",
@@ -64,8 +63,8 @@ def _new_batch_tensor(like: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
             out = arena.empty(tuple(shape), like.dtype)
             if out is not None:
                 return out
-        elif like.dtype in _NUMPY_DTYPES and torch.utils.data.get_worker_info() is None:
-            array = buffer_pool().empty(tuple(shape), _NUMPY_DTYPES[like.dtype])
+        elif numpy_dtype(like.dtype) is not None and torch.utils.data.get_worker_info() is None:
+            array = buffer_pool().empty(tuple(shape), numpy_dtype(like.dtype))
             if array is not None:
                 return torch.from_numpy(array)
     if like.device.type == "cpu" and torch.utils.data.get_worker_info() is not None:
@@ -129,24 +128,11 @@ def _numpy_copyable(out: torch.Tensor, tensors: list[torch.Tensor]) -> bool:
     """
     return (
         out.device.type == "cpu"
-        and out.dtype in _NUMPY_DTYPES
+        and numpy_dtype(out.dtype) is not None
         and all(
             t.device.type == "cpu" and t.dtype == out.dtype and not t.requires_grad for t in tensors
         )
     )
-
-
-_NUMPY_DTYPES = {
-    torch.float16: np.float16,
-    torch.float32: np.float32,
-    torch.float64: np.float64,
-    torch.uint8: np.uint8,
-    torch.int8: np.int8,
-    torch.int16: np.int16,
-    torch.int32: np.int32,
-    torch.int64: np.int64,
-    torch.bool: np.bool_,
-}
 
 
 def concat_pad(batch: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -19,6 +19,19 @@ import weakref
 
 import numpy as np
 
+# torch dtypes whose memory numpy can view directly (pooled buffers are numpy arrays)
+TORCH_TO_NUMPY = {
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+    "uint8": np.uint8,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "bool": np.bool_,
+}
+
 GRANULARITY = 1 << 16  # sizes are rounded up to 64 KiB
 MIN_BYTES = 1 << 18
 DEFAULT_MAX_BYTES = int(os.environ.get("ENERGON_BUFFER_POOL_BYTES", 1 << 30))
@@ -86,3 +99,8 @@ def pooled_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 def buffer_pool() -> BufferPool:
     return _pool
+
+
+def numpy_dtype(torch_dtype: object) -> type | None:
+    """The numpy dtype sharing memory layout with a torch dtype, or None (e.g. bfloat16)."""
+    return TORCH_TO_NUMPY.get(str(torch_dtype).removeprefix("torch."))

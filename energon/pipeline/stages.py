@@ -200,6 +200,15 @@ class LoadStage:
             ) from e
 
 
+def _call_hook(fn: Callable[..., Any], sample_index: int, *args: Any) -> Any:
+    previous = hook_context.sample_index
+    hook_context.sample_index = sample_index
+    try:
+        return fn(*args)
+    finally:
+        hook_context.sample_index = previous
+
+
 class MapStage:
     """Applies a hook (value or generator; ``SkipSample`` drops) and numbers its inputs.
 
@@ -256,20 +265,10 @@ class MapStage:
             return result, out_key
 
     def _call(self, value: Any, sample_index: int) -> Any:
-        previous = hook_context.sample_index
-        hook_context.sample_index = sample_index
-        try:
-            return self.fn(value)
-        finally:
-            hook_context.sample_index = previous
+        return _call_hook(self.fn, sample_index, value)
 
     def _advance(self, gen: Iterator, sample_index: int) -> Any:
-        previous = hook_context.sample_index
-        hook_context.sample_index = sample_index
-        try:
-            return next(gen)
-        finally:
-            hook_context.sample_index = previous
+        return _call_hook(next, sample_index, gen)
 
     def _next_from_pending(self) -> Item | None:
         gen, in_key, sample_index, emitted = self._pending  # type: ignore[misc]
@@ -387,15 +386,6 @@ def _key_data(key: Any) -> Any:
     if isinstance(key, tuple):
         return [_key_data(k) for k in key]
     return key
-
-
-def _call_hook(fn: Callable[..., Any], sample_index: int, *args: Any) -> Any:
-    previous = hook_context.sample_index
-    hook_context.sample_index = sample_index
-    try:
-        return fn(*args)
-    finally:
-        hook_context.sample_index = previous
 
 
 class PackStage:
