@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 _EXPORTS = {
+    "remote_stats": "energon.remote",
     "EpochIndex": "energon.megatron.epoch_index",
     "GPTConfig": "energon.megatron.gpt_dataset",
     "IdentityMultiEpochDatasetWrapper": "energon.megatron.epoch_index",

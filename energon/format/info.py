@@ -13,6 +13,7 @@ from importlib import metadata
 
 import yaml
 
+from energon import epath
 from energon.errors import EnergonError
 from energon.format.layout import (
     INFO_JSON_FILENAME,
@@ -23,6 +24,7 @@ from energon.format.layout import (
 )
 
 _INFO_KEYS = {"energon_version", "shard_counts"}
+_INFO_FILENAMES = (INFO_JSON_FILENAME, INFO_YAML_FILENAME)
 
 
 class DatasetInfoError(EnergonError, ValueError):
@@ -49,12 +51,17 @@ def current_energon_version() -> str | None:
 
 def has_info(root: PathLike) -> bool:
     """True if the dataset was prepared (either info file exists)."""
+    if epath.is_remote(root):
+        meta_url = epath.join(root, ".nv-meta")
+        return any(epath.is_file(epath.join(meta_url, n)) for n in _INFO_FILENAMES)
     meta = nv_meta_dir(root)
     return (meta / INFO_JSON_FILENAME).is_file() or (meta / INFO_YAML_FILENAME).is_file()
 
 
 def read_dataset_info(root: PathLike) -> DatasetInfo:
     """Read ``.info.json`` (or the legacy ``.info.yaml``), strictly: unknown keys are errors."""
+    if epath.is_remote(root):
+        return _read_remote_info(root)
     meta = nv_meta_dir(root)
     json_path, yaml_path = meta / INFO_JSON_FILENAME, meta / INFO_YAML_FILENAME
     if json_path.is_file():
@@ -71,6 +78,21 @@ def read_dataset_info(root: PathLike) -> DatasetInfo:
             "Run 'energon prepare' first."
         )
     return _parse_info(raw, str(path))
+
+
+def _read_remote_info(root: str) -> DatasetInfo:
+    """The remote variant of :func:`read_dataset_info` (object URLs instead of ``Path``)."""
+    meta = epath.join(root, ".nv-meta")
+    for name in _INFO_FILENAMES:
+        path = epath.join(meta, name)
+        if epath.is_file(path):
+            text = epath.read_text(path)
+            raw = json.loads(text) if name == INFO_JSON_FILENAME else yaml.safe_load(text)
+            return _parse_info(raw, path)
+    raise DatasetInfoError(
+        f"{meta}: no {INFO_JSON_FILENAME} found; is this a prepared dataset? "
+        "Run 'energon prepare' first."
+    )
 
 
 def _parse_info(raw: object, path: str) -> DatasetInfo:

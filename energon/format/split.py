@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import yaml
 from braceexpand import braceexpand
 
+from energon import epath
 from energon.errors import EnergonError
 from energon.format.layout import SPLIT_YAML_FILENAME, PathLike, atomic_write_text, nv_meta_dir
 
@@ -145,6 +146,8 @@ class SplitConfig:
 
 def read_split(root: PathLike, split_config: str = SPLIT_YAML_FILENAME) -> SplitConfig:
     """Read ``.nv-meta/<split_config>``; for the default name, fall back to ``split.json``."""
+    if epath.is_remote(root):
+        return _read_remote_split(root, split_config)
     meta = nv_meta_dir(root)
     path = meta / split_config
     if not path.is_file() and split_config == SPLIT_YAML_FILENAME:
@@ -154,6 +157,19 @@ def read_split(root: PathLike, split_config: str = SPLIT_YAML_FILENAME) -> Split
     with open(path, encoding="utf-8") as f:
         raw = json.load(f) if path.suffix == ".json" else yaml.safe_load(f)
     return _parse_split(raw, str(path))
+
+
+def _read_remote_split(root: str, split_config: str) -> SplitConfig:
+    """The remote variant of :func:`read_split` (object URLs instead of ``Path``)."""
+    meta = epath.join(root, ".nv-meta")
+    candidates = [split_config] + (["split.json"] if split_config == SPLIT_YAML_FILENAME else [])
+    for name in candidates:
+        path = epath.join(meta, name)
+        if epath.is_file(path):
+            text = epath.read_text(path)
+            raw = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+            return _parse_split(raw, path)
+    raise SplitConfigError(f"{epath.join(meta, split_config)}: split config not found")
 
 
 def _parse_split(raw: object, path: str) -> SplitConfig:

@@ -28,8 +28,13 @@ class TarIndexError(EnergonError, ValueError):
 def tar_index_path(tar_path: PathLike) -> PathLike:
     """``data.tar`` -> ``data.tar.idx``, ``x.tgz`` -> ``x.tar.idx`` (the last suffix is replaced).
 
-    Returns a ``str`` for a ``str`` argument and a ``Path`` otherwise.
+    Returns a ``str`` for a ``str`` argument and a ``Path`` otherwise. Remote URLs are handled as
+    strings, since ``Path`` would collapse the ``//`` after the scheme.
     """
+    if isinstance(tar_path, str) and "://" in tar_path:
+        head, _, name = tar_path.rpartition("/")
+        stem, dot, _ = name.rpartition(".")
+        return f"{head}/{stem if dot else name}{TAR_INDEX_SUFFIX}"
     result = Path(tar_path)
     result = (
         result.with_suffix(TAR_INDEX_SUFFIX)

@@ -14,6 +14,7 @@ import os
 import warnings
 from typing import Any
 
+from energon import epath
 from energon.metadataset.config import (
     Blend,
     Join,
@@ -252,7 +253,7 @@ def _resolve_reference(ref: Reference, ctx: _Context) -> Resolved:
                 "metadataset"
             )
         ctx = _with_subset(ctx, ref.subset, path, leaf=False)
-        return _resolve_split(load_metadataset(path), split_part, ctx)
+        return _resolve_split(_load_metadataset(path), split_part, ctx)
     leaf = _open_leaf(path, split_part, ref, ctx)
     start, end = _apply_subsets(0, len(leaf), ref.subset, ctx.ratios)
     if start >= end:
@@ -275,14 +276,15 @@ def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any
         from energon.source.jsonl import JsonlLeaf
 
         return JsonlLeaf.open(path, subflavors=ctx.subflavors)
-    if os.path.exists(path + ".idx") and os.path.exists(path + ".bin"):
+    remote = epath.is_remote(path)
+    if not remote and os.path.exists(path + ".idx") and os.path.exists(path + ".bin"):
         return _open_token_leaf(path, split_part, ctx)
-    if not os.path.exists(path):
+    if not epath.exists(path):
         raise FileNotFoundError(f"dataset {path} does not exist")
-    nv_meta = os.path.join(path, ".nv-meta")
+    nv_meta = epath.join(path, ".nv-meta")
     if not (
-        os.path.exists(os.path.join(nv_meta, ".info.json"))
-        or os.path.exists(os.path.join(nv_meta, ".info.yaml"))
+        epath.is_file(epath.join(nv_meta, ".info.json"))
+        or epath.is_file(epath.join(nv_meta, ".info.yaml"))
     ):
         raise FileNotFoundError(
             f"{path} is not a prepared dataset (no .nv-meta/.info.json): run `energon prepare {path}`"
@@ -336,7 +338,22 @@ def _combine_shuffle(outer: int | None, inner: int | None) -> int | None:
     return int(outer * inner)
 
 
+def _load_metadataset(path: str) -> Any:
+    """A metadataset YAML, local or remote (a remote one resolves relative paths remotely)."""
+    if not epath.is_remote(path):
+        return load_metadataset(path)
+    import yaml
+
+    try:
+        data = yaml.safe_load(epath.read_text(path))
+    except yaml.YAMLError as e:
+        raise MetadatasetError(f"{path}: invalid YAML: {e}") from e
+    return parse_metadataset(data, path)
+
+
 def _absolute(path: str, base_dir: str) -> str:
+    if epath.is_remote(path) or epath.is_remote(base_dir) or path.startswith("file://"):
+        return epath.resolve(path, base_dir)
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
 
 

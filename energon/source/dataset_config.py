@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from energon import epath
 from energon.typeref import resolve_class
 
 ACCEPTED_KEYS = {
@@ -102,17 +103,16 @@ class SampleBuilder:
 
 
 def read_dataset_yaml(root: str, name: str = "dataset.yaml") -> dict[str, Any]:
-    path = os.path.join(root, ".nv-meta", name)
-    if not os.path.exists(path):
+    path = epath.join(root, ".nv-meta", name)
+    if not epath.is_file(path):
         raise DatasetConfigError(
             f"{path} does not exist: the dataset has no loader definition. Run `energon prepare "
             f"{root}` and create a dataset.yaml (or pass dataset_config=...)."
         )
-    with open(path) as f:
-        try:
-            data = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise DatasetConfigError(f"{path}: invalid YAML: {e}") from e
+    try:
+        data = yaml.safe_load(epath.read_text(path))
+    except yaml.YAMLError as e:
+        raise DatasetConfigError(f"{path}: invalid YAML: {e}") from e
     if not isinstance(data, dict):
         raise DatasetConfigError(
             f"{path}: expected a mapping at the top level, got {type(data).__name__}"
@@ -229,4 +229,4 @@ def _parse_class_style(
 
 def load_sample_builder(root: str, dataset_config: str = "dataset.yaml") -> SampleBuilder:
     data = read_dataset_yaml(root, dataset_config)
-    return parse_dataset_config(root, data, where=os.path.join(root, ".nv-meta", dataset_config))
+    return parse_dataset_config(root, data, where=epath.join(root, ".nv-meta", dataset_config))

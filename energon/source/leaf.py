@@ -13,6 +13,7 @@ import dataclasses
 import os
 from typing import Any
 
+from energon import epath
 from energon.errors import EmptyDatasetError, SampleException
 from energon.format.info import read_info
 from energon.format.split import read_split
@@ -39,7 +40,7 @@ class WebdatasetLeaf:
     def __post_init__(self) -> None:
         self.starts = cumulative_starts(self.shard_counts)
         self._starts_list = [int(s) for s in self.starts]
-        self._shard_paths = [os.path.join(self.root, name) for name in self.shard_names]
+        self._shard_paths = [epath.join(self.root, name) for name in self.shard_names]
 
     @classmethod
     def open(
@@ -53,7 +54,7 @@ class WebdatasetLeaf:
         builder: SampleBuilder | None = None,
     ) -> WebdatasetLeaf:
         """Read ``.nv-meta`` once and describe the split ``split_part``."""
-        root = os.path.abspath(os.fspath(root))
+        root = epath.normalize(root)
         if builder is None:
             builder = load_sample_builder(root, dataset_config)
         split = read_split(root, split_config or builder.split_config or "split.yaml")
@@ -177,9 +178,8 @@ class WebdatasetLeaf:
         if not wanted:
             return frozenset()
         tar_ids = {name: i for i, name in enumerate(read_info(self.root))}
-        db = sqlite3.connect(
-            f"file:{os.path.join(self.root, '.nv-meta', 'index.sqlite')}?mode=ro", uri=True
-        )
+        sqlite_path = epath.local_copy(epath.join(self.root, ".nv-meta", "index.sqlite"))
+        db = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
         try:
             found = set()
             for shard_name, key in wanted:

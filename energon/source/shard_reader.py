@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from energon import epath
 from energon.format.tar_index import TarIndex, tar_index_path
 
 
@@ -34,8 +35,14 @@ class _Lru(OrderedDict):
         return value
 
 
+def _open_index(tar_path: str) -> TarIndex:
+    """The tar index of a shard; a remote index is read from its local cached copy."""
+    index_path = tar_index_path(tar_path)
+    return TarIndex(epath.local_copy(index_path) if epath.is_remote(tar_path) else index_path)
+
+
 class ShardReader:
-    """Reads sample byte ranges of local tar shards; one instance per process."""
+    """Reads sample byte ranges of tar shards (local: pread; remote: ranged GET); one per process."""
 
     def __init__(self, max_open: int = 64) -> None:
         self._fds = _Lru(max_open, os.close)
@@ -51,11 +58,13 @@ class ShardReader:
 
     def byte_range(self, tar_path: str, sample_in_shard: int) -> tuple[int, int]:
         self._check_fork()
-        index = self._indices.get_or_open(tar_path, lambda p: TarIndex(tar_index_path(p)))
+        index = self._indices.get_or_open(tar_path, _open_index)
         return index.byte_range(sample_in_shard)
 
     def read(self, tar_path: str, start: int, end: int) -> bytes:
         self._check_fork()
+        if epath.is_remote(tar_path):
+            return epath.read_range(tar_path, start, end)
         fd = self._fds.get_or_open(tar_path, lambda p: os.open(p, os.O_RDONLY))
         data = os.pread(fd, end - start, start)
         if len(data) != end - start:
