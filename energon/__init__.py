@@ -10,6 +10,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 _EXPORTS = {
+    "LimitDataset": "energon.dataset",
+    "RepeatDataset": "energon.dataset",
     "remote_stats": "energon.remote",
     "EpochIndex": "energon.megatron.epoch_index",
     "GPTConfig": "energon.megatron.gpt_dataset",

@@ -93,6 +93,8 @@ class SavableDataset(torch.utils.data.IterableDataset):
     def pass_end(self) -> int | None:
         """First global position after a finite pass (validation, or training with repeat=False)."""
         spec = self.spec
+        if not spec.training and spec.repeat:
+            return None  # a repeated validation set (RepeatDataset): passes end by `limit`
         if not spec.training and spec.data_dependent_counts:
             return spec.num_streams * max(
                 spec.stream_sample_counts()
@@ -124,3 +126,38 @@ class SavableDataset(torch.utils.data.IterableDataset):
         if self.arena is not None:
             self.arena.activate(worker)
         return iter(self.executor(worker))
+
+
+def RepeatDataset(
+    dataset: SavableDataset, *, repeats: float | None = None, **_compat: Any
+) -> SavableDataset:  # noqa: N802
+    """Megatron-Energon compatible wrapper: the dataset repeats forever (validation included).
+
+    Only ``repeats=None`` (infinite) is supported here; finite repetitions belong in a
+    ``blend_epochized`` metadataset, which makes totals exact.
+    """
+    if repeats is not None:
+        raise ValueError(
+            "RepeatDataset(repeats=N): use a blend_epochized metadataset for finite repetitions"
+        )
+    return SavableDataset(dataclasses.replace(dataset.spec, repeat=True), dataset.worker_config)
+
+
+def LimitDataset(  # noqa: N802
+    dataset: SavableDataset, length: int, *, reset_after_epoch: bool = True, **_compat: Any
+) -> SavableDataset:
+    """Megatron-Energon compatible wrapper: each pass yields ``length`` batches per rank.
+
+    Validation passes restart from the beginning (``reset_after_epoch=True``, what Megatron-LM
+    uses); for training use ``virtual_epoch_length`` instead.
+    """
+    spec = dataset.spec
+    if spec.training:
+        spec = dataclasses.replace(spec, virtual_epoch_length=length)
+    elif not reset_after_epoch:
+        raise ValueError(
+            "LimitDataset(reset_after_epoch=False) on validation data is not supported"
+        )
+    else:
+        spec = dataclasses.replace(spec, limit=length)
+    return SavableDataset(spec, dataset.worker_config)

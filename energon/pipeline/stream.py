@@ -147,7 +147,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     ):
         hook_stage("encode_batch")
     max_items = None
-    if not spec.training and not spec.data_dependent_counts:
+    if not spec.training and not spec.repeat and not spec.data_dependent_counts:
         max_items = spec.stream_val_batches(stream_id)
     return Stream(stream_id, spec, stages, max_items)
 
@@ -214,7 +214,7 @@ def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, 
                 shuffle=spec.training,
                 shuffle_over_epochs=source.shuffle_over_epochs if spec.training else None,
                 parallel_slices=parallel,
-                repeat=spec.training and (spec.repeat or mixing),
+                repeat=spec.repeat or mixing,
                 excluded=source.leaf.excluded,
             )
         )
@@ -227,6 +227,7 @@ def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, 
     padding = 0
     if (
         not spec.training
+        and not spec.repeat
         and spec.even_ranks
         and not spec.batch_drop_last
         and not spec.data_dependent_counts
