@@ -356,3 +356,42 @@ def test_bad_metadatasets_fail_clearly(two_datasets, body, message):
             shuffle_buffer_size=None,
             max_samples_per_sequence=None,
         )
+
+
+def test_shuffle_over_epochs_multipliers_combine(two_datasets):
+    write(
+        two_datasets,
+        "mult_inner.yaml",
+        """
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - {path: ./a, shuffle_over_epochs_multiplier: 3}
+      - {path: ./b, shuffle_over_epochs_multiplier: null}
+""",
+    )
+    path = write(
+        two_datasets,
+        "mult_outer.yaml",
+        """
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - {path: ./mult_inner.yaml}
+      - {path: ./a, shuffle_over_epochs_multiplier: -1}
+""",
+    )
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    with pytest.warns(UserWarning, match="reached 2 times"):
+        ds = get_train_dataset(
+            path,
+            worker_config=wc,
+            batch_size=2,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            parallel_shard_iters=1,
+            shuffle_over_epochs_multiplier=2,
+        )
+    assert [s.shuffle_over_epochs for s in ds.spec.sources] == [6, None, -1]

@@ -174,3 +174,42 @@ def test_consecutive_failures_become_fatal(text_val_ds):
     )
     with pytest.raises(FatalSampleError, match="in a row"):
         list(loader)
+
+
+class PrePost(DefaultTaskEncoder):
+    """The split encode form: pre runs on every sample, post right before packing (or batching)."""
+
+    def preencode_sample(self, sample):
+        return TextSample.derive_from(sample, text="pre:" + sample.text)
+
+    def postencode_sample(self, sample):
+        return TextSample.derive_from(sample, text=sample.text + ":post")
+
+
+class PrePostPacked(PrePost):
+    def select_samples_to_pack(self, samples):
+        return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+
+    @stateless
+    def pack_selected_samples(self, samples):
+        return TextSample.derive_from(samples[0], text="|".join(s.text for s in samples))
+
+
+def test_preencode_and_postencode_hooks(text_ds):
+    plain = next(iter(loader_for(text_ds, PrePost(), batch_size=4)))
+    assert all(t.startswith("pre:") and t.endswith(":post") for t in plain.text)
+    packed = next(iter(loader_for(text_ds, PrePostPacked(), batch_size=2, packing_buffer_size=4)))
+    for text in packed.text:
+        members = text.split("|")
+        assert len(members) == 2 and all(
+            m.startswith("pre:") and m.endswith(":post") for m in members
+        )
+
+
+def test_preencode_with_encode_sample_is_an_error(text_ds):
+    class Both(PrePost):
+        def encode_sample(self, sample):
+            return sample
+
+    with pytest.raises(ValueError, match="either encode_sample or preencode_sample"):
+        next(iter(loader_for(text_ds, Both())))

@@ -94,13 +94,14 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         stages.append(ShuffleBuffer(stages[-1], spec.shuffle_buffer_size, rng))
     cooks = [_cook_function(spec, source) for source in spec.sources]
     stages.append(LoadStage(stages[-1], spec.leaves, spec.decoder, policy("load_sample"), cooks))
-    if te.is_active("preencode_sample") and te.is_active("encode_sample"):
-        raise ValueError(
-            "define either encode_sample or preencode_sample/postencode_sample, not both"
-        )
-    for hook in ("preencode_sample", "encode_sample"):
-        if te.is_active(hook):
-            hook_stage(hook)
+    if te.is_active("preencode_sample"):
+        if _user_defined(te, "encode_sample"):
+            raise ValueError(
+                "define either encode_sample or preencode_sample/postencode_sample, not both"
+            )
+        hook_stage("preencode_sample")
+    elif te.is_active("encode_sample"):
+        hook_stage("encode_sample")
     postencode = te.postencode_sample if te.is_active("postencode_sample") else None
     if spec.packing_buffer_size:
         stages.append(
@@ -150,6 +151,13 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     if not spec.training and not spec.repeat and not spec.data_dependent_counts:
         max_items = spec.stream_val_batches(stream_id)
     return Stream(stream_id, spec, stages, max_items)
+
+
+def _user_defined(te: Any, hook: str) -> bool:
+    """Overridden by the user (not just by DefaultTaskEncoder's identity version)."""
+    from energon.task_encoder import DefaultTaskEncoder
+
+    return te.is_active(hook) and getattr(type(te), hook) is not getattr(DefaultTaskEncoder, hook)
 
 
 def _cook_function(spec: PipelineSpec, source: Any) -> Any:
