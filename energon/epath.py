@@ -170,6 +170,25 @@ def glob(root: str, pattern: str) -> list[str]:
     return [p for p in walk(root) if fnmatch.fnmatch(p[len(prefix) :], pattern)]
 
 
+def download(path: str, target: str) -> int:
+    """Copy ``path`` into the local file ``target`` (streamed for remote objects); returns its size."""
+    if not is_remote(path):
+        import shutil
+
+        shutil.copyfile(normalize(path), target)
+        return os.path.getsize(target)
+    from energon.remote import s3
+
+    return s3.download(path, target)
+
+
+def basename(path: str) -> str:
+    """The last path component (``s3://b/a/ds`` -> ``ds``)."""
+    if is_remote(path):
+        return path.rstrip("/").rsplit("/", 1)[-1]
+    return os.path.basename(normalize(path))
+
+
 def local_copy(path: str) -> str:
     """A local file with the content of ``path`` (remote objects go through the cache)."""
     if not is_remote(path):

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import yaml
 
+from energon import epath
 from energon.errors import EnergonError
 from energon.format.dataset_yaml import describe_sample_type, read_dataset_yaml
 from energon.format.info import read_dataset_info
@@ -16,6 +17,23 @@ from energon.format.split import SplitConfig, read_split
 
 _SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _SPLIT_ORDER = ("train", "val", "test")
+
+
+class DatasetPathType(click.ParamType):
+    """A dataset folder: a local directory (``Path``, must exist) or an ``s3://`` URL (``str``).
+
+    Remote URLs are passed on as normalised strings; whether they exist is found out on use.
+    """
+
+    name = "path"
+
+    def __init__(self, *, exists: bool = True, file_okay: bool = False, path_type=Path) -> None:
+        self._local = click.Path(exists=exists, file_okay=file_okay, path_type=path_type)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and epath.is_remote(value):
+            return epath.normalize(value)
+        return self._local.convert(value, param, ctx)
 
 
 def format_size(num_bytes: int) -> str:
@@ -28,12 +46,16 @@ def format_size(num_bytes: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _total_shard_bytes(root: Path, shards: list[str]) -> tuple[int, int]:
+def _total_shard_bytes(root: Path | str, shards: list[str]) -> tuple[int, int]:
     """(total bytes of the shards that exist, number of missing shards)."""
     total = missing = 0
+    remote = epath.is_remote(root)
     for shard in shards:
         try:
-            total += os.stat(root / shard).st_size
+            if remote:
+                total += epath.stat(epath.join(root, shard))[0]
+            else:
+                total += os.stat(Path(root) / shard).st_size
         except OSError:
             missing += 1
     return total, missing
@@ -44,13 +66,13 @@ def _ordered_splits(split: SplitConfig) -> list[str]:
     return known + [name for name in split.split_parts if name not in _SPLIT_ORDER]
 
 
-def dataset_summary(root: Path, split_config: str, dataset_config: str) -> list[str]:
+def dataset_summary(root: Path | str, split_config: str, dataset_config: str) -> list[str]:
     """The lines ``energon info`` prints."""
     info = read_dataset_info(root)
     total = info.total_samples
     size, missing = _total_shard_bytes(root, list(info.shard_counts))
     lines = [
-        f"## Dataset {root.name}",
+        f"## Dataset {epath.basename(str(root))}",
         "",
         f"* Path: `{root}`",
         f"* Total samples: {total:,} samples",
@@ -73,13 +95,14 @@ def dataset_summary(root: Path, split_config: str, dataset_config: str) -> list[
 
 
 @click.command(name="info", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=DatasetPathType())
 @click.option("--split-config", default=SPLIT_YAML_FILENAME, show_default=True)
 @click.option("--dataset-config", default=DATASET_YAML_FILENAME, show_default=True)
-def command(path: Path, split_config: str, dataset_config: str) -> None:
-    """Print a summary of the prepared dataset at PATH."""
+def command(path: Path | str, split_config: str, dataset_config: str) -> None:
+    """Print a summary of the prepared dataset at PATH (a folder or an ``s3://`` URL)."""
+    root = path if isinstance(path, str) else path.resolve()
     try:
-        lines = dataset_summary(path.resolve(), split_config, dataset_config)
+        lines = dataset_summary(root, split_config, dataset_config)
     except (EnergonError, OSError, yaml.YAMLError) as e:
         raise click.ClickException(str(e)) from None
     click.echo("\n".join(lines))

@@ -7,6 +7,8 @@ import tempfile
 
 import click
 
+from energon.cli.info import DatasetPathType
+
 
 class _FailureLog:
     """Collects per-sample failures from any process (one appended line per failure)."""
@@ -28,13 +30,17 @@ class _FailureLog:
 
 def check_shard_indices(path: str) -> list[str]:
     """Mismatches between each shard's ``.tar.idx`` and the sample counts in ``.info.json``."""
+    from energon import epath
     from energon.format.info import read_info
     from energon.format.tar_index import TarIndex, tar_index_path
 
     problems = []
     for shard, count in read_info(path).items():
-        index_file = tar_index_path(os.path.join(path, shard))
         try:
+            if epath.is_remote(path):
+                index_file = epath.local_copy(epath.join(path, tar_index_path(shard)))
+            else:
+                index_file = tar_index_path(os.path.join(path, shard))
             found = len(TarIndex(index_file))
         except Exception as e:  # a missing or damaged index is a lint finding, not a crash
             problems.append(f"{shard}: {e}")
@@ -75,7 +81,7 @@ def lint_split(
 
 
 @click.command(name="lint")
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.argument("path", type=DatasetPathType(path_type=str))
 @click.option("--split-parts", default="train,val,test", show_default=True, help="Splits to check.")
 @click.option("--dataset-config", default="dataset.yaml", show_default=True)
 @click.option("--split-config", default="split.yaml", show_default=True)

@@ -16,12 +16,15 @@ from typing import Any
 
 import click
 
+from energon import epath
+from energon.cli.info import DatasetPathType
 from energon.errors import EnergonError
 from energon.format.dataset_yaml import (
     CRUDE_CLASS_NAME,
     crude_dataset_yaml,
     field_map_dataset_yaml,
     sample_loader_dataset_yaml,
+    sample_loader_template,
     write_dataset_yaml,
     write_sample_loader_template,
 )
@@ -232,7 +235,7 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
 
 
 @click.command(name="prepare", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=DatasetPathType(file_okay=True))
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 @click.option(
     "--split-parts",
@@ -279,7 +282,7 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
     help="Folder to build index.sqlite in before it is copied into .nv-meta.",
 )
 def command(
-    path: Path,
+    path: Path | str,
     progress: bool,
     split_parts: tuple[str, ...],
     exclude: str,
@@ -299,7 +302,11 @@ def command(
     field_map: str | None,
     tmp_path: Path | None,
 ) -> None:
-    """Prepare the WebDataset at PATH: index its tar shards and write PATH/.nv-meta/."""
+    """Prepare the WebDataset at PATH: index its tar shards and write PATH/.nv-meta/.
+
+    PATH may be an ``s3://`` URL: the shards are streamed once each, the index is built locally
+    (in --tmp-path) and the metadata is uploaded, ``.info.json`` last.
+    """
     media_filter = parse_media_filter(
         media_metadata_by_glob, media_metadata_by_header, media_metadata_by_extension
     )
@@ -308,10 +315,12 @@ def command(
             "--fix-duplicates is not supported yet; make sample keys unique (e.g. prefix member "
             "names with the shard name) and prepare again."
         )
-    if path.is_file() and path.suffix in (".jsonl", ".yaml"):
+    remote = isinstance(path, str)
+    if not remote and path.is_file() and path.suffix in (".jsonl", ".yaml"):
         _prepare_file(path, progress)
         return
-    _check_path_kind(path)
+    if not remote:
+        _check_path_kind(path)
     if not tar_index_only and not _confirm_overwrite(path, force_overwrite, non_interactive):
         return
     shards = _find_shards(path, exclude, tar_index_only)
@@ -343,7 +352,8 @@ def command(
     if not _should_write_dataset_yaml(skip_dataset_yaml, sample_type, non_interactive):
         return
     content = _ask_dataset_yaml(path, result, sample_type, field_map, non_interactive)
-    target = write_dataset_yaml(path, content, dataset_yaml_name, mode_like=path / shards[0])
+    mode_like = None if remote else path / shards[0]
+    target = write_dataset_yaml(path, content, dataset_yaml_name, mode_like=mode_like)
     click.echo(f"Wrote {target}.")
     click.echo("Done")
 
@@ -456,7 +466,7 @@ def _ask_split(
 
 
 def _run_prepare(
-    path: Path,
+    path: Path | str,
     shards: list[str],
     progress: bool,
     num_workers: int,
@@ -482,7 +492,7 @@ def _run_prepare(
 # What was found
 
 
-def _print_summary(path: Path, result: PrepareResult) -> None:
+def _print_summary(path: Path | str, result: PrepareResult) -> None:
     click.echo(f"Found {result.total_samples:,} samples in {len(result.shard_counts)} shards.")
     for name, shards in (result.split_parts or {}).items():
         count = sum(result.shard_counts.get(s, 0) for s in shards)
@@ -501,19 +511,23 @@ def _print_summary(path: Path, result: PrepareResult) -> None:
     )
 
 
-def _first_samples_preview(path: Path, shard: str, result: PrepareResult):
+def _first_samples_preview(path: Path | str, shard: str, result: PrepareResult):
     """Key, parts and a shortened JSON view of the first samples (reads only those bytes)."""
-    index = TarIndex(path / tar_index_path(shard))
-    with open(path / shard, "rb") as f:
-        for i, (key, parts) in enumerate(result.first_samples):
-            preview = None
-            if "json" in parts:
-                start, end = index.byte_range(i)
-                f.seek(start)
-                for name, payload in split_sample_bytes(f.read(end - start), base_offset=start):
-                    if split_member_name(name) == (key, "json"):
-                        preview = _json_preview(bytes(payload))
-            yield key, parts, preview
+    if isinstance(path, str):
+        index = TarIndex(epath.local_copy(epath.join(path, tar_index_path(shard))))
+        shard_path = epath.join(path, shard)
+    else:
+        index = TarIndex(path / tar_index_path(shard))
+        shard_path = str(path / shard)
+    for i, (key, parts) in enumerate(result.first_samples):
+        preview = None
+        if "json" in parts:
+            start, end = index.byte_range(i)
+            data = epath.read_range(shard_path, start, end)
+            for name, payload in split_sample_bytes(data, base_offset=start):
+                if split_member_name(name) == (key, "json"):
+                    preview = _json_preview(bytes(payload))
+        yield key, parts, preview
 
 
 def _shorten(value: Any) -> Any:
@@ -549,7 +563,7 @@ def _should_write_dataset_yaml(skip: bool, sample_type: str | None, non_interact
 
 
 def _ask_dataset_yaml(
-    path: Path,
+    path: Path | str,
     result: PrepareResult,
     sample_type: str | None,
     field_map: str | None,
@@ -649,15 +663,23 @@ def _unknown_parts(answer: str, part_names: list[str]) -> list[str]:
 
 
 def _write_sample_loader(
-    path: Path, spec: SampleTypeSpec, part_names: list[str], non_interactive: bool
+    path: Path | str, spec: SampleTypeSpec, part_names: list[str], non_interactive: bool
 ) -> None:
+    fields = [(f.name, f.type_name) for f in spec.fields]
+    if isinstance(path, str):
+        url = epath.join(path, ".nv-meta", SAMPLE_LOADER_FILENAME)
+        if epath.is_file(url):
+            click.echo(f"Keeping the existing {url}.")
+            return
+        epath.write_bytes(url, sample_loader_template(fields, part_names).encode("utf-8"))
+        click.echo(f"Wrote a template {url}: fill in its TODOs.")
+        return
     target = nv_meta_dir(path) / SAMPLE_LOADER_FILENAME
     overwrite = False
     if target.exists() and not non_interactive:
         overwrite = click.confirm(
             f"{target} exists. Overwrite it with a new template?", default=False
         )
-    fields = [(f.name, f.type_name) for f in spec.fields]
     if write_sample_loader_template(path, fields, part_names, overwrite=overwrite):
         click.echo(f"Wrote a template {target}: fill in its TODOs.")
     else:

@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from energon.cli.info import DatasetPathType
+
 _SHADES = " .:-=+*#%@"
 _HIDDEN = {"__restore_key__", "__subflavors__", "__sources__"}
 
@@ -55,7 +57,7 @@ def iter_fields(sample: Any):
 
 
 @click.command(name="preview")
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.argument("path", type=DatasetPathType(path_type=str))
 @click.option("--split-parts", default="train,val,test", show_default=True)
 @click.option("--dataset-config", default="dataset.yaml", show_default=True)
 @click.option("--num-samples", default=0, help="Show this many samples without asking (0: ask).")

@@ -17,8 +17,10 @@ from typing import Any
 
 import yaml
 
+from energon import epath
 from energon.format.layout import (
     DATASET_YAML_FILENAME,
+    MAIN_FOLDER_NAME,
     SAMPLE_LOADER_FILENAME,
     PathLike,
     atomic_write_text,
@@ -58,8 +60,12 @@ def write_dataset_yaml(
     name: str = DATASET_YAML_FILENAME,
     *,
     mode_like: PathLike | None = None,
-) -> Path:
-    """Write ``.nv-meta/<name>`` atomically; returns its path."""
+) -> Path | str:
+    """Write ``.nv-meta/<name>`` atomically; returns its path (a URL for a remote dataset)."""
+    if epath.is_remote(root):
+        url = epath.join(root, MAIN_FOLDER_NAME, name)
+        epath.write_bytes(url, dataset_yaml_text(content).encode("utf-8"))
+        return url
     meta = nv_meta_dir(root)
     meta.mkdir(parents=True, exist_ok=True)
     target = meta / name
@@ -69,6 +75,12 @@ def write_dataset_yaml(
 
 def read_dataset_yaml(root: PathLike, name: str = DATASET_YAML_FILENAME) -> dict[str, Any] | None:
     """The parsed ``dataset.yaml`` (plain data, nothing imported), or None if absent."""
+    if epath.is_remote(root):
+        url = epath.join(root, MAIN_FOLDER_NAME, name)
+        if not epath.is_file(url):
+            return None
+        content = yaml.safe_load(epath.read_text(url))
+        return content if isinstance(content, dict) else None
     path = nv_meta_dir(root) / name
     if not path.is_file():
         return None

@@ -17,6 +17,7 @@ import random
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import uuid
 from array import array
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from energon import epath
 from energon.errors import EnergonError
 from energon.format.info import (
     DatasetInfoError,
@@ -39,7 +41,9 @@ from energon.format.info import (
 )
 from energon.format.layout import (
     INDEX_SQLITE_FILENAME,
+    INDEX_UUID_FILENAME,
     INFO_JSON_FILENAME,
+    INFO_YAML_FILENAME,
     SPLIT_YAML_FILENAME,
     PathLike,
     copy_permissions,
@@ -98,9 +102,12 @@ def discover_shards(root: PathLike, exclude: str | None = None) -> list[str]:
 
     ``exclude`` is a regular expression; paths where it matches anywhere (``re.search``) are dropped.
     Symlinked folders are followed (datasets are often assembled from links), each real folder once.
+    For an ``s3://`` root, the objects under ``root/`` are listed (``.nv-meta/`` is skipped).
     """
-    root = Path(root)
     exclude_re = re.compile(exclude) if exclude else None
+    if epath.is_remote(root):
+        return _discover_remote_shards(epath.normalize(root), exclude_re)
+    root = Path(root)
     found: list[str] = []
     seen_dirs: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
@@ -115,6 +122,18 @@ def discover_shards(root: PathLike, exclude: str | None = None) -> list[str]:
                 rel = (rel_dir / name).as_posix()
                 if exclude_re is None or not exclude_re.search(rel):
                     found.append(rel)
+    return sorted(found)
+
+
+def _discover_remote_shards(root: str, exclude_re: re.Pattern | None) -> list[str]:
+    prefix = root.rstrip("/") + "/"
+    found = []
+    for url in epath.walk(root):
+        rel = url[len(prefix) :]
+        if rel.startswith(".nv-meta/") or not rel.endswith(SHARD_SUFFIXES):
+            continue
+        if exclude_re is None or not exclude_re.search(rel):
+            found.append(rel)
     return sorted(found)
 
 
@@ -191,12 +210,32 @@ class _ShardTask:
     tar_path: str
     index_tmp_path: str | None  # where to write the .tar.idx (renamed into place by the parent)
     media_filter: MediaFilterConfig | None = None  # also compute media metadata of the parts
+    download_dir: str | None = None  # remote shards are streamed into a temporary file here
 
 
 def _scan_shard(task: _ShardTask) -> ShardScanResult:
-    """Scan one shard's headers, write its tar index to the temporary path, return its rows."""
+    """Scan one shard's headers, write its tar index to the temporary path, return its rows.
+
+    A remote shard (``s3://``) is streamed once into a temporary local file, which is scanned
+    (and read for media metadata) like a local shard and deleted afterwards.
+    """
+    if not epath.is_remote(task.tar_path):
+        return _scan_local_shard(task, task.tar_path)
+    fd, local = tempfile.mkstemp(dir=task.download_dir, prefix=".shard-", suffix=".tar")
+    os.close(fd)
     try:
-        scan = scan_tar(task.tar_path)
+        try:
+            epath.download(task.tar_path, local)
+        except OSError as e:
+            raise ShardReadError(f"{task.tar_path}: cannot read shard: {e}") from None
+        return _scan_local_shard(task, local)
+    finally:
+        remove_quietly(local)
+
+
+def _scan_local_shard(task: _ShardTask, local_path: str) -> ShardScanResult:
+    try:
+        scan = scan_tar(local_path, display_path=task.tar_path)
     except OSError as e:
         raise ShardReadError(f"{task.tar_path}: cannot read shard: {e.strerror or e}") from None
     if not scan.samples:
@@ -213,7 +252,7 @@ def _scan_shard(task: _ShardTask) -> ShardScanResult:
         # same worker, same pass over the shard: the payloads are read while the file is hot
         from energon.media.prepare import media_rows_for_samples
 
-        with open(task.tar_path, "rb") as f:
+        with open(local_path, "rb") as f:
             result.media_rows = media_rows_for_samples(f, scan.samples, task.media_filter)
     return result
 
@@ -252,12 +291,16 @@ def _fork_is_safe() -> bool:
     return all(type(t).__name__ == "TMonitor" for t in others)
 
 
-def _process_context() -> multiprocessing.context.BaseContext:
-    """Fork when it is safe (fast start, nothing re-imported), else a clean server process."""
+def _process_context(remote: bool = False) -> multiprocessing.context.BaseContext:
+    """Fork when it is safe (fast start, nothing re-imported), else a clean server process.
+
+    Remote scans use ``spawn`` instead of a fork server: a fork server started earlier would hand
+    its workers the environment (endpoint, credentials) of that time, not the current one.
+    """
     methods = multiprocessing.get_all_start_methods()
     if "fork" in methods and sys.platform != "darwin" and _fork_is_safe():
         return multiprocessing.get_context("fork")
-    if "forkserver" in methods:
+    if "forkserver" in methods and not remote:
         return multiprocessing.get_context("forkserver")
     return multiprocessing.get_context("spawn")
 
@@ -270,7 +313,8 @@ def _iter_scans_in_order(tasks: list[_ShardTask], num_workers: int) -> Iterator[
     """
     if num_workers <= 1 or len(tasks) <= 1:
         return (_scan_shard(task) for task in tasks)
-    pool = _process_context().Pool(min(num_workers, len(tasks)))
+    remote = any(epath.is_remote(t.tar_path) for t in tasks)
+    pool = _process_context(remote).Pool(min(num_workers, len(tasks)))
     return _ordered_results(pool, tasks)
 
 
@@ -337,9 +381,26 @@ def prepare_dataset(
     metadata (image sizes, audio/video durations, ...) for the parts it selects, replacing any
     media metadata of a previous preparation; without it, existing media metadata is kept.
 
+    An ``s3://`` root is prepared remotely: see :func:`_prepare_remote`.
+
     Raises :class:`PrepareError` (empty or unreadable shard), :class:`TarFormatError` (corrupt or
     truncated tar, with file and byte offset) or ``DuplicateSampleKeyError`` (both locations).
     """
+    if epath.is_remote(root):
+        return _prepare_remote(
+            epath.normalize(root),
+            shards,
+            split_parts_ratio=split_parts_ratio,
+            split_parts_patterns=split_parts_patterns,
+            split_config=split_config,
+            shuffle_seed=shuffle_seed,
+            exclude=exclude,
+            num_workers=num_workers,
+            tar_index_only=tar_index_only,
+            progress=progress,
+            tmp_path=tmp_path,
+            media_filter=media_filter,
+        )
     root = Path(root)
     if not root.is_dir():
         raise PrepareError(f"{root}: not a directory")
@@ -414,14 +475,25 @@ def _index_shards(
     progress: bool,
     tmp_path: PathLike | None,
     media_filter: MediaFilterConfig | None = None,
+    source_root: str | None = None,
 ) -> PrepareResult:
-    """Scan all shards and fill a temporary ``index.sqlite``; nothing is published yet."""
+    """Scan all shards and fill a temporary ``index.sqlite``; nothing is published yet.
+
+    ``source_root``: where the shards are read from when that is not ``root`` (remote prepare:
+    ``root`` is then the local staging folder and the shards are ``source_root/<shard>`` URLs).
+    """
     tasks = []
+    download_dir = str(root) if source_root is not None else None
     for shard_id, shard in enumerate(shards):
         final_index = str(root / tar_index_path(shard))
+        if source_root is not None:
+            os.makedirs(os.path.dirname(final_index), exist_ok=True)
         staging.index_tmps[final_index] = f"{final_index}.{staging.run_id}.tmp"
+        tar_path = epath.join(source_root, shard) if source_root is not None else str(root / shard)
         tasks.append(
-            _ShardTask(shard_id, str(root / shard), staging.index_tmps[final_index], media_filter)
+            _ShardTask(
+                shard_id, tar_path, staging.index_tmps[final_index], media_filter, download_dir
+            )
         )
     sqlite_dir = Path(tmp_path) if tmp_path is not None else nv_meta_dir(root)
     sqlite_dir.mkdir(parents=True, exist_ok=True)
@@ -535,3 +607,135 @@ def _convert_legacy_info(root: Path, mode_like: Path) -> None:
     except DatasetInfoError:
         return
     write_info(root, info.shard_counts, info.energon_version, mode_like=mode_like)
+
+
+# ---------------------------------------------------------------------------------------------
+# Remote datasets (s3://)
+
+
+def _prepare_remote(
+    root: str,
+    shards: Sequence[str] | None,
+    *,
+    split_parts_ratio: Sequence[tuple[str, float]] | None,
+    split_parts_patterns: Sequence[tuple[str, str]] | None,
+    split_config: str,
+    shuffle_seed: int | None,
+    exclude: str | None,
+    num_workers: int | None,
+    tar_index_only: bool,
+    progress: bool,
+    tmp_path: PathLike | None,
+    media_filter: MediaFilterConfig | None,
+) -> PrepareResult:
+    """Prepare the dataset at the remote ``root`` by running the local pipeline on a staging folder.
+
+    The staging folder (in ``tmp_path`` or the system temp dir) mirrors the dataset's layout: the
+    workers stream each shard once into a temporary file there, scan it and write its ``.tar.idx``;
+    ``index.sqlite`` and the other metadata are built there exactly as for a local dataset. Only
+    then is anything uploaded: the ``.tar.idx`` files next to the shards, then ``index.sqlite``,
+    ``index.uuid`` and the split config, and ``.info.json`` last, each through a temporary object
+    and a copy. An interrupted run leaves the previous remote metadata readable.
+    """
+    shard_list = _resolve_remote_shards(root, shards, exclude, tar_index_only)
+    _check_index_names_unique(shard_list)
+    if tmp_path is not None:
+        Path(tmp_path).mkdir(parents=True, exist_ok=True)
+    meta_url = epath.join(root, ".nv-meta")
+    with tempfile.TemporaryDirectory(
+        prefix="energon-prepare-", dir=str(tmp_path) if tmp_path is not None else None
+    ) as stage_dir:
+        stage = Path(stage_dir) / "dataset"
+        meta = nv_meta_dir(stage)
+        meta.mkdir(parents=True)
+        # Existing metadata the local pipeline reads: media tables of the old index, legacy info.
+        fetched: dict[str, bytes] = {}
+        wanted = [INFO_JSON_FILENAME, INFO_YAML_FILENAME]
+        if media_filter is None:
+            wanted.append(INDEX_SQLITE_FILENAME)
+        for name in wanted:
+            url = epath.join(meta_url, name)
+            if epath.is_file(url):
+                epath.download(url, str(meta / name))
+                fetched[name] = (meta / name).read_bytes()
+        staging = _Staging(run_id=uuid.uuid4().hex[:12])
+        try:
+            result = _index_shards(
+                stage,
+                shard_list,
+                staging,
+                num_workers,
+                progress,
+                None,
+                media_filter,
+                source_root=root,
+            )
+            split_parts = None
+            if not tar_index_only:
+                split_parts = _assign_splits(
+                    shard_list, split_parts_ratio, split_parts_patterns, shuffle_seed
+                )
+            _publish(stage, shard_list, staging, result, split_parts, split_config, tar_index_only)
+        except BaseException:
+            staging.cleanup()
+            raise
+        _upload_prepared(stage, root, shard_list, split_config, fetched, progress)
+    result.split_parts = split_parts
+    return result
+
+
+def _resolve_remote_shards(
+    root: str, shards: Sequence[str] | None, exclude: str | None, tar_index_only: bool
+) -> list[str]:
+    if shards is not None:
+        shard_list = expand_all(shards)
+        if exclude:
+            exclude_re = re.compile(exclude)
+            shard_list = [s for s in shard_list if not exclude_re.search(s)]
+    elif tar_index_only and has_info(root):
+        shard_list = list(read_info(root))
+    else:
+        shard_list = discover_shards(root, exclude)
+    if not shard_list:
+        raise PrepareError(f"{root}: did not find any tar files (*.tar, *.tgz)")
+    return shard_list
+
+
+def _upload_prepared(
+    stage: Path,
+    root: str,
+    shards: list[str],
+    split_config: str,
+    fetched: dict[str, bytes],
+    progress: bool,
+) -> None:
+    """Upload the staged metadata; ``.info.json`` last (it marks the dataset as prepared)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def upload(rel: str) -> None:
+        epath.write_bytes(epath.join(root, rel), (stage / rel).read_bytes())
+
+    index_files = [tar_index_path(shard) for shard in shards]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(
+            tqdm(
+                pool.map(upload, index_files),
+                total=len(index_files),
+                desc="Uploading tar indices",
+                unit="file",
+                disable=not progress,
+            )
+        )
+    meta = nv_meta_dir(stage)
+    ordered = [
+        INDEX_SQLITE_FILENAME,
+        INDEX_UUID_FILENAME,
+        split_config,
+        INFO_YAML_FILENAME,
+        INFO_JSON_FILENAME,
+    ]
+    for name in ordered:
+        path = meta / name
+        if not path.is_file() or fetched.get(name) == path.read_bytes():
+            continue  # not produced, or unchanged from what was there
+        upload(f".nv-meta/{name}")

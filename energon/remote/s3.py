@@ -95,6 +95,38 @@ def read_range(url: str, start: int, end: int) -> bytes:
     return bytes(buf)
 
 
+def download(url: str, target: str) -> int:
+    """Stream the whole object into the local file ``target`` (resuming after a broken transfer).
+
+    Memory use stays at one chunk however large the object is; returns the number of bytes.
+    """
+    size, _ = head(url)
+    bucket, key = split_url(url)
+    with open(target, "wb") as f:
+        if size == 0:
+            return 0
+
+        def call() -> None:
+            STATS.add(requests=1)
+            pos = f.tell()
+            r = client().get_object(Bucket=bucket, Key=key, Range=f"bytes={pos}-{size - 1}")
+            body = r["Body"]
+            try:
+                while f.tell() < size:
+                    chunk = body.read(min(_CHUNK, size - f.tell()))
+                    if not chunk:
+                        break
+                    f.write(chunk)
+                    STATS.add(bytes_read=len(chunk))
+            finally:
+                body.close()
+            if f.tell() != size:
+                raise ConnectionError(f"short body: {f.tell()} of {size} bytes")
+
+        with_retries(url, call)
+    return size
+
+
 def read_bytes(url: str) -> bytes:
     """The whole object (HEAD for the size, then one resumable ranged read)."""
     size, _ = head(url)
@@ -167,6 +199,7 @@ __all__ = [
     "RemoteError",
     "client",
     "delete",
+    "download",
     "head",
     "is_dir",
     "list_keys",
