@@ -67,7 +67,9 @@ def test_nested_deadlines_never_extend_the_outer_one():
 def test_fast_block_is_untouched():
     with deadline(0.2, "fast"):
         busy(0.01)
-    busy(0.3)  # the timer was disarmed: nothing fires later
+    assert remaining_time() is None, "no deadline is armed after the block"
+    busy(0.3)  # the timer was disarmed: nothing fires later (an alarm would raise here)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_other_threads_use_cooperative_checks():
