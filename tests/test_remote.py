@@ -253,3 +253,12 @@ def test_faults_do_not_change_the_output(remote_text, fault_proxy, monkeypatch):
     # Every 503 and every stall costs one retry; a dropped body may be detected as a retry too.
     stats = remote_stats()
     assert stats.retries >= handler.faults["slowdown"] + handler.faults["stall"], stats
+
+
+def test_read_ahead_serves_consecutive_samples_from_one_request(remote_text):
+    before = remote_stats().requests
+    batches = _take(_loader(f"s3://{BUCKET}/text", 0), 20)  # 60 samples: the whole dataset
+    samples = sum(len(b.__key__) for b in batches)
+    requests = remote_stats().requests - before
+    assert samples == 60
+    assert requests < samples / 3, f"{requests} requests (metadata included) for {samples} samples"

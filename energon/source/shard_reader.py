@@ -41,12 +41,45 @@ def _open_index(tar_path: str) -> TarIndex:
     return TarIndex(epath.local_copy(index_path) if epath.is_remote(tar_path) else index_path)
 
 
+READAHEAD_BYTES = int(os.environ.get("ENERGON_REMOTE_READAHEAD_BYTES", 1 << 20))
+READAHEAD_BUDGET = int(os.environ.get("ENERGON_REMOTE_READAHEAD_BUDGET", 64 << 20))
+
+
+class _ReadAhead:
+    """Blocks of ``READAHEAD_BYTES`` of remote shards, fetched whole, kept LRU within a byte budget.
+
+    A stream reads each slice's samples in order and slices are contiguous in the shard, so one
+    ranged GET of an aligned block serves many samples (of this slice and of neighbouring slices read
+    later): one request per block instead of one per sample.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, path: str, block: int) -> bytes | None:
+        data = self._blocks.get((path, block))
+        if data is not None:
+            self._blocks.move_to_end((path, block))
+        return data
+
+    def put(self, path: str, block: int, data: bytes) -> None:
+        self._blocks[(path, block)] = data
+        self._bytes += len(data)
+        while self._bytes > self.budget and len(self._blocks) > 1:
+            _, old = self._blocks.popitem(last=False)
+            self._bytes -= len(old)
+
+
 class ShardReader:
-    """Reads sample byte ranges of tar shards (local: pread; remote: ranged GET); one per process."""
+    """Reads sample byte ranges of tar shards (local: pread; remote: ranged GET with read-ahead);
+    one per process."""
 
     def __init__(self, max_open: int = 64) -> None:
         self._fds = _Lru(max_open, os.close)
         self._indices = _Lru(max_open, lambda index: None)
+        self._readahead = _ReadAhead(READAHEAD_BUDGET)
         self._pid = os.getpid()
 
     def _check_fork(self) -> None:
@@ -54,6 +87,7 @@ class ShardReader:
         if os.getpid() != self._pid:
             self._fds = _Lru(self._fds.capacity, os.close)
             self._indices = _Lru(self._indices.capacity, lambda index: None)
+            self._readahead = _ReadAhead(READAHEAD_BUDGET)
             self._pid = os.getpid()
 
     def byte_range(self, tar_path: str, sample_in_shard: int) -> tuple[int, int]:
@@ -64,7 +98,7 @@ class ShardReader:
     def read(self, tar_path: str, start: int, end: int) -> bytes:
         self._check_fork()
         if epath.is_remote(tar_path):
-            return epath.read_range(tar_path, start, end)
+            return self._read_remote(tar_path, start, end)
         fd = self._fds.get_or_open(tar_path, lambda p: os.open(p, os.O_RDONLY))
         data = os.pread(fd, end - start, start)
         if len(data) != end - start:
@@ -73,6 +107,23 @@ class ShardReader:
                 f"{len(data)} (the shard is truncated or changed since it was prepared)"
             )
         return data
+
+    def _read_remote(self, tar_path: str, start: int, end: int) -> bytes:
+        size = READAHEAD_BYTES
+        block = start // size
+        if size <= 0 or (end - 1) // size != block:
+            return epath.read_range(tar_path, start, end)  # spans blocks: read it directly
+        data = self._readahead.get(tar_path, block)
+        if data is None:
+            index = self._indices.get_or_open(tar_path, _open_index)
+            data_end = int(index.offsets[-1])  # end of the last sample: never read past the shard
+            block_start = block * size
+            data = epath.read_range(
+                tar_path, block_start, max(end, min(data_end, block_start + size))
+            )
+            self._readahead.put(tar_path, block, data)
+        offset = start - block * size
+        return data[offset : offset + end - start]
 
 
 _reader: ShardReader | None = None
