@@ -71,6 +71,35 @@ def captioning_ds(tmp_path_factory) -> Path:
     return make_captioning_dataset(tmp_path_factory.mktemp("cap"), num_samples=60, num_shards=3)
 
 
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    """A real S3 API server (moto in server mode) on loopback, for one test module."""
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def fake_aws_env(monkeypatch, tmp_path, moto_endpoint):
+    """Fake credentials pointing boto3 at the loopback server; fresh client, cache and counters."""
+    from energon.remote import remote_stats, s3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("ENERGON_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENERGON_REMOTE_BACKOFF_BASE", "0.01")
+    s3.reset_client()
+    remote_stats().reset()
+    yield
+    s3.reset_client()
+
+
 @pytest.fixture(autouse=True)
 def _no_cuda_env(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

@@ -20,33 +20,12 @@ from conftest import make_captioning_dataset, make_text_dataset
 from energon import WorkerConfig, get_savable_loader, get_train_dataset
 from energon.remote import RemoteNotFoundError, remote_stats, s3
 
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
 BUCKET = "energon-test"
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture(autouse=True)
-def _fake_aws_env(monkeypatch, tmp_path, moto_endpoint):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    monkeypatch.setenv("ENERGON_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("ENERGON_REMOTE_BACKOFF_BASE", "0.01")
-    s3.reset_client()
-    remote_stats().reset()
-    yield
-    s3.reset_client()
+pytestmark = pytest.mark.usefixtures("fake_aws_env")  # moto server: tests/conftest.py
 
 
 def _upload(local_root: Path, url_prefix: str, endpoint: str) -> None:

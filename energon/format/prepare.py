@@ -431,8 +431,9 @@ def prepare_dataset(
 
 
 def _resolve_shards(
-    root: Path, shards: Sequence[str] | None, exclude: str | None, tar_index_only: bool
+    root: Path | str, shards: Sequence[str] | None, exclude: str | None, tar_index_only: bool
 ) -> list[str]:
+    """The shard list to index: given, from the existing .info.json, or discovered (local or URL)."""
     if shards is not None:
         shard_list = expand_all(shards)
         if exclude:
@@ -637,7 +638,7 @@ def _prepare_remote(
     ``index.uuid`` and the split config, and ``.info.json`` last, each through a temporary object
     and a copy. An interrupted run leaves the previous remote metadata readable.
     """
-    shard_list = _resolve_remote_shards(root, shards, exclude, tar_index_only)
+    shard_list = _resolve_shards(root, shards, exclude, tar_index_only)
     _check_index_names_unique(shard_list)
     if tmp_path is not None:
         Path(tmp_path).mkdir(parents=True, exist_ok=True)
@@ -682,23 +683,6 @@ def _prepare_remote(
         _upload_prepared(stage, root, shard_list, split_config, fetched, progress)
     result.split_parts = split_parts
     return result
-
-
-def _resolve_remote_shards(
-    root: str, shards: Sequence[str] | None, exclude: str | None, tar_index_only: bool
-) -> list[str]:
-    if shards is not None:
-        shard_list = expand_all(shards)
-        if exclude:
-            exclude_re = re.compile(exclude)
-            shard_list = [s for s in shard_list if not exclude_re.search(s)]
-    elif tar_index_only and has_info(root):
-        shard_list = list(read_info(root))
-    else:
-        shard_list = discover_shards(root, exclude)
-    if not shard_list:
-        raise PrepareError(f"{root}: did not find any tar files (*.tar, *.tgz)")
-    return shard_list
 
 
 def _upload_prepared(
