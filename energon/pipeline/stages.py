@@ -209,6 +209,21 @@ def _call_hook(fn: Callable[..., Any], sample_index: int, *args: Any) -> Any:
         hook_context.sample_index = previous
 
 
+def _rebuild_items(upstream: Any, keys: list) -> list[Item]:
+    """Buffered items of a saved state, regenerated from their keys through the upstream stages."""
+    items = []
+    for data in keys:
+        key = as_key(data)
+        items.append((upstream.rebuild(key), key))
+    return items
+
+
+def _rebuild_batch(upstream: Any, batcher: Callable[[list], Any], key: tuple) -> Any:
+    batch = batcher([upstream.rebuild(k) for k in key[2]])
+    attach_restore_key(batch, key)
+    return batch
+
+
 class MapStage:
     """Applies a hook (value or generator; ``SkipSample`` drops) and numbers its inputs.
 
@@ -376,9 +391,7 @@ class BatchStage:
         self.policy.skipped = int(state.get("skipped", 0))
 
     def rebuild(self, key: tuple) -> Any:
-        batch = self.batcher([self.upstream.rebuild(k) for k in key[2]])
-        attach_restore_key(batch, key)
-        return batch
+        return _rebuild_batch(self.upstream, self.batcher, key)
 
 
 def _key_data(key: Any) -> Any:
@@ -553,9 +566,8 @@ class PackStage:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        rebuild = self.upstream.rebuild
-        self._reading = [(rebuild(k), k) for k in map(as_key, state["reading"])]
-        self._pending = [[(rebuild(k), k) for k in map(as_key, g)] for g in state["pending"]]
+        self._reading = _rebuild_items(self.upstream, state["reading"])
+        self._pending = [_rebuild_items(self.upstream, keys) for keys in state["pending"]]
         self._packs = int(state["packs"])
         self._rounds = int(state["rounds"])
         self._exhausted = bool(state["exhausted"])
@@ -564,17 +576,21 @@ class PackStage:
         if state.get("open") is not None:
             index, emitted, members = state["open"]
             members = tuple(map(as_key, members))
-            gen = self._pack_values(index, [rebuild(k) for k in members])
-            for _ in range(emitted):
-                _call_hook(next, index * self.num_streams + self.stream, gen)
-            self._open = (gen, index, members, emitted)
+            self._open = (self._replay(index, members, emitted), index, members, emitted)
+
+    def _replay(self, index: int, members: tuple, skip: int) -> Any:
+        """Re-run the packer on the members (regenerated from their keys), skipping ``skip``
+        outputs of a generator packer."""
+        result = self._pack_values(index, [self.upstream.rebuild(k) for k in members])
+        if inspect.isgenerator(result):
+            for _ in range(skip):
+                _call_hook(next, index * self.num_streams + self.stream, result)
+        return result
 
     def rebuild(self, key: tuple) -> Any:
         _, index, sub, members = key
-        result = self._pack_values(index, [self.upstream.rebuild(k) for k in members])
+        result = self._replay(index, members, sub)
         if inspect.isgenerator(result):
-            for _ in range(sub):
-                _call_hook(next, index * self.num_streams + self.stream, result)
             result = _call_hook(next, index * self.num_streams + self.stream, result)
         attach_restore_key(result, key)
         return result
@@ -694,17 +710,14 @@ class GroupBatchStage:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        rebuild = self.upstream.rebuild
         self._buckets = {}
         for group, size, since, keys in state["buckets"]:
-            items = [(rebuild(k), k) for k in map(as_key, keys)]
+            items = _rebuild_items(self.upstream, keys)
             self._buckets[as_key(group)] = {"size": size, "items": items, "since": since}
-        self._ready = [[(rebuild(k), k) for k in map(as_key, keys)] for keys in state["ready"]]
+        self._ready = [_rebuild_items(self.upstream, keys) for keys in state["ready"]]
         self._seen = int(state["seen"])
         self._batches = int(state["batches"])
         self.policy.skipped = int(state.get("skipped", 0))
 
     def rebuild(self, key: tuple) -> Any:
-        batch = self.batcher([self.upstream.rebuild(k) for k in key[2]])
-        attach_restore_key(batch, key)
-        return batch
+        return _rebuild_batch(self.upstream, self.batcher, key)
