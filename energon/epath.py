@@ -1,9 +1,11 @@
-"""One path type for datasets: local paths, ``file://`` URLs and ``s3://bucket/key`` objects.
+"""One path type for datasets: local paths, ``file://`` URLs, ``s3://bucket/key`` objects and
+``msc://profile/key`` objects (multi-storage-client profiles).
 
 Paths are plain strings so that everything holding one stays picklable and cheap to send to worker
 processes; the functions here dispatch on the scheme. Local paths are made absolute; remote paths
 are normalised (``.``/``..`` removed) with POSIX rules, because ``os.path`` would mangle the ``//``
-of a URL. Remote access (clients, retries, caching) lives in :mod:`energon.remote`.
+of a URL. Remote access (clients, retries, caching) lives in :mod:`energon.remote`: one module per
+scheme (``s3``, ``msc``) with the same functions, picked by :func:`_store`.
 """
 
 from __future__ import annotations
@@ -13,12 +15,23 @@ import os
 import posixpath
 from collections.abc import Iterator
 
-REMOTE_SCHEMES = ("s3://",)
+REMOTE_SCHEMES = ("s3://", "msc://")
 
 
 def is_remote(path: str | os.PathLike) -> bool:
-    """True for object-store URLs (``s3://``)."""
+    """True for object-store URLs (``s3://``, ``msc://``)."""
     return isinstance(path, str) and path.startswith(REMOTE_SCHEMES)
+
+
+def _store(path: str):
+    """The module that speaks ``path``'s scheme (imported on first use: boto3 / msc are optional)."""
+    if path.startswith("msc://"):
+        from energon.remote import msc
+
+        return msc
+    from energon.remote import s3
+
+    return s3
 
 
 def is_absolute(path: str) -> bool:
@@ -90,10 +103,10 @@ def exists(path: str) -> bool:
 def is_file(path: str) -> bool:
     if not is_remote(path):
         return os.path.isfile(normalize(path))
-    from energon.remote import RemoteNotFoundError, s3
+    from energon.remote import RemoteNotFoundError
 
     try:
-        s3.head(path)
+        _store(path).head(path)
         return True
     except RemoteNotFoundError:
         return False
@@ -102,18 +115,14 @@ def is_file(path: str) -> bool:
 def is_dir(path: str) -> bool:
     if not is_remote(path):
         return os.path.isdir(normalize(path))
-    from energon.remote import s3
-
-    return s3.is_dir(path)
+    return _store(path).is_dir(path)
 
 
 def read_bytes(path: str) -> bytes:
     if not is_remote(path):
         with open(normalize(path), "rb") as f:
             return f.read()
-    from energon.remote import s3
-
-    return s3.read_bytes(path)
+    return _store(path).read_bytes(path)
 
 
 def read_text(path: str) -> str:
@@ -125,9 +134,7 @@ def read_range(path: str, start: int, end: int) -> bytes:
     if not is_remote(path):
         with open(normalize(path), "rb") as f:
             return os.pread(f.fileno(), end - start, start)
-    from energon.remote import s3
-
-    return s3.read_range(path, start, end)
+    return _store(path).read_range(path, start, end)
 
 
 def stat(path: str) -> tuple[int, str]:
@@ -135,9 +142,7 @@ def stat(path: str) -> tuple[int, str]:
     if not is_remote(path):
         st = os.stat(normalize(path))
         return st.st_size, str(st.st_mtime_ns)
-    from energon.remote import s3
-
-    return s3.head(path)
+    return _store(path).head(path)
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -147,9 +152,7 @@ def write_bytes(path: str, data: bytes) -> None:
 
         atomic_write_bytes(normalize(path), data)
         return
-    from energon.remote import s3
-
-    s3.write_bytes(path, data)
+    _store(path).write_bytes(path, data)
 
 
 def walk(root: str) -> Iterator[str]:
@@ -159,9 +162,7 @@ def walk(root: str) -> Iterator[str]:
         found = [os.path.join(folder, name) for folder, _, names in os.walk(root) for name in names]
         yield from sorted(found)
         return
-    from energon.remote import s3
-
-    yield from sorted(s3.list_keys(root.rstrip("/") + "/"))
+    yield from sorted(_store(root).list_keys(root.rstrip("/") + "/"))
 
 
 def glob(root: str, pattern: str) -> list[str]:
@@ -177,9 +178,7 @@ def download(path: str, target: str) -> int:
 
         shutil.copyfile(normalize(path), target)
         return os.path.getsize(target)
-    from energon.remote import s3
-
-    return s3.download(path, target)
+    return _store(path).download(path, target)
 
 
 def basename(path: str) -> str:

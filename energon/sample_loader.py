@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import types
 from collections.abc import Callable, Collection
-from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -30,8 +29,9 @@ _MODULES_LOCK = threading.Lock()
 def _read_text(path: Any) -> str:
     if hasattr(path, "read_text"):
         return path.read_text()
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+    from energon import epath
+
+    return epath.read_text(str(path))  # local or remote (a dataset in object storage)
 
 
 def load_script_module(path: Any) -> types.ModuleType:
@@ -84,8 +84,13 @@ def _script_function(nv_meta_dir: Any, spec: str, default_name: str) -> ScriptFu
     file_name, _, function_name = spec.partition(":")
     if not file_name.endswith(".py"):
         raise ValueError(f"Expected 'file.py:function', got {spec!r}")
-    base = nv_meta_dir if hasattr(nv_meta_dir, "__truediv__") else Path(nv_meta_dir)
-    function = ScriptFunction(base / file_name, function_name or default_name)
+    if hasattr(nv_meta_dir, "__truediv__"):
+        script = nv_meta_dir / file_name
+    else:
+        from energon import epath
+
+        script = epath.join(str(nv_meta_dir), file_name)  # a remote URL stays a URL
+    function = ScriptFunction(script, function_name or default_name)
     function.resolve()  # fail at dataset build time, not in the first worker
     return function
 

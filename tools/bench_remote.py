@@ -1,18 +1,28 @@
-"""Remote loading: the same dataset read from a local folder and from an S3 API server on loopback
-(moto in server mode), in the same run, with 0 and 2 workers.
+"""Remote loading: the same shards read from local disk, from an S3 API server on loopback through
+the loader, and by a plain sequential downloader, all in the same run.
 
-The dataset is a slice of the text or captioning workload (``--shards``), prepared locally and
-uploaded. Every sample is one ranged GET today (no coalescing or prefetch yet), so this measures the
-per-request cost of the remote path against local preads.
+The server is moto in server mode, started as its own process (as a real server would be: it does
+not share the loader's interpreter). For each workload a slice of its shards (``--shards``) is
+prepared locally and uploaded. Per workload:
 
-    python tools/bench_remote.py [--workload text|captioning] [--shards 2] [--batches 200]
+- *downloader*: GET every shard whole, one after the other, in 1 MiB reads (best of 3 runs): the
+  rate this server delivers these bytes at, expressed in samples/s. This is the limit.
+- *local* / *S3*: the loader (batch 32, shuffle buffer 100, slices of 100 samples) with 0 and 2
+  workers; S3 goes through ranged GETs of prefetched chunks.
+- *faults* (``--faults``): the S3 run with 0 workers again through a proxy that cuts, stalls and
+  throttles ranged GETs; its output must equal the clean run's, and the retry counters are shown.
+
+    python tools/bench_remote.py [--workloads text,captioning] [--shards 2] [--batches 150]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +36,7 @@ YAML = {
     "field_map:\n  image: jpg\n  caption: txt\n",
     "text": "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n",
 }
+BATCH = 32
 
 
 def local_copy(workload: str, shards: int, root: str) -> str:
@@ -43,99 +54,208 @@ def local_copy(workload: str, shards: int, root: str) -> str:
     return target
 
 
-def upload(local: str, bucket: str, endpoint: str) -> str:
+def start_server() -> tuple[subprocess.Popen, str]:
+    """moto's S3 server in its own process on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("moto server did not start")
+
+
+def upload(local: str, bucket: str, prefix: str) -> tuple[str, list[str]]:
+    """Upload a prepared dataset; returns its URL and the keys of its shards."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket=bucket)
+    client = boto3.client("s3")
+    if bucket not in [b["Name"] for b in client.list_buckets().get("Buckets", [])]:
+        client.create_bucket(Bucket=bucket)
+    shards = []
     for dirpath, _, files in os.walk(local):
-        for name in files:
+        for name in sorted(files):
             path = os.path.join(dirpath, name)
-            key = "ds/" + os.path.relpath(path, local).replace(os.sep, "/")
+            key = f"{prefix}/" + os.path.relpath(path, local).replace(os.sep, "/")
             with open(path, "rb") as f:
                 client.put_object(Bucket=bucket, Key=key, Body=f.read())
-    return f"s3://{bucket}/ds"
+            if name.endswith(".tar"):
+                shards.append(key)
+    return f"s3://{bucket}/{prefix}", shards
 
 
-def rate(path: str, workers: int, batches: int) -> tuple[float, float]:
+def download_rate(bucket: str, keys: list[str], repeats: int = 3) -> tuple[float, int]:
+    """(best seconds to GET all ``keys`` whole, one after the other, in 1 MiB reads; bytes)."""
+    import boto3
+
+    client = boto3.client("s3")
+    best, total = float("inf"), 0
+    for _ in range(repeats):
+        total = 0
+        t = time.perf_counter()
+        for key in keys:
+            body = client.get_object(Bucket=bucket, Key=key)["Body"]
+            while chunk := body.read(1 << 20):
+                total += len(chunk)
+        best = min(best, time.perf_counter() - t)
+    return best, total
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def loader(path: str, workers: int):
     from energon import WorkerConfig, get_loader, get_train_dataset
 
     wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
-    t0 = time.perf_counter()
     ds = get_train_dataset(
-        path, worker_config=wc, batch_size=32, shuffle_buffer_size=100, max_samples_per_sequence=100
+        path,
+        worker_config=wc,
+        batch_size=BATCH,
+        shuffle_buffer_size=100,
+        max_samples_per_sequence=100,
     )
-    it = iter(get_loader(ds))
+    return get_loader(ds)
+
+
+def rate(path: str, workers: int, batches: int) -> tuple[float, float]:
+    """(samples/s after the first batch, seconds to the first batch)."""
+    t0 = time.perf_counter()
+    it = iter(loader(path, workers))
     next(it)
     ttfb = time.perf_counter() - t0
     t = time.perf_counter()
     for _ in range(batches):
         next(it)
-    return batches * 32 / (time.perf_counter() - t), ttfb
+    return batches * BATCH / (time.perf_counter() - t), ttfb
+
+
+def keys_of(path: str, workers: int, batches: int) -> list:
+    it = iter(loader(path, workers))
+    return [list(next(it).__key__) for _ in range(batches)]
+
+
+def fault_run(url: str, endpoint: str, batches: int) -> dict:
+    """The 0-worker S3 run through the fault proxy: same keys? which faults, how many retries?"""
+    from s3_fault_proxy import start_fault_proxy
+
+    from energon import remote_stats
+    from energon.remote import s3
+    from energon.source.shard_reader import reset_shard_reader
+
+    clean = keys_of(url, 0, batches)
+    proxy_url, handler, stop = start_fault_proxy(endpoint)
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "ENERGON_S3_READ_TIMEOUT")}
+    os.environ.update(AWS_ENDPOINT_URL=proxy_url, ENERGON_S3_READ_TIMEOUT="0.5")
+    os.environ["ENERGON_CACHE_DIR"] = tempfile.mkdtemp(prefix="energon-cache-faults-")
+    s3.reset_client()
+    reset_shard_reader()  # no chunks cached by the clean run
+    remote_stats().reset()
+    try:
+        faulty = keys_of(url, 0, batches)
+    finally:
+        stop()
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        s3.reset_client()
+    stats = remote_stats().as_dict()
+    return {"identical": faulty == clean, **handler.faults, **stats}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="text", choices=["text", "captioning"])
+    parser.add_argument("--workloads", default="text,captioning")
     parser.add_argument("--shards", type=int, default=2)
-    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--batches", type=int, default=150)
     parser.add_argument("--workers", default="0,2")
     parser.add_argument("--root", default="bench_data")
+    parser.add_argument("--faults", action="store_true", help="also run through the fault proxy")
     args = parser.parse_args()
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
 
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
     )
     os.environ.setdefault("ENERGON_CACHE_DIR", tempfile.mkdtemp(prefix="energon-cache-"))
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    server, endpoint = start_server()
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    rows, fault_rows = [], []
     try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        os.environ["AWS_ENDPOINT_URL"] = endpoint
-        local = local_copy(args.workload, args.shards, args.root)
-        url = upload(local, "energon-bench", endpoint)
-        from energon import remote_stats
-
-        rows = []
-        for workers in [int(w) for w in args.workers.split(",")]:
-            local_rate, local_ttfb = rate(local, workers, args.batches)
-            before = remote_stats().requests
-            remote_rate, remote_ttfb = rate(url, workers, args.batches)
-            rows.append(
-                (
-                    args.workload,
-                    workers,
-                    round(local_rate),
-                    round(remote_rate),
-                    f"{remote_rate / local_rate:.2f}",
-                    round(local_ttfb, 3),
-                    round(remote_ttfb, 3),
-                    remote_stats().requests - before if workers == 0 else "(in workers)",
+        for workload in args.workloads.split(","):
+            local = local_copy(workload, args.shards, args.root)
+            url, keys = upload(local, "energon-bench", workload)
+            seconds, nbytes = download_rate("energon-bench", keys)
+            with open(os.path.join(local, ".nv-meta", ".info.json")) as f:
+                samples = sum(json.load(f)["shard_counts"].values())
+            limit = samples / seconds
+            for workers in [int(w) for w in args.workers.split(",")]:
+                local_rate, _ = rate(local, workers, args.batches)
+                server_cpu = cpu_seconds(server.pid)
+                remote_rate, remote_ttfb = rate(url, workers, args.batches)
+                server_cpu = cpu_seconds(server.pid) - server_cpu
+                rows.append(
+                    (
+                        workload,
+                        workers,
+                        f"{nbytes / seconds / 1e6:.0f} MB/s = {limit:,.0f}",
+                        round(local_rate),
+                        round(remote_rate),
+                        f"{remote_rate / limit:.2f}",
+                        f"{remote_rate / min(limit, local_rate):.2f}",
+                        round(remote_ttfb, 3),
+                        f"{server_cpu:.2f}",
+                    )
                 )
-            )
-        print(machine_summary())
+            if args.faults:
+                fault_rows.append((workload, *fault_run(url, endpoint, 20).values()))
+            shutil.rmtree(local, ignore_errors=True)
+    finally:
+        server.terminate()
+        server.wait()
+    print(machine_summary())
+    print_markdown_table(
+        (
+            "workload",
+            "workers",
+            "downloader (limit) samples/s",
+            "local samples/s",
+            "S3 samples/s",
+            "S3 / limit",
+            "S3 / min(limit, local)",
+            "S3 TTFB s",
+            "server CPU s",
+        ),
+        rows,
+    )
+    if fault_rows:
+        print()
         print_markdown_table(
             (
                 "workload",
-                "workers",
-                "local samples/s",
-                "S3 (loopback) samples/s",
-                "S3 / local",
-                "local TTFB s",
-                "S3 TTFB s",
-                "GET requests (main)",
+                "output identical",
+                "cut bodies",
+                "503 SlowDown",
+                "stalls",
+                "requests",
+                "retries",
+                "bytes read",
+                "bytes written",
             ),
-            rows,
+            fault_rows,
         )
-        shutil.rmtree(local, ignore_errors=True)
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -316,6 +316,9 @@ def command(
             "names with the shard name) and prepare again."
         )
     remote = isinstance(path, str)
+    if remote and path.endswith(".jsonl"):
+        _prepare_file(path, progress)
+        return
     if not remote and path.is_file() and path.suffix in (".jsonl", ".yaml"):
         _prepare_file(path, progress)
         return
@@ -358,9 +361,10 @@ def command(
     click.echo("Done")
 
 
-def _prepare_file(path: Path, progress: bool) -> None:
-    """A JSONL file gets its ``.jsonl.idx``; a metadataset gets the join indices of its joins."""
-    if path.suffix == ".jsonl":
+def _prepare_file(path: Path | str, progress: bool) -> None:
+    """A JSONL file (local or remote) gets its ``.jsonl.idx``; a metadataset gets the join indices
+    of its joins."""
+    if str(path).endswith(".jsonl"):
         from energon.source.jsonl import prepare_jsonl
 
         count = prepare_jsonl(path)

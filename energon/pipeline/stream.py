@@ -224,6 +224,7 @@ def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, 
                 parallel_slices=parallel,
                 repeat=spec.repeat or mixing,
                 excluded=source.leaf.excluded,
+                hint=source.leaf.prefetch if getattr(source.leaf, "remote", False) else None,
             )
         )
     schedule = None

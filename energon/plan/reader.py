@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from energon.rng import CounterRng, permutation, random_indices, stable_seed
+
+HINT_AHEAD = 8  # slices hinted beyond the open ones
 
 
 class SliceReader:
@@ -35,6 +38,7 @@ class SliceReader:
         excluded: frozenset[int] = frozenset(),
         padding: int = 0,
         pad_index: int = 0,
+        hint: Callable[[int, int], None] | None = None,
     ) -> None:
         self.bounds = bounds
         self.num_slices = len(bounds) - 1
@@ -55,6 +59,10 @@ class SliceReader:
         self._started = False
         self._order: np.ndarray | None = None
         self._ends = [int(b) for b in bounds[1:]]
+        # Prefetch hints (remote data): ``hint(first, end)`` for the open slices and the next
+        # HINT_AHEAD ones in the epoch's order. Not part of the state: hints only affect speed.
+        self._hint = hint
+        self._hinted_until: int | None = None
 
     @property
     def num_samples(self) -> int:
@@ -89,6 +97,7 @@ class SliceReader:
         self._yielded = int(state.get("yielded", 0))
         self._started = bool(state["started"])
         self._order = None
+        self._hinted_until = None
 
     def __iter__(self):
         return self
@@ -103,6 +112,8 @@ class SliceReader:
     def _next_index(self) -> int:
         if not self._started:
             self._start_epoch()
+        elif self._hint is not None and self._hinted_until is None:
+            self._hint_restored()
         while not self._active:
             if self._padded < self.padding:
                 self._padded += 1
@@ -125,6 +136,7 @@ class SliceReader:
         self._padded = 0
         self._order = None
         self._active = []
+        self._hinted_until = 0
         while len(self._active) < self.parallel and self._pos < self.num_slices:
             self._open_next_slice()
 
@@ -148,6 +160,8 @@ class SliceReader:
     def _open_next_slice(self, at: int | None = None) -> None:
         slice_index = int(self._slice_order()[self._pos])
         self._pos += 1
+        if self._hint is not None:
+            self._hint_ahead()
         entry = [slice_index, int(self.bounds[slice_index])]
         if entry[1] >= self.bounds[slice_index + 1]:
             return
@@ -155,6 +169,23 @@ class SliceReader:
             self._active.append(entry)
         else:
             self._active.insert(at, entry)
+
+    def _hint_ahead(self) -> None:
+        """Hint the slices up to HINT_AHEAD positions past the last opened one."""
+        order = self._slice_order()
+        stop = min(self.num_slices, self._pos + HINT_AHEAD)
+        for pos in range(max(self._hinted_until or 0, self._pos - 1), stop):
+            s = int(order[pos])
+            self._hint(int(self.bounds[s]), int(self.bounds[s + 1]))
+        self._hinted_until = max(self._hinted_until or 0, stop)
+
+    def _hint_restored(self) -> None:
+        """After a restore: hint what is left of the open slices, then the slices ahead."""
+        for slice_index, cursor in self._active:
+            self._hint(cursor, self._ends[slice_index])
+        self._hinted_until = self._pos
+        if self._pos < self.num_slices:
+            self._hint_ahead()
 
     def _slice_order(self) -> np.ndarray:
         if self._order is None:

@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from energon.remote import s3
+from energon import epath
 
 
 def cache_dir() -> Path:
@@ -30,7 +30,7 @@ def cache_dir() -> Path:
 
 def local_copy(url: str) -> str:
     """A local file with the current content of the remote object ``url``."""
-    size, etag = s3.head(url)
+    size, etag = epath.stat(url)
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     stem = hashlib.sha256(url.encode()).hexdigest()
@@ -38,7 +38,7 @@ def local_copy(url: str) -> str:
     wanted = {"url": url, "size": size, "etag": etag}
     if _is_current(data_path, note_path, wanted):
         return str(data_path)
-    _atomic_write(data_path, s3.read_range(url, 0, size))
+    _atomic_write(data_path, epath.read_range(url, 0, size))
     _atomic_write(note_path, json.dumps(wanted).encode())
     return str(data_path)
 

@@ -41,7 +41,7 @@ def client():
             config = Config(
                 connect_timeout=float(os.environ.get("ENERGON_S3_CONNECT_TIMEOUT", "10")),
                 read_timeout=float(os.environ.get("ENERGON_S3_READ_TIMEOUT", "30")),
-                retries={"max_attempts": 1, "mode": "standard"},
+                retries={"total_max_attempts": 1, "mode": "standard"},  # no hidden retry
                 max_pool_connections=32,
             )
             _client = (os.getpid(), boto3.session.Session().client("s3", config=config))

@@ -9,7 +9,6 @@ flavor classes (``CaptioningWebdataset`` ...) are accepted and mapped onto the f
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -182,7 +181,7 @@ def _builder_for_sample_type(
         )
     from energon.sample_loader import load_part_filter, load_sample_loader
 
-    nv_meta = os.path.join(root, ".nv-meta")
+    nv_meta = epath.join(root, ".nv-meta")
     if data.get("part_filter") is None:
         raise DatasetConfigError(f"{where}: 'sample_loader' needs a 'part_filter'")
     return SampleBuilder(
@@ -206,7 +205,7 @@ def _parse_class_style(
         if data.get("part_filter") is not None:
             from energon.sample_loader import load_part_filter
 
-            part_filter = load_part_filter(os.path.join(root, ".nv-meta"), data["part_filter"])
+            part_filter = load_part_filter(epath.join(root, ".nv-meta"), data["part_filter"])
         return SampleBuilder(
             "crude",
             part_filter=part_filter,

@@ -13,6 +13,7 @@ import sqlite3
 import threading
 from typing import Any
 
+from energon import epath
 from energon.errors import SampleException
 
 
@@ -46,14 +47,17 @@ class FileStore:
 
 
 class SystemFileStore(FileStore):
+    """Files under a folder (local or remote), by relative name."""
+
     def __init__(self, base_dir: str | None = None) -> None:
-        self.base_dir = os.path.abspath(base_dir) if base_dir else None
+        self.base_dir = epath.normalize(base_dir) if base_dir else None
 
     def _path(self, name: str) -> str:
         if self.base_dir is None:
             return name
-        path = os.path.normpath(os.path.join(self.base_dir, name))
-        if not path.startswith(self.base_dir + os.sep):
+        path = epath.resolve(name, self.base_dir)
+        separator = "/" if epath.is_remote(self.base_dir) else os.sep
+        if not path.startswith(self.base_dir.rstrip(separator) + separator):
             raise SampleException(f"{name!r} points outside of {self.base_dir}")
         return path
 
@@ -62,8 +66,7 @@ class SystemFileStore(FileStore):
 
         path = self._path(name)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = epath.read_bytes(path)
         except FileNotFoundError:
             raise SampleException(f"aux file {path} not found") from None
         return data, SourceInfo(
@@ -78,12 +81,13 @@ class WebdatasetFileStore(FileStore):
     """Entries ``<sample key>.<part>`` of a prepared dataset (any split)."""
 
     def __init__(self, root: str) -> None:
-        self.root = os.path.abspath(root)
-        db_path = os.path.join(self.root, ".nv-meta", "index.sqlite")
-        if not os.path.exists(db_path):
+        self.root = epath.normalize(root)
+        db_path = epath.join(self.root, ".nv-meta", "index.sqlite")
+        if not epath.exists(db_path):
             raise FileNotFoundError(
                 f"{self.root} has no .nv-meta/index.sqlite: prepare it with `energon prepare`"
             )
+        db_path = epath.local_copy(db_path)  # remote: a validated copy in the local cache
         from energon.format.info import read_info
 
         self._shards = list(read_info(self.root))
@@ -130,7 +134,7 @@ class WebdatasetFileStore(FileStore):
             raise SampleException(f"{self.root}: no entry {name!r}")
         shard_id, offset, size = row
         shard = self._shards[shard_id]
-        data = shard_reader().read(os.path.join(self.root, shard), offset, offset + size)
+        data = shard_reader().read(epath.join(self.root, shard), offset, offset + size)
         return data, SourceInfo(
             dataset_path=self.root, index=name, shard_name=shard, file_names=(name,)
         )

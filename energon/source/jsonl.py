@@ -10,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from typing import Any
 
 import numpy as np
 
+from energon import epath
 from energon.errors import SampleException
+from energon.source.shard_reader import shard_reader
 
 
 class JsonlFormatError(ValueError):
@@ -26,32 +29,44 @@ def jsonl_index_path(path: str) -> str:
 
 
 def prepare_jsonl(path: str | os.PathLike, *, progress: bool = False) -> int:
-    """Write ``<file>.jsonl.idx`` (atomically) and return the number of records."""
+    """Write ``<file>.jsonl.idx`` (atomically) and return the number of records.
+
+    A remote file is streamed into a temporary local copy once, and the index is uploaded next to
+    it (through a temporary object)."""
     path = os.fspath(path)
+    if epath.is_remote(path):
+        with tempfile.TemporaryDirectory(prefix="energon-jsonl-") as tmp:
+            local = os.path.join(tmp, "data.jsonl")
+            epath.download(path, local)
+            offsets = _record_offsets(local, name=path)
+    else:
+        offsets = _record_offsets(path, name=path)
+    epath.write_bytes(jsonl_index_path(path), np.asarray(offsets, dtype="<u8").tobytes())
+    if progress:
+        print(f"Done. Found {len(offsets) - 1} samples.")
+    return len(offsets) - 1
+
+
+def _record_offsets(local_path: str, *, name: str) -> list[int]:
+    """Start offset of every record plus the file size (blank lines join the record before)."""
     offsets: list[int] = []
     position = 0
     line_number = 0
-    with open(path, "rb") as f:
+    with open(local_path, "rb") as f:
         for line in f:
             line_number += 1
             stripped = line.strip()
             if stripped:
                 if not (stripped.startswith(b"{") and stripped.endswith(b"}")):
                     raise JsonlFormatError(
-                        f"{path}: line {line_number} (byte offset {position}) is not a JSON object"
+                        f"{name}: line {line_number} (byte offset {position}) is not a JSON object"
                     )
                 offsets.append(position if offsets else 0)
             position += len(line)
     if not offsets:
-        raise JsonlFormatError(f"{path}: no records found")
+        raise JsonlFormatError(f"{name}: no records found")
     offsets.append(position)
-    index = jsonl_index_path(path)
-    tmp = index + ".tmp"
-    np.asarray(offsets, dtype="<u8").tofile(tmp)
-    os.replace(tmp, index)
-    if progress:
-        print(f"Done. Found {len(offsets) - 1} samples.")
-    return len(offsets) - 1
+    return offsets
 
 
 @dataclasses.dataclass
@@ -73,58 +88,50 @@ class JsonlLeaf:
         self.builder = _CrudeBuilder(subflavors)
         self.excluded: frozenset[int] = frozenset()
         self.shard_starts = [0]
-        self._offsets: np.ndarray | None = None
-        self._fd: int | None = None
-        self._pid = -1
 
     @classmethod
     def open(cls, path: str, *, subflavors: dict[str, Any] | None = None) -> JsonlLeaf:
-        path = os.path.abspath(path)
-        if not os.path.isfile(path):
+        path = epath.normalize(path)
+        if not epath.is_file(path):
             raise FileNotFoundError(f"JSONL file {path} does not exist")
         index = jsonl_index_path(path)
-        if not os.path.exists(index):
+        if not epath.exists(index):
             raise FileNotFoundError(f"{index} not found: run `energon prepare {path}`")
-        size = os.path.getsize(index)
+        size, _ = epath.stat(index)
         if size < 16 or size % 8:
             raise JsonlFormatError(
                 f"{index}: damaged index ({size} bytes); run `energon prepare {path}`"
             )
-        with open(index, "rb") as f:
-            f.seek(size - 8)
-            last = int.from_bytes(f.read(8), "little")
-        if last != os.path.getsize(path):
+        last = int.from_bytes(epath.read_range(index, size - 8, size), "little")
+        if last != epath.stat(path)[0]:
             raise JsonlFormatError(
                 f"The index of the jsonl file does not match the file ({path}). Regenerate the "
                 f"index with `energon prepare {path}`."
             )
         return cls(path, size // 8 - 1, dict(subflavors or {}))
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.update(_offsets=None, _fd=None, _pid=-1)
-        return state
-
     def __len__(self) -> int:
         return self.count
 
-    def _open(self) -> tuple[int, np.ndarray]:
-        if self._fd is None or self._pid != os.getpid():
-            self._fd = os.open(self.path, os.O_RDONLY)
-            self._offsets = np.memmap(jsonl_index_path(self.path), dtype="<u8", mode="r")
-            self._pid = os.getpid()
-        return self._fd, self._offsets  # type: ignore[return-value]
+    @property
+    def remote(self) -> bool:
+        """The file lives in object storage (reads benefit from :meth:`prefetch` hints)."""
+        return epath.is_remote(self.path)
+
+    def prefetch(self, first: int, end: int) -> None:
+        """Hint that records ``[first, end)`` will be read soon (fetched in the background)."""
+        shard_reader().prefetch(self.path, first, min(end, self.count))
 
     def read_line(self, index: int) -> bytes:
-        fd, offsets = self._open()
-        start, end = offsets[index : index + 2].tolist()
-        return os.pread(fd, end - start, start)
+        reader = shard_reader()
+        start, end = reader.byte_range(self.path, index)
+        return reader.read(self.path, start, end)
 
     def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
         from energon.samples import CrudeSample, SourceInfo
 
         raw = self.read_line(index)
-        name = os.path.basename(self.path)
+        name = epath.basename(self.path)
         try:
             obj = json.loads(raw)
         except ValueError as e:
@@ -149,7 +156,7 @@ class JsonlLeaf:
         return {
             "path": self.path,
             "split_part": "",
-            "shards": [[os.path.basename(self.path), self.count]],
+            "shards": [[epath.basename(self.path), self.count]],
         }
 
     def config(self) -> dict[str, Any]:

@@ -97,6 +97,21 @@ class WebdatasetLeaf:
     def shard_path(self, shard: int) -> str:
         return self._shard_paths[shard]
 
+    @property
+    def remote(self) -> bool:
+        """Shards live in object storage (reads benefit from :meth:`prefetch` hints)."""
+        return epath.is_remote(self.root)
+
+    def prefetch(self, first: int, end: int) -> None:
+        """Hint that samples ``[first, end)`` will be read soon; remote shards fetch them on
+        background threads (see :mod:`energon.source.prefetch`)."""
+        reader = shard_reader()
+        while first < end:
+            shard, inner = self.locate(first)
+            count = min(end, self._starts_list[shard + 1]) - first
+            reader.prefetch(self._shard_paths[shard], inner, inner + count)
+            first += count
+
     def read_members(self, index: int) -> tuple[list[tuple[str, memoryview]], int, int]:
         """(members, shard number, byte offset) of one sample: one pread through the tar index."""
         shard, inner = self.locate(index)

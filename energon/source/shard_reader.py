@@ -1,4 +1,5 @@
-"""Random access to the byte range of one sample in a tar shard (pread through the tar index).
+"""Random access to the byte range of one sample in a tar shard or JSONL file (pread / ranged GET
+through the file's byte index).
 
 Open file descriptors and memory-mapped indices are cached per process with a small LRU, so a worker
 that reads from many shards keeps a bounded number of files open. Nothing here is pickled: a reader is
@@ -14,6 +15,7 @@ import numpy as np
 
 from energon import epath
 from energon.format.tar_index import TarIndex, tar_index_path
+from energon.source.prefetch import RemoteChunkCache
 
 
 class _Lru(OrderedDict):
@@ -35,51 +37,37 @@ class _Lru(OrderedDict):
         return value
 
 
-def _open_index(tar_path: str) -> TarIndex:
-    """The tar index of a shard; a remote index is read from its local cached copy."""
-    index_path = tar_index_path(tar_path)
-    return TarIndex(epath.local_copy(index_path) if epath.is_remote(tar_path) else index_path)
+class _Offsets:
+    """A record-offset index (``.jsonl.idx``: the same uint64 layout as ``.tar.idx``)."""
+
+    def __init__(self, index_path: str) -> None:
+        self.offsets = np.memmap(index_path, dtype="<u8", mode="r")
+
+    def byte_range(self, i: int) -> tuple[int, int]:
+        start, end = self.offsets[i : i + 2].tolist()
+        return start, end
 
 
-READAHEAD_BYTES = int(os.environ.get("ENERGON_REMOTE_READAHEAD_BYTES", 1 << 20))
-READAHEAD_BUDGET = int(os.environ.get("ENERGON_REMOTE_READAHEAD_BUDGET", 64 << 20))
+def _open_index(path: str) -> TarIndex | _Offsets:
+    """The byte index of a shard (``.tar.idx``) or JSONL file (``.jsonl.idx``); a remote index is
+    read from its local cached copy."""
+    if path.endswith(".jsonl"):
+        from energon.source.jsonl import jsonl_index_path
 
-
-class _ReadAhead:
-    """Blocks of ``READAHEAD_BYTES`` of remote shards, fetched whole, kept LRU within a byte budget.
-
-    A stream reads each slice's samples in order and slices are contiguous in the shard, so one
-    ranged GET of an aligned block serves many samples (of this slice and of neighbouring slices read
-    later): one request per block instead of one per sample.
-    """
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self._blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
-        self._bytes = 0
-
-    def get(self, path: str, block: int) -> bytes | None:
-        data = self._blocks.get((path, block))
-        if data is not None:
-            self._blocks.move_to_end((path, block))
-        return data
-
-    def put(self, path: str, block: int, data: bytes) -> None:
-        self._blocks[(path, block)] = data
-        self._bytes += len(data)
-        while self._bytes > self.budget and len(self._blocks) > 1:
-            _, old = self._blocks.popitem(last=False)
-            self._bytes -= len(old)
+        index_path = jsonl_index_path(path)
+        return _Offsets(epath.local_copy(index_path))
+    index_path = tar_index_path(path)
+    return TarIndex(epath.local_copy(index_path) if epath.is_remote(path) else index_path)
 
 
 class ShardReader:
-    """Reads sample byte ranges of tar shards (local: pread; remote: ranged GET with read-ahead);
-    one per process."""
+    """Reads sample byte ranges of tar shards (local: pread; remote: ranged GETs of prefetched or
+    on-demand chunks, see :mod:`energon.source.prefetch`); one per process."""
 
     def __init__(self, max_open: int = 64) -> None:
         self._fds = _Lru(max_open, os.close)
         self._indices = _Lru(max_open, lambda index: None)
-        self._readahead = _ReadAhead(READAHEAD_BUDGET)
+        self._remote = RemoteChunkCache()
         self._pid = os.getpid()
 
     def _check_fork(self) -> None:
@@ -87,7 +75,7 @@ class ShardReader:
         if os.getpid() != self._pid:
             self._fds = _Lru(self._fds.capacity, os.close)
             self._indices = _Lru(self._indices.capacity, lambda index: None)
-            self._readahead = _ReadAhead(READAHEAD_BUDGET)
+            self._remote = RemoteChunkCache()
             self._pid = os.getpid()
 
     def byte_range(self, tar_path: str, sample_in_shard: int) -> tuple[int, int]:
@@ -109,21 +97,16 @@ class ShardReader:
         return data
 
     def _read_remote(self, tar_path: str, start: int, end: int) -> bytes:
-        size = READAHEAD_BYTES
-        block = start // size
-        if size <= 0 or (end - 1) // size != block:
-            return epath.read_range(tar_path, start, end)  # spans blocks: read it directly
-        data = self._readahead.get(tar_path, block)
-        if data is None:
-            index = self._indices.get_or_open(tar_path, _open_index)
-            data_end = int(index.offsets[-1])  # end of the last sample: never read past the shard
-            block_start = block * size
-            data = epath.read_range(
-                tar_path, block_start, max(end, min(data_end, block_start + size))
-            )
-            self._readahead.put(tar_path, block, data)
-        offset = start - block * size
-        return data[offset : offset + end - start]
+        index = self._indices.get_or_open(tar_path, _open_index)
+        return self._remote.read(tar_path, start, end, index.offsets)
+
+    def prefetch(self, tar_path: str, first: int, end: int) -> None:
+        """Hint that samples ``[first, end)`` of a remote shard will be read soon (no-op locally)."""
+        if not epath.is_remote(tar_path):
+            return
+        self._check_fork()
+        index = self._indices.get_or_open(tar_path, _open_index)
+        self._remote.prefetch(tar_path, index.offsets[first : end + 1])
 
 
 _reader: ShardReader | None = None
@@ -135,6 +118,12 @@ def shard_reader() -> ShardReader:
     if _reader is None:
         _reader = ShardReader()
     return _reader
+
+
+def reset_shard_reader() -> None:
+    """Forget open files, indices and cached remote chunks (e.g. after data changed in place)."""
+    global _reader
+    _reader = None
 
 
 def cumulative_starts(counts: list[int]) -> np.ndarray:

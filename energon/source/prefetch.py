@@ -1,0 +1,189 @@
+"""Remote shard bytes fetched ahead of need, in few large ranged reads, within a memory budget.
+
+Why: one GET per sample costs a round trip per sample, and a synchronous GET per block still makes the
+reader wait for every block. The plan knows which samples a stream reads next (the slices it is about
+to open), so the reader hints those sample ranges here; this module coalesces the hinted samples of a
+shard into chunks (consecutive samples, up to ``CHUNK_BYTES``) and fetches them on background
+threads. A read then finds its bytes in a chunk that is ready or on its way.
+
+Chunks always start and end on sample boundaries (taken from the tar index), so a sample is never
+split between two chunks, and chunks of one shard never overlap. Reads that no hint covered (joins,
+auxiliary data, a restore) fetch an on-demand chunk of up to ``ON_DEMAND_BYTES`` from the sample on,
+which serves the neighbouring samples read next.
+
+Memory: the bytes of cached and in-flight chunks stay within ``budget``. A hint that does not fit is
+dropped (the reads it would have served fetch on demand); on-demand chunks evict the least recently
+used chunks. A chunk is never evicted while a hint's bytes in it have not been read yet, unless an
+on-demand read needs the room.
+
+Settings (environment, per process): ``ENERGON_REMOTE_PREFETCH_BUDGET`` (bytes, default 256 MiB),
+``ENERGON_REMOTE_PREFETCH_THREADS`` (default 8), ``ENERGON_REMOTE_READAHEAD_BYTES`` (the on-demand
+chunk size, default 1 MiB); ``ENERGON_REMOTE_PREFETCH_BUDGET=0`` turns hints off.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from energon import epath
+
+CHUNK_BYTES = 8 << 20
+ON_DEMAND_BYTES = int(os.environ.get("ENERGON_REMOTE_READAHEAD_BYTES", 1 << 20))
+PREFETCH_BUDGET = int(os.environ.get("ENERGON_REMOTE_PREFETCH_BUDGET", 256 << 20))
+PREFETCH_THREADS = int(os.environ.get("ENERGON_REMOTE_PREFETCH_THREADS", 8))
+
+
+class _Chunk:
+    """Bytes ``[start, end)`` of one shard: ready, or a future that will hold them."""
+
+    __slots__ = ("path", "start", "end", "future", "hinted")
+
+    def __init__(self, path: str, start: int, end: int, future: Future, hinted: bool) -> None:
+        self.path = path
+        self.start = start
+        self.end = end
+        self.future = future
+        self.hinted = hinted  # fetched for a hint and not read yet: keep it until it is read
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+class RemoteChunkCache:
+    """Chunks of remote shards by (path, start); one per process (it owns threads)."""
+
+    def __init__(self, budget: int = PREFETCH_BUDGET, threads: int = PREFETCH_THREADS) -> None:
+        self.budget = budget
+        self.threads = max(1, threads)
+        self._starts: dict[str, list[int]] = {}
+        self._chunks: OrderedDict[tuple[str, int], _Chunk] = OrderedDict()  # LRU order
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- hints -----------------------------------------------------------------------------
+
+    def prefetch(self, path: str, offsets: np.ndarray) -> None:
+        """Fetch the samples whose boundaries are ``offsets`` (sample starts plus the final end) in
+        the background, skipping samples already cached; drops what does not fit the budget."""
+        if self.budget <= 0 or len(offsets) < 2:
+            return
+        with self._lock:
+            for start, end in self._uncovered_pieces(path, offsets):
+                if not self._make_room(end - start, hinted_only=True):
+                    return
+                self._add(path, start, end, hinted=True)
+
+    def _uncovered_pieces(self, path: str, offsets: np.ndarray) -> list[tuple[int, int]]:
+        """Runs of consecutive samples not in any chunk, cut into pieces of at most CHUNK_BYTES
+        (a single larger sample makes its own piece)."""
+        pieces: list[tuple[int, int]] = []
+        piece_start = None
+        bounds = [int(o) for o in offsets]
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            if self._find(path, s, e) is not None or self._overlaps(path, s, e):
+                if piece_start is not None:
+                    pieces.append((piece_start, s))
+                    piece_start = None
+                continue
+            if piece_start is None:
+                piece_start = s
+            elif e - piece_start > CHUNK_BYTES:
+                pieces.append((piece_start, s))
+                piece_start = s
+        if piece_start is not None:
+            pieces.append((piece_start, bounds[-1]))
+        return pieces
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def read(self, path: str, start: int, end: int, offsets: np.ndarray) -> bytes:
+        """Bytes ``[start, end)`` of a sample of ``path``; ``offsets`` is the shard's tar index."""
+        with self._lock:
+            chunk = self._find(path, start, end)
+            if chunk is None and not self._overlaps(path, start, end):
+                chunk = self._on_demand(path, start, end, offsets)
+            if chunk is not None:
+                self._chunks.move_to_end((path, chunk.start))
+                chunk.hinted = False
+        if chunk is None:  # straddles cached chunks (only for reads inside samples): read directly
+            return epath.read_range(path, start, end)
+        try:
+            data = chunk.future.result()  # a failed fetch raises here, for the sample that needs it
+        except BaseException:
+            with self._lock:  # forget it, so that a later read tries again
+                if self._chunks.get((path, chunk.start)) is chunk:
+                    self._remove(chunk)
+            raise
+        return data[start - chunk.start : end - chunk.start]
+
+    def _on_demand(self, path: str, start: int, end: int, offsets: np.ndarray) -> _Chunk:
+        """A chunk from ``start`` to the last sample boundary within ON_DEMAND_BYTES, stopping
+        before the next cached chunk (so chunks never overlap)."""
+        limit = start + max(ON_DEMAND_BYTES, end - start)
+        starts = self._starts.get(path, [])
+        i = bisect.bisect_right(starts, start)
+        if i < len(starts):
+            limit = min(limit, starts[i])
+        last = int(np.searchsorted(offsets, limit, side="right")) - 1
+        chunk_end = max(end, int(offsets[last]))
+        self._make_room(chunk_end - start, hinted_only=False)
+        return self._add(path, start, chunk_end, hinted=False)
+
+    # -- bookkeeping (callers hold the lock) -----------------------------------------------
+
+    def _find(self, path: str, start: int, end: int) -> _Chunk | None:
+        starts = self._starts.get(path)
+        if not starts:
+            return None
+        i = bisect.bisect_right(starts, start) - 1
+        if i < 0:
+            return None
+        chunk = self._chunks[(path, starts[i])]
+        return chunk if end <= chunk.end else None
+
+    def _overlaps(self, path: str, start: int, end: int) -> bool:
+        starts = self._starts.get(path)
+        if not starts:
+            return False
+        i = bisect.bisect_right(starts, start) - 1
+        if i >= 0 and self._chunks[(path, starts[i])].end > start:
+            return True
+        return i + 1 < len(starts) and starts[i + 1] < end
+
+    def _add(self, path: str, start: int, end: int, hinted: bool) -> _Chunk:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="energon-prefetch")
+        future = self._pool.submit(epath.read_range, path, start, end)
+        chunk = _Chunk(path, start, end, future, hinted)
+        self._chunks[(path, start)] = chunk
+        bisect.insort(self._starts.setdefault(path, []), start)
+        self._bytes += chunk.size
+        return chunk
+
+    def _make_room(self, size: int, hinted_only: bool) -> bool:
+        """Evict least recently used chunks until ``size`` more bytes fit. Hints evict only chunks
+        that were read already; on-demand reads may evict anything (and always proceed)."""
+        if self._bytes + size <= self.budget:
+            return True
+        for key in list(self._chunks):
+            if self._bytes + size <= self.budget:
+                return True
+            chunk = self._chunks[key]
+            if hinted_only and (chunk.hinted or not chunk.future.done()):
+                continue
+            self._remove(chunk)
+        return self._bytes + size <= self.budget
+
+    def _remove(self, chunk: _Chunk) -> None:
+        del self._chunks[(chunk.path, chunk.start)]
+        starts = self._starts[chunk.path]
+        del starts[bisect.bisect_left(starts, chunk.start)]
+        self._bytes -= chunk.size

@@ -1,0 +1,262 @@
+"""Every kind of source from object storage (JSONL, aux folders and datasets, dataset scripts), and
+the prefetching chunk cache that remote reads go through, against moto on loopback."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import make_captioning_dataset, make_text_dataset
+
+from energon import (
+    Cooker,
+    DefaultTaskEncoder,
+    TextSample,
+    WorkerConfig,
+    basic_sample_keys,
+    cooker,
+    get_savable_loader,
+    get_train_dataset,
+    get_val_dataset,
+    stateless,
+)
+from energon.cli.main import cli
+from energon.remote import RemoteNotFoundError, remote_stats, s3
+from energon.source.prefetch import RemoteChunkCache
+
+pytest.importorskip("moto.server")
+pytestmark = pytest.mark.usefixtures("fake_aws_env")
+
+BUCKET = "energon-sources"
+
+
+def _upload(local_root: Path, url_prefix: str) -> None:
+    bucket, prefix = s3.split_url(url_prefix)
+    client = s3.client()
+    try:
+        client.create_bucket(Bucket=bucket)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    files = [local_root] if local_root.is_file() else sorted(local_root.rglob("*"))
+    for path in (p for p in files if p.is_file()):
+        rel = path.name if local_root.is_file() else path.relative_to(local_root).as_posix()
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{rel}", Body=path.read_bytes())
+
+
+def _val(path, **kwargs) -> list:
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=kwargs.pop("num_workers", 0))
+    ds = get_val_dataset(path, worker_config=wc, batch_size=None, **kwargs)
+    return list(get_savable_loader(ds))
+
+
+def _train_keys(path, num_workers: int, batches: int) -> list:
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+    ds = get_train_dataset(
+        path, worker_config=wc, batch_size=4, shuffle_buffer_size=7, max_samples_per_sequence=5
+    )
+    it = iter(get_savable_loader(ds))
+    return [list(next(it)["__key__"]) for _ in range(batches)]
+
+
+def test_jsonl_prepared_and_loaded_from_s3(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(37)))
+    _upload(path, f"s3://{BUCKET}/jsonl")
+    url = f"s3://{BUCKET}/jsonl/records.jsonl"
+    result = CliRunner().invoke(cli, ["prepare", url])
+    assert result.exit_code == 0, result.output
+    assert "Found 37 samples" in result.output
+    assert CliRunner().invoke(cli, ["prepare", str(path)]).exit_code == 0
+    # the index uploaded next to the file is byte-identical to a local prepare
+    remote_index = s3.read_bytes(f"s3://{BUCKET}/jsonl/records.jsonl.idx")
+    assert remote_index == (tmp_path / "records.jsonl.idx").read_bytes()
+    remote = [s["json"]["text"] for s in _val(url)]
+    assert remote == [f"record {i}" for i in range(37)]
+    assert _train_keys(url, 2, 6) == _train_keys(path, 2, 6)
+
+
+def test_jsonl_stale_remote_index_is_refused(tmp_path):
+    path = tmp_path / "stale.jsonl"
+    path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(5)))
+    _upload(path, f"s3://{BUCKET}/stale")
+    url = f"s3://{BUCKET}/stale/stale.jsonl"
+    assert CliRunner().invoke(cli, ["prepare", url]).exit_code == 0
+    path.write_text(path.read_text() + json.dumps({"i": 5}) + "\n")
+    _upload(path, f"s3://{BUCKET}/stale")  # the data changed, the index did not
+    with pytest.raises(ValueError, match="Regenerate the index"):
+        _val(url)
+
+
+@cooker(need_primary=True)
+def cook_with_aux(sample, captions, extra_ds, primary):
+    own = primary.get(".txt")
+    extra = captions.get(sample["__key__"] + ".txt", sample)
+    from_dataset = extra_ds.get(sample["__key__"] + ".txt", sample)
+    return TextSample(**basic_sample_keys(sample), text=f"{own}|{extra}|{from_dataset}")
+
+
+class AuxEncoder(DefaultTaskEncoder):
+    cookers = [Cooker(stateless(cook_with_aux))]
+
+
+def test_aux_folder_and_aux_dataset_from_s3(tmp_path):
+    root = tmp_path / "mds"
+    crude = make_text_dataset(root / "crude", num_samples=10, num_shards=2, seed=7)
+    (crude / ".nv-meta" / "dataset.yaml").write_text(
+        "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
+    )
+    make_text_dataset(root / "extra", num_samples=10, num_shards=2, seed=7)  # same keys
+    keys = [s["__key__"] for s in _val(crude, split_part="train")]
+    (root / "captions").mkdir()
+    for key in keys:
+        (root / "captions" / f"{key}.txt").write_text(f"aux of {key}")
+    (root / "aux.yaml").write_text(
+        textwrap.dedent(
+            """
+            __module__: megatron.energon
+            __class__: MetadatasetV2
+            splits:
+              train:
+                path: ./crude
+                aux:
+                  captions: filesystem://captions
+                  extra_ds: ./extra
+            """
+        )
+    )
+    _upload(root, f"s3://{BUCKET}/aux")
+    local = [s.text for s in _val(root / "aux.yaml", split_part="train", task_encoder=AuxEncoder())]
+    remote = [
+        s.text
+        for s in _val(f"s3://{BUCKET}/aux/aux.yaml", split_part="train", task_encoder=AuxEncoder())
+    ]
+    assert remote == local and len(remote) == len(keys) > 0
+    for text, key in zip(remote, keys):
+        own, extra, from_dataset = text.split("|")
+        assert extra == f"aux of {key}" and own and from_dataset
+
+
+def test_aux_folder_refuses_names_outside_it_remotely():
+    from energon.errors import SampleException
+    from energon.source.file_store import SystemFileStore
+
+    store = SystemFileStore(f"s3://{BUCKET}/aux/captions")
+    with pytest.raises(SampleException, match="outside"):
+        store["../crude/.nv-meta/dataset.yaml"]
+
+
+SCRIPT = textwrap.dedent(
+    """
+    def sample_loader(raw):
+        return {"caption": raw["txt"].upper(), "image": raw["jpg"]}
+
+    def part_filter(part):
+        return part in ("jpg", "txt")
+    """
+)
+
+
+def test_dataset_with_sample_loader_script_from_s3(tmp_path):
+    root = make_captioning_dataset(tmp_path / "scripted", num_samples=8, num_shards=2)
+    (root / ".nv-meta" / "sample_loader.py").write_text(SCRIPT)
+    (root / ".nv-meta" / "dataset.yaml").write_text(
+        "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\n"
+        "sample_loader: sample_loader.py:sample_loader\npart_filter: sample_loader.py:part_filter\n"
+    )
+    _upload(root, f"s3://{BUCKET}/scripted")
+    local = _val(root, split_part="train", num_workers=2)
+    remote = _val(f"s3://{BUCKET}/scripted", split_part="train", num_workers=2)
+    assert [s.caption for s in remote] == [s.caption for s in local]
+    assert all(s.caption == s.caption.upper() for s in remote)
+
+
+# -- the chunk cache ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def blob():
+    """A 64 KiB object and the boundaries of 64 'samples' of 1 KiB in it."""
+    data = np.random.default_rng(0).integers(0, 256, 64 * 1024, dtype=np.uint8).tobytes()
+    client = s3.client()
+    try:
+        client.create_bucket(Bucket=BUCKET)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    client.put_object(Bucket=BUCKET, Key="blob/data.bin", Body=data)
+    return f"s3://{BUCKET}/blob/data.bin", data, np.arange(0, 65 * 1024, 1024, dtype=np.uint64)
+
+
+def _wait_idle(cache: RemoteChunkCache) -> None:
+    deadline = time.monotonic() + 10
+    while any(not c.future.done() for c in cache._chunks.values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_hinted_samples_come_from_one_request(blob):
+    url, data, offsets = blob
+    cache = RemoteChunkCache(budget=1 << 20)
+    remote_stats().reset()
+    cache.prefetch(url, offsets[4:21])  # samples 4..19
+    _wait_idle(cache)
+    assert remote_stats().requests == 1
+    for i in range(4, 20):
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        assert cache.read(url, start, end, offsets) == data[start:end]
+    assert remote_stats().requests == 1
+    cache.prefetch(url, offsets[4:21])  # already cached: nothing new
+    assert remote_stats().requests == 1
+
+
+def test_hints_respect_the_budget_and_never_evict_unread_hints(blob):
+    url, data, offsets = blob
+    cache = RemoteChunkCache(budget=8 * 1024)
+    cache.prefetch(url, offsets[0:7])  # 6 KiB: fits
+    cache.prefetch(url, offsets[10:15])  # 4 KiB more: dropped, the first hint is unread
+    _wait_idle(cache)
+    assert cache._bytes == 6 * 1024
+    assert cache.read(url, 0, 1024, offsets) == data[:1024]  # read: now it may be evicted
+    cache.prefetch(url, offsets[10:15])
+    _wait_idle(cache)
+    assert cache._bytes <= 8 * 1024
+    assert cache.read(url, 10 * 1024, 11 * 1024, offsets) == data[10 * 1024 : 11 * 1024]
+
+
+def test_unhinted_reads_fetch_on_demand_chunks_without_overlap(blob):
+    url, data, offsets = blob
+    cache = RemoteChunkCache(budget=1 << 20)
+    cache.prefetch(url, offsets[8:11])  # samples 8..9 hinted
+    _wait_idle(cache)
+    remote_stats().reset()
+    for i in range(0, 12):
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        assert cache.read(url, start, end, offsets) == data[start:end]
+    # samples 0..7 come from one on-demand chunk (it stops at the hinted chunk), 10.. from another
+    assert remote_stats().requests == 2
+    spans = sorted((c.start, c.end) for c in cache._chunks.values())
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    # a read inside a sample that straddles two chunks is served directly
+    assert (
+        cache.read(url, 7 * 1024 + 10, 8 * 1024 + 10, offsets)
+        == data[7 * 1024 + 10 : 8 * 1024 + 10]
+    )
+
+
+def test_a_failed_prefetch_fails_the_read_that_needs_it_and_is_retried(blob):
+    url, data, offsets = blob
+    missing = f"s3://{BUCKET}/blob/missing.bin"
+    cache = RemoteChunkCache(budget=1 << 20)
+    cache.prefetch(missing, offsets[0:3])  # hints never raise
+    with pytest.raises(RemoteNotFoundError, match="missing.bin"):
+        cache.read(missing, 0, 1024, offsets)
+    assert not cache._chunks  # forgotten: the next read tries again
+    boto3.client("s3", endpoint_url=s3.client().meta.endpoint_url).put_object(
+        Bucket=BUCKET, Key="blob/missing.bin", Body=data
+    )
+    assert cache.read(missing, 0, 1024, offsets) == data[:1024]

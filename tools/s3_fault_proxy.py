@@ -1,0 +1,117 @@
+"""An HTTP proxy on loopback that forwards S3 API requests and breaks some ranged GETs on purpose.
+
+Used by the remote tests and by ``tools/bench_remote.py`` to show that retries lose and duplicate
+nothing. Faults follow a fixed schedule over the ranged GETs the proxy sees (so a run is
+repeatable): the 2nd and 9th stall (longer than a short client read timeout), every 3rd is cut
+in the middle of its body, every 5th (+1) is answered ``503 SlowDown``.
+
+    url, handler, stop = start_fault_proxy("http://127.0.0.1:5000")
+    ...  # point AWS_ENDPOINT_URL at url; handler.faults counts what was injected
+    stop()
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FaultProxy(BaseHTTPRequestHandler):
+    """Request handler; ``start_fault_proxy`` makes a subclass per proxy with its own counters."""
+
+    protocol_version = "HTTP/1.1"
+    upstream: tuple[str, int]
+    lock = threading.Lock()
+    ranged = 0
+    faults: dict[str, int] = {"drop": 0, "slowdown": 0, "stall": 0}
+    stall_s = 1.5
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _fault(self) -> str | None:
+        if self.command != "GET" or "Range" not in self.headers:
+            return None
+        cls = type(self)
+        with cls.lock:
+            cls.ranged += 1
+            n = cls.ranged
+        if n in (2, 9):
+            return "stall"
+        if n % 3 == 0:
+            return "drop"
+        if n % 5 == 1:
+            return "slowdown"
+        return None
+
+    def _forward(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        fault = self._fault()
+        if fault == "slowdown":
+            self._count(fault)
+            payload = b"<Error><Code>SlowDown</Code><Message>Reduce your rate</Message></Error>"
+            self.send_response(503)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        if fault == "stall":
+            self._count(fault)
+            time.sleep(self.stall_s)
+        conn = http.client.HTTPConnection(*self.upstream, timeout=10)
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+        conn.request(self.command, self.path, body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("connection", "transfer-encoding", "content-length"):
+                self.send_header(k, v)
+        upstream_length = resp.getheader("Content-Length")
+        is_head = self.command == "HEAD"
+        self.send_header("Content-Length", upstream_length if is_head else str(len(data)))
+        self.end_headers()
+        if fault == "drop" and len(data) > 1:
+            self._count(fault)
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _count(self, fault: str) -> None:
+        with type(self).lock:
+            type(self).faults[fault] += 1
+
+    def _forward_quietly(self) -> None:
+        try:
+            self._forward()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up on a stalled request: that is the point of a stall
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward_quietly
+
+
+def start_fault_proxy(upstream_url: str) -> tuple[str, type[FaultProxy], Callable[[], None]]:
+    """Start a proxy to ``upstream_url`` (``http://host:port``) on a free loopback port; returns
+    (proxy url, handler class with the ``faults`` counters, a function that stops it)."""
+    host, port = upstream_url.rsplit("/", 1)[1].split(":")
+    handler = type("Proxy", (FaultProxy,), {"upstream": (host, int(port)), "ranged": 0})
+    handler.faults = {"drop": 0, "slowdown": 0, "stall": 0}
+    handler.lock = threading.Lock()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+
+    return f"http://127.0.0.1:{server.server_address[1]}", handler, stop
