@@ -155,6 +155,20 @@ def write_bytes(path: str, data: bytes) -> None:
     _store(path).write_bytes(path, data)
 
 
+def upload(local: str, path: str) -> None:
+    """Copy the local file ``local`` to ``path`` atomically, streamed (never whole in memory)."""
+    if not is_remote(path):
+        import shutil
+
+        from energon.format.layout import temp_name_for
+
+        tmp = temp_name_for(normalize(path))
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, normalize(path))
+        return
+    _store(path).upload(local, path)
+
+
 def walk(root: str) -> Iterator[str]:
     """All files under ``root`` (full paths), sorted."""
     if not is_remote(root):

@@ -158,3 +158,48 @@ def test_remote_info_lint_and_overwrite_guard(raw_and_local):
     assert _get(f"{url}/.nv-meta/index.uuid") != before
     assert _get(f"{url}/.nv-meta/.info.json") == info_before
     assert _get(f"{url}/.nv-meta/split.yaml") == split_before
+
+
+def test_interrupted_remote_prepare_keeps_the_old_metadata(raw_and_local, monkeypatch):
+    raw, _, shards = raw_and_local
+    url = f"s3://{BUCKET}/interrupted"
+    _upload(raw, url)
+    runner = CliRunner()
+    assert runner.invoke(prepare_command, [url, *PREPARE_ARGS, "--num-workers", "1"]).exit_code == 0
+    before = {k: _get(f"{url}/{k}") for k in _keys_on_s3(url) if k.startswith(".nv-meta/")}
+
+    # re-prepare with other splits; the upload dies at index.sqlite (after the tar indices)
+    from energon.format import prepare as prepare_module
+
+    real_upload = prepare_module.epath.upload
+
+    def dying_upload(local: str, target: str) -> None:
+        if target.endswith("index.sqlite"):
+            raise KeyboardInterrupt("simulated interruption")
+        real_upload(local, target)
+
+    monkeypatch.setattr(prepare_module.epath, "upload", dying_upload)
+    args = [url, *PREPARE_ARGS, "--num-workers", "1", "--force-overwrite"]
+    args[args.index("2,1,1")] = "1,1,0"
+    result = runner.invoke(prepare_command, args)
+    assert result.exit_code != 0
+    keys = _keys_on_s3(url)
+    assert not [k for k in keys if k.endswith(".tmp")], keys
+    after = {k: _get(f"{url}/{k}") for k in keys if k.startswith(".nv-meta/")}
+    assert after == before  # the old metadata, complete and untouched
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    ds = get_val_dataset(url, split_part="train", worker_config=wc, batch_size=None)
+    assert len(list(get_loader(ds))) == 20  # still the old 2:1:1 split
+
+
+def test_remote_prepare_of_a_broken_shard_uploads_nothing(tmp_path):
+    raw = tmp_path / "raw"
+    shards = write_text_shards(raw, num_samples=12, num_shards=2, min_chars=5, max_chars=40)
+    broken = raw / shards[1]
+    broken.write_bytes(broken.read_bytes()[:700])  # cut inside a member
+    url = f"s3://{BUCKET}/broken"
+    _upload(raw, url)
+    result = CliRunner().invoke(prepare_command, [url, *PREPARE_ARGS, "--num-workers", "2"])
+    assert result.exit_code != 0
+    assert shards[1] in result.output  # the error names the shard
+    assert _keys_on_s3(url) == sorted(shards)  # no .nv-meta, no index, no temporary object

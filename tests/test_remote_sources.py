@@ -260,3 +260,19 @@ def test_a_failed_prefetch_fails_the_read_that_needs_it_and_is_retried(blob):
         Bucket=BUCKET, Key="blob/missing.bin", Body=data
     )
     assert cache.read(missing, 0, 1024, offsets) == data[:1024]
+
+
+def test_large_uploads_stream_in_parts(tmp_path):
+    from energon import epath
+
+    local = tmp_path / "big.sqlite"
+    data = np.random.default_rng(1).integers(0, 256, 9 << 20, dtype=np.uint8).tobytes()
+    local.write_bytes(data)  # above the 8 MiB multipart threshold
+    url = f"s3://{BUCKET}/big/index.sqlite"
+    try:
+        s3.client().create_bucket(Bucket=BUCKET)
+    except s3.client().exceptions.BucketAlreadyOwnedByYou:
+        pass
+    epath.upload(str(local), url)
+    assert s3.read_bytes(url) == data
+    assert [k for k in s3.list_keys(f"s3://{BUCKET}/big/")] == [url]  # no temporary left

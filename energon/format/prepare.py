@@ -697,7 +697,7 @@ def _upload_prepared(
     from concurrent.futures import ThreadPoolExecutor
 
     def upload(rel: str) -> None:
-        epath.write_bytes(epath.join(root, rel), (stage / rel).read_bytes())
+        epath.upload(str(stage / rel), epath.join(root, rel))
 
     index_files = [tar_index_path(shard) for shard in shards]
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -394,6 +394,20 @@ def write_bytes(url: str, data: bytes) -> None:
         delete(f"msc://{profile}/{tmp_path}")
 
 
+def upload(local: str, url: str) -> None:
+    """Upload the local file ``local`` to ``url`` like :func:`write_bytes`, streamed from disk by
+    the storage client (multipart where the backend has it)."""
+    profile, path = split_url(url)
+    c = client(profile)
+    tmp_path = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
+    _call(url, lambda: c.upload_file(tmp_path, local))
+    STATS.add(bytes_written=os.path.getsize(local))
+    try:
+        _call(url, lambda: c.copy(tmp_path, path))
+    finally:
+        delete(f"msc://{profile}/{tmp_path}")
+
+
 def delete(url: str) -> None:
     """Delete an object; a missing object is not an error (like S3's DELETE)."""
     profile, path = split_url(url)

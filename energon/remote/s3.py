@@ -158,6 +158,30 @@ def write_bytes(url: str, data: bytes) -> None:
         delete(f"s3://{bucket}/{tmp_key}")
 
 
+def upload(local: str, url: str) -> None:
+    """Upload the local file ``local`` to ``url`` like :func:`write_bytes`, but streamed from disk
+    in parts (multipart upload and copy above 8 MiB), so files of any size (a large
+    ``index.sqlite``, beyond the 5 GB single-request limit) never sit in memory whole."""
+    bucket, key = split_url(url)
+    tmp_key = f"{key}.{uuid.uuid4().hex[:12]}.tmp"
+    size = os.path.getsize(local)
+
+    def put() -> None:
+        STATS.add(requests=1)
+        client().upload_file(local, bucket, tmp_key)
+
+    def copy() -> None:
+        STATS.add(requests=1)
+        client().copy({"Bucket": bucket, "Key": tmp_key}, bucket, key)
+
+    with_retries(url, put)
+    STATS.add(bytes_written=size)
+    try:
+        with_retries(url, copy)
+    finally:
+        delete(f"s3://{bucket}/{tmp_key}")
+
+
 def delete(url: str) -> None:
     bucket, key = split_url(url)
 
@@ -207,5 +231,6 @@ __all__ = [
     "read_range",
     "reset_client",
     "split_url",
+    "upload",
     "write_bytes",
 ]
