@@ -276,3 +276,32 @@ def test_large_uploads_stream_in_parts(tmp_path):
     epath.upload(str(local), url)
     assert s3.read_bytes(url) == data
     assert [k for k in s3.list_keys(f"s3://{BUCKET}/big/")] == [url]  # no temporary left
+
+
+def test_a_rank_fetches_only_the_shards_it_reads(tmp_path, monkeypatch):
+    from energon import epath
+
+    root = make_text_dataset(tmp_path / "ranks", num_samples=96, num_shards=8)
+    _upload(root, f"s3://{BUCKET}/ranks")
+    url = f"s3://{BUCKET}/ranks"
+    fetched: list[str] = []
+    real_read_range = epath.read_range
+
+    def recording_read_range(path: str, start: int, end: int) -> bytes:
+        fetched.append(path)
+        return real_read_range(path, start, end)
+
+    monkeypatch.setattr(epath, "read_range", recording_read_range)
+    for rank in range(4):
+        fetched.clear()
+        wc = WorkerConfig(rank=rank, world_size=4, num_workers=0)
+        ds = get_train_dataset(
+            url, worker_config=wc, batch_size=2, shuffle_buffer_size=4, max_samples_per_sequence=3
+        )
+        it = iter(get_savable_loader(ds))
+        keys = [k for _ in range(6) for k in next(it)["__key__"]]  # this rank's share of an epoch
+        shards_read = {int(k.split("_")[0]) for k in keys}
+        shard_files = {p.rsplit("/", 1)[1] for p in fetched if "/parts/" in p}
+        fetched_shards = {int(name.split("-")[1].split(".")[0]) for name in shard_files}
+        assert fetched_shards and fetched_shards <= shards_read, (rank, fetched_shards, shards_read)
+        assert len(shards_read) <= 3  # 2 of 8 shards per rank, plus at most a boundary one

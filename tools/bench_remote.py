@@ -29,7 +29,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_common import ensure_workload, machine_summary, print_markdown_table  # noqa: E402
+from bench_common import (  # noqa: E402
+    ensure_workload,
+    machine_summary,
+    print_markdown_table,
+    process_tree,
+)
 
 YAML = {
     "captioning": "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\n"
@@ -132,16 +137,32 @@ def loader(path: str, workers: int):
     return get_loader(ds)
 
 
-def rate(path: str, workers: int, batches: int) -> tuple[float, float]:
-    """(samples/s after the first batch, seconds to the first batch)."""
+def loader_cpu(exclude: int) -> float:
+    """CPU seconds of this process and its workers (not of the server process ``exclude``)."""
+    total = 0.0
+    for pid in process_tree():
+        if pid != exclude:
+            try:
+                total += cpu_seconds(pid)
+            except (OSError, IndexError):
+                pass  # exited meanwhile
+    return total
+
+
+def rate(path: str, workers: int, batches: int, server_pid: int) -> tuple[float, float, float]:
+    """(samples/s after the first batch, seconds to the first batch, loader CPU ms per 1,000
+    samples after the first batch: main process + workers, server excluded)."""
     t0 = time.perf_counter()
     it = iter(loader(path, workers))
     next(it)
     ttfb = time.perf_counter() - t0
+    cpu = loader_cpu(server_pid)
     t = time.perf_counter()
     for _ in range(batches):
         next(it)
-    return batches * BATCH / (time.perf_counter() - t), ttfb
+    seconds = time.perf_counter() - t
+    cpu = loader_cpu(server_pid) - cpu
+    return batches * BATCH / seconds, ttfb, cpu * 1e6 / (batches * BATCH)
 
 
 def keys_of(path: str, workers: int, batches: int) -> list:
@@ -202,9 +223,9 @@ def main() -> None:
                 samples = sum(json.load(f)["shard_counts"].values())
             limit = samples / seconds
             for workers in [int(w) for w in args.workers.split(",")]:
-                local_rate, _ = rate(local, workers, args.batches)
+                local_rate, _, local_cpu = rate(local, workers, args.batches, server.pid)
                 server_cpu = cpu_seconds(server.pid)
-                remote_rate, remote_ttfb = rate(url, workers, args.batches)
+                remote_rate, remote_ttfb, remote_cpu = rate(url, workers, args.batches, server.pid)
                 server_cpu = cpu_seconds(server.pid) - server_cpu
                 rows.append(
                     (
@@ -216,6 +237,7 @@ def main() -> None:
                         f"{remote_rate / limit:.2f}",
                         f"{remote_rate / min(limit, local_rate):.2f}",
                         round(remote_ttfb, 3),
+                        f"{local_cpu:.0f} / {remote_cpu:.0f}",
                         f"{server_cpu:.2f}",
                     )
                 )
@@ -236,6 +258,7 @@ def main() -> None:
             "S3 / limit",
             "S3 / min(limit, local)",
             "S3 TTFB s",
+            "loader CPU ms/1k samples local / S3",
             "server CPU s",
         ),
         rows,
