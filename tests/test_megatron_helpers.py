@@ -1,7 +1,8 @@
 """Shared helpers (no tests) for comparing with the real megatron-core, run as a black box in a side venv.
 
-The venv (``.cache/mcore-venv``) is created on first use with CPU torch first, then megatron-core;
-a file lock keeps parallel pytest workers from building it twice. Not a test module itself.
+The venv (``.cache/mcore-venv``) is created on first use with CPU torch first, then megatron-core,
+then energon's own pure-python dependencies (energon runs there from the source tree); a file
+lock keeps parallel pytest workers from building it twice. Not a test module itself.
 """
 
 from __future__ import annotations
@@ -17,21 +18,29 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MCORE_VENV = REPO_ROOT / ".cache" / "mcore-venv"
-MCORE_READY = MCORE_VENV / ".energon-mcore-ready"
+MCORE_BASE_READY = MCORE_VENV / ".energon-mcore-ready"  # torch + megatron-core + psutil
+MCORE_READY = MCORE_VENV / ".energon-mcore-ready-2"  # ... plus energon's own pure-python deps
 MCORE_PYTHON = MCORE_VENV / "bin" / "python"
+# energon itself is not installed there (examples run with PYTHONPATH=<repo>); numpy comes with mcore
+ENERGON_DEPS = ["pyyaml", "pillow", "click", "tqdm", "braceexpand"]
 
 
 def _create_venv() -> str | None:
-    steps = [
-        [sys.executable, "-m", "venv", "--clear", str(MCORE_VENV)],
-        # CPU torch first, so that megatron-core does not pull CUDA wheels
-        [str(MCORE_PYTHON), "-m", "pip", "install", "-q", "torch==2.13.0"],
-        [str(MCORE_PYTHON), "-m", "pip", "install", "-q", "megatron-core", "psutil"],
-    ]
+    steps = []
+    if not MCORE_BASE_READY.is_file():  # an existing venv only gets the missing energon deps
+        steps = [
+            [sys.executable, "-m", "venv", "--clear", str(MCORE_VENV)],
+            # CPU torch first, so that megatron-core does not pull CUDA wheels
+            [str(MCORE_PYTHON), "-m", "pip", "install", "-q", "torch==2.13.0"],
+            [str(MCORE_PYTHON), "-m", "pip", "install", "-q", "megatron-core", "psutil"],
+        ]
+    steps.append([str(MCORE_PYTHON), "-m", "pip", "install", "-q", *ENERGON_DEPS])
     for step in steps:
         proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
             return f"{' '.join(step[:4])} failed: {proc.stderr.strip()[-500:]}"
+        if step[-1] == "psutil":
+            MCORE_BASE_READY.write_text("ok\n")
     MCORE_READY.write_text("ok\n")
     return None
 
