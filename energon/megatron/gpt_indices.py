@@ -222,18 +222,20 @@ def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndar
     """(dataset index int16, sample-in-dataset index int64) of a weighted blend of ``size`` samples.
 
     Deterministic and without RNG: sample i goes to the dataset furthest behind its share,
-    ``argmax_d(w_d * max(i, 1) - count_d)`` (ties to the lowest d).
+    ``argmax_d(w_d * max(i, 1) - count_d)`` in float64 (ties to the lowest d). The rule is
+    sequential, so it runs as a small C loop when a C compiler is available (``blend_native``;
+    about as fast as megatron-core's helper) and as a Python loop otherwise; both are array-equal.
     """
     w = np.asarray(weights, dtype=np.float64)
-    counts = np.zeros(len(w), dtype=np.float64)
-    dataset_index = np.zeros(size, dtype=np.int16)
-    sample_index = np.zeros(size, dtype=np.int64)
-    for i in range(size):
-        d = int(np.argmax(w * max(float(i), 1.0) - counts))
-        dataset_index[i] = d
-        sample_index[i] = counts[d]
-        counts[d] += 1
-    return dataset_index, sample_index
+    size = int(size)
+    if len(w) == 0:
+        raise ValueError("a blend needs at least one weight")
+    from energon.megatron import blend_native
+
+    lib = blend_native.load()
+    if lib is not None:
+        return blend_native.blend(lib, w, size)
+    return blending_indices_python(w, size)
 
 
 def build_exhaustive_blending_indices(sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -241,19 +243,93 @@ def build_exhaustive_blending_indices(sizes: Sequence[int]) -> tuple[np.ndarray,
     sizes_arr = np.asarray(sizes, dtype=np.int64)
     total = int(sizes_arr.sum())
     w = sizes_arr / float(total)
-    counts = np.zeros(len(w), dtype=np.float64)
-    spent = sizes_arr <= 0
-    dataset_index = np.zeros(total, dtype=np.int16)
-    sample_index = np.zeros(total, dtype=np.int64)
-    for i in range(total):
-        error = w * max(float(i), 1.0) - counts
-        error[spent] = -np.inf
-        d = int(np.argmax(error))
+    from energon.megatron import blend_native
+
+    lib = blend_native.load()
+    if lib is not None:
+        return blend_native.blend_exhaustive(lib, w, sizes_arr)
+    return exhaustive_blending_indices_python(w, sizes_arr)
+
+
+# up to this many datasets a plain-float Python loop beats one numpy call per sample
+_SCALAR_MAX_DATASETS = 24
+
+
+def blending_indices_python(w: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pure-Python fallback of ``build_blending_indices`` (same float64 operations)."""
+    num = len(w)
+    dataset_index = np.zeros(size, dtype=np.int16)
+    sample_index = np.zeros(size, dtype=np.int64)
+    if num <= _SCALAR_MAX_DATASETS:
+        # Python floats are IEEE float64: w*x rounds, then - count rounds, exactly as numpy/C++
+        weights = [float(v) for v in w]
+        counts = [0.0] * num
+        rest = range(1, num)
+        chosen = [0] * size
+        for i in range(size):
+            x = float(i) if i > 1 else 1.0
+            best_k = 0
+            best = weights[0] * x - counts[0]
+            for k in rest:
+                error = weights[k] * x - counts[k]
+                if error > best:
+                    best = error
+                    best_k = k
+            chosen[i] = best_k
+            counts[best_k] += 1.0
+        dataset_index[:] = chosen
+        _fill_sample_index(dataset_index, sample_index, num)
+        return dataset_index, sample_index
+    counts_f = np.zeros(num, dtype=np.float64)
+    buf = np.empty(num, dtype=np.float64)
+    for i in range(size):
+        np.multiply(w, float(i) if i > 1 else 1.0, out=buf)
+        np.subtract(buf, counts_f, out=buf)
+        d = int(buf.argmax())
         dataset_index[i] = d
-        sample_index[i] = counts[d]
-        counts[d] += 1
-        spent[d] = counts[d] >= sizes_arr[d]
+        counts_f[d] += 1.0
+    _fill_sample_index(dataset_index, sample_index, num)
     return dataset_index, sample_index
+
+
+def exhaustive_blending_indices_python(
+    w: np.ndarray, sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pure-Python fallback of ``build_exhaustive_blending_indices``."""
+    num = len(w)
+    total = int(np.asarray(sizes).sum())
+    weights = [float(v) for v in w]
+    limits = [int(v) for v in sizes]
+    counts = [0] * num
+    live = [k for k in range(num) if limits[k] > 0]
+    chosen = [0] * total
+    for i in range(total):
+        x = float(i) if i > 1 else 1.0
+        best_k = -1
+        best = 0.0
+        for k in live:
+            error = weights[k] * x - float(counts[k])
+            if best_k < 0 or error > best:
+                best = error
+                best_k = k
+        chosen[i] = best_k
+        counts[best_k] += 1
+        if counts[best_k] >= limits[best_k]:
+            live.remove(best_k)
+    dataset_index = np.asarray(chosen, dtype=np.int16)
+    sample_index = np.zeros(total, dtype=np.int64)
+    _fill_sample_index(dataset_index, sample_index, num)
+    return dataset_index, sample_index
+
+
+def _fill_sample_index(dataset_index: np.ndarray, sample_index: np.ndarray, num: int) -> None:
+    """``sample_index[i]`` = how often ``dataset_index[i]`` occurred before i (a running count)."""
+    if len(dataset_index) == 0:
+        return
+    order = np.argsort(dataset_index, kind="stable")
+    ids = dataset_index[order].astype(np.int64)
+    starts = np.searchsorted(ids, np.arange(num, dtype=np.int64))
+    sample_index[order] = np.arange(len(ids), dtype=np.int64) - starts[ids]
 
 
 def samples_per_dataset(

@@ -129,3 +129,40 @@ def _dataset_name(dataset: GPTTokenDataset | BlendedTokenDataset) -> str:
     if isinstance(dataset, BlendedTokenDataset):
         return f"blend-{dataset.unique_description_hash[:8]}-{dataset.split}"
     return f"{dataset.dataset_path or 'mock'}-{dataset.split}"
+
+
+# --------------------------------------------------------------------------------------------------
+# task encoders that blend token datasets with other data
+
+_BOOKKEEPING_KEYS = ("__key__", "__restore_key__", "__subflavors__")  # what token samples carry
+
+
+def is_token_sample(sample: Any) -> bool:
+    """True for a sample of a token leaf (a Megatron batch dict), False for e.g. a ``Sample``."""
+    return isinstance(sample, dict) and "tokens" in sample and "labels" in sample
+
+
+def token_sample(token_ids: Any, config: GPTConfig, *, like: Any = None) -> dict[str, Any]:
+    """Megatron's batch dict for ``token_ids`` (any length), shaped exactly like a token leaf's samples.
+
+    The ids are cut to ``sequence_length + add_extra_token`` or padded with ``config.pad_token``, then
+    turned into ``tokens``/``labels``/``loss_mask``/``position_ids``[/``attention_mask``] with the same
+    rules as windows of a ``.bin/.idx`` prefix (padding is loss-masked). ``like`` (the sample being
+    encoded: a ``Sample`` or a dict) passes on ``__key__``, ``__restore_key__`` and ``__subflavors__``,
+    so the result batches together with token samples and stays restorable. Use it in
+    ``encode_sample`` to turn multimodal/text samples into the token samples' format.
+    """
+    import numpy as np
+
+    from energon.megatron.gpt_dataset import megatron_sample
+
+    want = config.sequence_length + config.extra
+    ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)[:want]
+    if len(ids) < want:
+        ids = np.concatenate([ids, np.full(want - len(ids), config.pad_token, np.int64)])
+    sample = megatron_sample(ids, config)
+    if like is not None:
+        for key in _BOOKKEEPING_KEYS:
+            value = like.get(key) if isinstance(like, dict) else getattr(like, key, None)
+            sample[key] = dict(value or {}) if key == "__subflavors__" else value
+    return sample

@@ -51,6 +51,8 @@ class Reference:
     subset: Subset | None = None
     weight: float = 1.0
     repetitions: float = 1.0
+    token_config: dict[str, Any] | None = None  # only for Megatron token prefixes (or nested YAMLs)
+    where: str = ""  # "<file>: splits.train.blend[0]", for error messages
 
 
 @dataclasses.dataclass
@@ -88,12 +90,15 @@ class Blend:
     subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
     weight: float = 1.0
     repetitions: float = 1.0
+    token_config: dict[str, Any] | None = None
+    where: str = ""
 
 
 @dataclasses.dataclass
 class Metadataset:
     path: str  # the YAML file ("" for a Python-built one)
     splits: dict[str, Any]
+    token_config: dict[str, Any] | None = None  # default for every token prefix in this file
 
     @property
     def directory(self) -> str:
@@ -109,6 +114,7 @@ _REFERENCE_KEYS = {
     "split_config",
     "aux",
     "subset",
+    "token_config",
 }
 _JOIN_MEMBER_KEYS = {
     "path",
@@ -127,7 +133,7 @@ _JOIN_KEYS = {
     "shuffle_over_epochs_multiplier",
     "subset",
 }
-_BLEND_KEYS = {"subset", "subflavors"}
+_BLEND_KEYS = {"subset", "subflavors", "token_config"}
 _NONMATCH = ("error", "skip", "none")
 
 
@@ -155,7 +161,8 @@ def parse_metadataset(data: Any, path: str = "") -> Metadataset:
         raise MetadatasetError(
             f"{where}: __module__ must be megatron.energon or energon, got {module!r}"
         )
-    _check_keys(data, {"splits"}, where)
+    _check_keys(data, {"splits", "token_config"}, where)
+    token_config = parse_token_config(data.get("token_config"), where)
     splits = data.get("splits")
     if not isinstance(splits, dict) or not splits:
         raise MetadatasetError(
@@ -173,7 +180,7 @@ def parse_metadataset(data: Any, path: str = "") -> Metadataset:
         raise MetadatasetError(
             f"{where}: unknown metadataset class {cls!r} (MetadatasetV2 or Metadataset)"
         )
-    return Metadataset(path, parsed)
+    return Metadataset(path, parsed, token_config=token_config)
 
 
 def _check_keys(data: dict, allowed: set[str], where: str) -> None:
@@ -238,6 +245,8 @@ def parse_node(node: Any, where: str) -> Any:
             subflavors=_dict(node.get("subflavors"), where, "subflavors"),
             weight=weight,
             repetitions=repetitions,
+            token_config=parse_token_config(node.get("token_config"), where),
+            where=where,
         )
     if "join" in node:
         return _parse_join(node, where, weight, repetitions)
@@ -268,6 +277,8 @@ def _reference(node: dict, where: str) -> Reference:
         split_config=_optional_str(node.get("split_config"), where, "split_config"),
         aux=aux,
         subset=_subset(node.get("subset"), where),
+        token_config=parse_token_config(node.get("token_config"), where),
+        where=where,
     )
 
 
@@ -403,3 +414,70 @@ def _percent(text: str, where: str) -> float:
         return float(text[:-1]) / 100.0
     except ValueError:
         raise MetadatasetError(f"{where}: bad percentage {text!r}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# token_config: the GPT settings of Megatron token prefixes (energon.megatron.GPTConfig fields)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_split_string(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, str):
+        return False
+    from energon.megatron.gpt_indices import parse_split
+
+    try:
+        parse_split(value)
+    except ValueError:
+        return False
+    return True
+
+
+# key -> (check, what the value must be); the keys are GPTConfig's fields that make sense in YAML
+TOKEN_CONFIG_FIELDS: dict[str, tuple[Any, str]] = {
+    "sequence_length": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "random_seed": (_is_int, "an integer"),
+    "split": (_check_split_string, 'null or a split string like "969, 30, 1"'),
+    "tokenizer": (lambda v: True, "anything (what megatron hashes for the tokenizer)"),
+    "eod_token": (lambda v: v is None or _is_int(v), "null or an integer"),
+    "pad_token": (_is_int, "an integer"),
+    "add_extra_token_to_sequence": (lambda v: isinstance(v, bool), "true or false"),
+    "drop_last_partial_validation_sequence": (lambda v: isinstance(v, bool), "true or false"),
+    "reset_position_ids": (lambda v: isinstance(v, bool), "true or false"),
+    "reset_attention_mask": (lambda v: isinstance(v, bool), "true or false"),
+    "eod_mask_loss": (lambda v: isinstance(v, bool), "true or false"),
+    "create_attention_mask": (lambda v: isinstance(v, bool), "true or false"),
+    "path_to_cache": (lambda v: v is None or isinstance(v, str), "null or a path"),
+    "mid_level_dataset_surplus": (
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 0,
+        "a number >= 0",
+    ),
+    "sequences_path": (lambda v: v is None or isinstance(v, str), "null or a path"),
+}
+# relative to the folder of the YAML file that sets them
+TOKEN_CONFIG_PATHS = ("path_to_cache", "sequences_path")
+
+
+def parse_token_config(value: Any, where: str) -> dict[str, Any] | None:
+    """A validated ``token_config`` mapping (a subset of GPTConfig's fields), or None if absent.
+
+    Every key and value is checked, so a typo names the file, the node and the key.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise MetadatasetError(
+            f"{where}: 'token_config' must be a mapping of GPTConfig fields, got "
+            f"{type(value).__name__}"
+        )
+    _check_keys(value, set(TOKEN_CONFIG_FIELDS), f"{where}: token_config")
+    for key, item in value.items():
+        check, expected = TOKEN_CONFIG_FIELDS[key]
+        if not check(item):
+            raise MetadatasetError(f"{where}: token_config.{key} must be {expected}, got {item!r}")
+    return dict(value)

@@ -16,6 +16,7 @@ from typing import Any
 
 from energon import epath
 from energon.metadataset.config import (
+    TOKEN_CONFIG_PATHS,
     Blend,
     Join,
     MetadatasetError,
@@ -23,6 +24,7 @@ from energon.metadataset.config import (
     Subset,
     load_metadataset,
     parse_metadataset,
+    parse_token_config,
 )
 
 TINY_WEIGHT = 1e-3
@@ -75,7 +77,10 @@ class _Context:
     dataset_config: str | None = None
     split_config: str | None = None
     mds_path: str = ""
-    token_config: Any = None
+    token_config: Any = None  # the token_config= argument: a GPTConfig (or a mapping), the default
+    # token_config mappings of the YAML levels above (inner levels win), with the place last set
+    token_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    token_where: str = ""
 
 
 class Blender:
@@ -189,6 +194,7 @@ def _resolve_split(mds, split_part: str, ctx: _Context) -> Resolved:
             f"{mds.path or '<metadataset>'}: no split {split_part!r}; splits: {sorted(mds.splits)}"
         )
     ctx = dataclasses.replace(ctx, base_dir=mds.directory, mds_path=mds.path)
+    ctx = _with_token_config(ctx, mds.token_config, f"{mds.path or '<metadataset>'}: token_config")
     return _resolve_node(mds.splits[split_part], ctx)
 
 
@@ -217,7 +223,21 @@ def _with_subset(ctx: _Context, subset: Subset | None, where: str, leaf: bool) -
     return dataclasses.replace(ctx, ratios=ctx.ratios + (subset,))
 
 
+def _with_token_config(ctx: _Context, mapping: dict[str, Any] | None, where: str) -> _Context:
+    """Field-wise override of the token settings inherited so far (paths relative to the YAML)."""
+    if not mapping:
+        return ctx
+    own = dict(mapping)
+    for key in TOKEN_CONFIG_PATHS:
+        if own.get(key) is not None:
+            own[key] = _absolute(own[key], ctx.base_dir)
+    return dataclasses.replace(
+        ctx, token_overrides={**ctx.token_overrides, **own}, token_where=where
+    )
+
+
 def _resolve_blend(node: Blend, ctx: _Context) -> Resolved:
+    ctx = _with_token_config(ctx, node.token_config, f"{node.where}: token_config")
     ctx = _with_subflavors(ctx, node.subflavors)
     ctx = _with_subset(ctx, node.subset, "blend", leaf=False)
     total = sum(e.weight for e in node.entries) if node.mode == "weight" else 1.0
@@ -246,6 +266,7 @@ def _resolve_reference(ref: Reference, ctx: _Context) -> Resolved:
     ctx = dataclasses.replace(
         ctx, shuffle=_combine_shuffle(ctx.shuffle, ref.shuffle_over_epochs_multiplier)
     )
+    ctx = _with_token_config(ctx, ref.token_config, f"{ref.where}: token_config")
     if path.endswith(".yaml"):
         if ref.dataset_config or ref.split_config or ref.aux:
             raise MetadatasetError(
@@ -278,7 +299,12 @@ def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any
         return JsonlLeaf.open(path, subflavors=ctx.subflavors)
     remote = epath.is_remote(path)
     if not remote and os.path.exists(path + ".idx") and os.path.exists(path + ".bin"):
-        return _open_token_leaf(path, split_part, ctx)
+        return _open_token_leaf(path, split_part, ctx, ref.where)
+    if ref.token_config:
+        raise MetadatasetError(
+            f"{ref.where}: token_config is only for Megatron token prefixes (<prefix>.bin and "
+            f"<prefix>.idx), but {path} is not one"
+        )
     if not epath.exists(path):
         raise FileNotFoundError(f"dataset {path} does not exist")
     nv_meta = epath.join(path, ".nv-meta")
@@ -303,20 +329,60 @@ def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any
 _MEGATRON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "test": "test"}
 
 
-def _open_token_leaf(prefix: str, split_part: str, ctx: _Context) -> Any:
-    """A Megatron ``.bin/.idx`` prefix: GPT windows of megatron-core's sample index for the split."""
-    if ctx.token_config is None:
-        raise MetadatasetError(
-            f"{prefix} is a Megatron token dataset: pass token_config=GPTConfig(sequence_length=...) "
-            "(from energon.megatron) to get_train_dataset / get_val_dataset"
-        )
+def _open_token_leaf(prefix: str, split_part: str, ctx: _Context, where: str = "") -> Any:
+    """A Megatron ``.bin/.idx`` prefix: GPT windows of megatron-core's sample index for the split.
+
+    The settings are the ``token_config=`` argument (a GPTConfig or mapping) overridden field by
+    field by the YAML's ``token_config`` mappings (metadataset top level, blends, the entry itself).
+    """
+    where = f"{where} ({prefix})" if where else prefix
     if split_part not in _MEGATRON_SPLITS:
         raise MetadatasetError(
-            f"{prefix}: token datasets have splits train, val and test, not {split_part!r}"
+            f"{where}: token datasets have splits train, val and test, not {split_part!r}"
         )
+    config = _token_config(ctx, where)
     from energon.megatron.token_leaf import TokenLeaf
 
-    return TokenLeaf.from_blend(prefix, config=ctx.token_config, split=_MEGATRON_SPLITS[split_part])
+    try:
+        return TokenLeaf.from_blend(
+            [prefix],
+            config=config,
+            split=_MEGATRON_SPLITS[split_part],
+            subflavors=ctx.subflavors,
+        )
+    except ValueError as e:
+        raise MetadatasetError(f"{where}: {e}") from e
+
+
+def _token_config(ctx: _Context, where: str) -> Any:
+    from energon.megatron.gpt_dataset import GPTConfig
+
+    base = ctx.token_config
+    if isinstance(base, dict):
+        base = parse_token_config(base, "token_config argument")
+        base = GPTConfig(**base) if "sequence_length" in base else base
+    if base is not None and not isinstance(base, GPTConfig | dict):
+        raise TypeError(
+            f"token_config must be an energon.megatron GPTConfig or a mapping, not {type(base).__name__}"
+        )
+    overrides = ctx.token_overrides
+    if isinstance(base, GPTConfig):
+        return dataclasses.replace(base, **overrides) if overrides else base
+    merged = {**(base or {}), **overrides}
+    if "sequence_length" not in merged:
+        if ctx.token_where or ctx.mds_path:
+            raise MetadatasetError(
+                f"{where} is a Megatron token dataset, but no token_config sets sequence_length "
+                f"(last token_config: {ctx.token_where or 'none'}): add token_config: "
+                "{sequence_length: ...} to the entry, an enclosing blend or the metadataset's top "
+                "level, or pass token_config=GPTConfig(sequence_length=...) to get_train_dataset / "
+                "get_val_dataset"
+            )
+        raise MetadatasetError(
+            f"{where} is a Megatron token dataset: pass token_config=GPTConfig(sequence_length=...) "
+            "(from energon.megatron) to get_train_dataset / get_val_dataset"
+        )
+    return GPTConfig(**merged)
 
 
 def _apply_subsets(
