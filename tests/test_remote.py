@@ -158,6 +158,7 @@ def test_faults_do_not_change_the_output(remote_text, fault_proxy, monkeypatch):
     # counted by us: botocore's own retries are off, so none is hidden.
     stats = remote_stats()
     assert stats.retries == sum(handler.faults.values()), (stats, handler.faults)
+    assert stats.throttled == handler.faults["slowdown"]  # each 503 SlowDown lowered concurrency
 
 
 def test_read_ahead_serves_consecutive_samples_from_one_request(remote_text):

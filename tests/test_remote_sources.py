@@ -228,6 +228,18 @@ def test_hints_respect_the_budget_and_never_evict_unread_hints(blob):
     assert cache.read(url, 10 * 1024, 11 * 1024, offsets) == data[10 * 1024 : 11 * 1024]
 
 
+def test_waiting_for_remote_bytes_is_counted(blob):
+    url, data, offsets = blob
+    cache = RemoteChunkCache(budget=1 << 20)
+    cache.prefetch(url, offsets[0:5])
+    _wait_idle(cache)
+    remote_stats().reset()
+    assert cache.read(url, 0, 1024, offsets) == data[:1024]  # prefetched: no wait
+    assert remote_stats().wait_seconds == 0
+    assert cache.read(url, 30 * 1024, 31 * 1024, offsets) == data[30 * 1024 : 31 * 1024]
+    assert remote_stats().wait_seconds > 0  # not hinted: the read waited for its GET
+
+
 def test_unhinted_reads_fetch_on_demand_chunks_without_overlap(blob):
     url, data, offsets = blob
     cache = RemoteChunkCache(budget=1 << 20)

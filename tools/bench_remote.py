@@ -274,8 +274,10 @@ def main() -> None:
                 "stalls",
                 "requests",
                 "retries",
+                "throttled",
                 "bytes read",
                 "bytes written",
+                "wait s",
             ),
             fault_rows,
         )

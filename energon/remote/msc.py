@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from energon.remote.retry import RemoteError, RemoteNotFoundError, with_retries
+from energon.remote.retry import RemoteError, RemoteNotFoundError, is_throttling, with_retries
 from energon.remote.stats import STATS
 
 T = TypeVar("T")
@@ -292,7 +292,9 @@ def _call(what: str, fn: Callable[[], T]) -> T:
         except Exception as e:
             kind = classify(e)
             if kind == "transient":
-                raise TransientRemoteError(_brief(e)) from None
+                error = TransientRemoteError(_brief(e))
+                error.throttled = is_throttling(e)  # SlowDown / 503 / 429: lower the concurrency
+                raise error from None
             if kind == "missing":
                 failure.append(RemoteNotFoundError(f"{what}: object not found ({_brief(e)})"))
             else:

@@ -1,7 +1,9 @@
 """Retry policy for object-store requests: exponential backoff with full jitter.
 
 Transient failures (connection resets, timeouts, HTTP 5xx, throttling) are retried; anything else
-is permanent and raised at once, so a missing object or a denied request fails fast.
+is permanent and raised at once, so a missing object or a denied request fails fast. Every attempt
+holds a place of the process's adaptive concurrency limit (:mod:`energon.remote.concurrency`), which
+shrinks when the store throttles.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from energon.errors import EnergonError
+from energon.remote.concurrency import process_limit
 from energon.remote.stats import STATS
 
 T = TypeVar("T")
@@ -70,6 +73,40 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, transient)
 
 
+_THROTTLING_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+}
+
+
+def is_throttling(exc: BaseException) -> bool:
+    """True when the store asks us to slow down (``SlowDown``, HTTP 503 or 429), anywhere in the
+    exception's chain; errors raised by our own store modules say so with ``throttled = True``."""
+    try:
+        from botocore.exceptions import ClientError
+    except ImportError:  # an msc-only install
+        ClientError = ()  # noqa: N806
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if getattr(e, "throttled", False):
+            return True
+        if ClientError and isinstance(e, ClientError):
+            status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if status in (429, 503) or e.response.get("Error", {}).get("Code") in _THROTTLING_CODES:
+                return True
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
 def describe(exc: BaseException) -> str:
     """A short, credential-free description of a failure."""
     from botocore.exceptions import ClientError
@@ -94,10 +131,16 @@ def is_not_found(exc: BaseException) -> bool:
 def with_retries(what: str, call: Callable[[], T]) -> T:
     """Run ``call`` with retries on transient failures; ``what`` names the object in errors."""
     attempts = max_attempts()
+    limit = process_limit()
     for attempt in range(attempts):
         try:
-            return call()
+            with limit.slot():
+                result = call()
+            limit.succeeded()
+            return result
         except Exception as e:
+            if is_throttling(e):
+                limit.throttled()
             if is_not_found(e):
                 raise RemoteNotFoundError(f"{what}: object not found ({describe(e)})") from None
             if not is_transient(e):

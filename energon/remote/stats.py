@@ -16,8 +16,10 @@ class RemoteStats:
 
     requests: int = 0
     retries: int = 0
+    throttled: int = 0  # answers asking us to slow down (SlowDown, 503, 429)
     bytes_read: int = 0
     bytes_written: int = 0
+    wait_seconds: float = 0.0  # time reads waited for remote bytes (0 while prefetch keeps up)
     _lock: threading.Lock = dataclasses.field(
         default_factory=threading.Lock, repr=False, compare=False
     )
@@ -29,14 +31,18 @@ class RemoteStats:
 
     def reset(self) -> None:
         with self._lock:
-            self.requests = self.retries = self.bytes_read = self.bytes_written = 0
+            self.requests = self.retries = self.throttled = 0
+            self.bytes_read = self.bytes_written = 0
+            self.wait_seconds = 0.0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return {
             "requests": self.requests,
             "retries": self.retries,
+            "throttled": self.throttled,
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
+            "wait_seconds": round(self.wait_seconds, 3),
         }
 
 

@@ -26,12 +26,14 @@ from __future__ import annotations
 import bisect
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from energon import epath
+from energon.remote.stats import STATS
 
 CHUNK_BYTES = 8 << 20
 ON_DEMAND_BYTES = int(os.environ.get("ENERGON_REMOTE_READAHEAD_BYTES", 1 << 20))
@@ -116,7 +118,14 @@ class RemoteChunkCache:
         if chunk is None:  # straddles cached chunks (only for reads inside samples): read directly
             return epath.read_range(path, start, end)
         try:
-            data = chunk.future.result()  # a failed fetch raises here, for the sample that needs it
+            if chunk.future.done():
+                data = chunk.future.result()
+            else:  # the loader waits for remote bytes: count it (prefetch did not keep up)
+                waited = time.perf_counter()
+                data = (
+                    chunk.future.result()
+                )  # a failed fetch raises here, for the sample needing it
+                STATS.add(wait_seconds=time.perf_counter() - waited)
         except BaseException:
             with self._lock:  # forget it, so that a later read tries again
                 if self._chunks.get((path, chunk.start)) is chunk:
