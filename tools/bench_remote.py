@@ -12,7 +12,12 @@ prepared locally and uploaded. Per workload:
 - *faults* (``--faults``): the S3 run with 0 workers again through a proxy that cuts, stalls and
   throttles ranged GETs; its output must equal the clean run's, and the retry counters are shown.
 
+- *link* (``--link 20,16``): reads (downloader and loader) go through an emulated network link in
+  its own process: 20 ms before the first byte of every response, 16 MB/s shared by all
+  connections. This is the setting the target is about: the network, not the CPU, is the limit.
+
     python tools/bench_remote.py [--workloads text,captioning] [--shards 2] [--batches 150]
+        [--faults] [--link LATENCY_MS,MB_PER_S]
 """
 
 from __future__ import annotations
@@ -78,6 +83,26 @@ def start_server() -> tuple[subprocess.Popen, str]:
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError("moto server did not start")
+
+
+def start_link(endpoint: str, latency_ms: float, mb_per_s: float) -> tuple[subprocess.Popen, str]:
+    """The emulated link (tools/s3_fault_proxy.py, no faults) in its own process."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "s3_fault_proxy.py")
+    proc = subprocess.Popen(
+        [sys.executable, script, endpoint, "--latency-ms", str(latency_ms)]
+        + ["--bandwidth-mbps", str(mb_per_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return proc, proc.stdout.readline().strip()
+
+
+def use_endpoint(endpoint: str) -> None:
+    """Point boto3 (and energon's cached client) at ``endpoint``."""
+    from energon.remote import s3
+
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    s3.reset_client()
 
 
 def upload(local: str, bucket: str, prefix: str) -> tuple[str, list[str]]:
@@ -149,9 +174,12 @@ def loader_cpu(exclude: int) -> float:
     return total
 
 
-def rate(path: str, workers: int, batches: int, server_pid: int) -> tuple[float, float, float]:
+def rate(
+    path: str, workers: int, batches: int, server_pid: int
+) -> tuple[float, float, float, float]:
     """(samples/s after the first batch, seconds to the first batch, loader CPU ms per 1,000
-    samples after the first batch: main process + workers, server excluded)."""
+    samples after the first batch: main process + workers, server excluded, samples/s from the
+    start: what a link-bound run compares with the downloader, which also starts from nothing)."""
     t0 = time.perf_counter()
     it = iter(loader(path, workers))
     next(it)
@@ -162,7 +190,8 @@ def rate(path: str, workers: int, batches: int, server_pid: int) -> tuple[float,
         next(it)
     seconds = time.perf_counter() - t
     cpu = loader_cpu(server_pid) - cpu
-    return batches * BATCH / seconds, ttfb, cpu * 1e6 / (batches * BATCH)
+    from_start = (batches + 1) * BATCH / (ttfb + seconds)
+    return batches * BATCH / seconds, ttfb, cpu * 1e6 / (batches * BATCH), from_start
 
 
 def keys_of(path: str, workers: int, batches: int) -> list:
@@ -205,6 +234,12 @@ def main() -> None:
     parser.add_argument("--workers", default="0,2")
     parser.add_argument("--root", default="bench_data")
     parser.add_argument("--faults", action="store_true", help="also run through the fault proxy")
+    parser.add_argument(
+        "--link",
+        metavar="LATENCY_MS,MB_PER_S",
+        help="read through an emulated link (first-byte latency, bandwidth shared by all "
+        "connections), e.g. 20,16; uploads go to the server directly",
+    )
     args = parser.parse_args()
 
     os.environ.update(
@@ -212,20 +247,26 @@ def main() -> None:
     )
     os.environ.setdefault("ENERGON_CACHE_DIR", tempfile.mkdtemp(prefix="energon-cache-"))
     server, endpoint = start_server()
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    link, read_endpoint = None, endpoint
+    if args.link:
+        link, read_endpoint = start_link(endpoint, *map(float, args.link.split(",")))
     rows, fault_rows = [], []
     try:
         for workload in args.workloads.split(","):
+            use_endpoint(endpoint)
             local = local_copy(workload, args.shards, args.root)
             url, keys = upload(local, "energon-bench", workload)
+            use_endpoint(read_endpoint)
             seconds, nbytes = download_rate("energon-bench", keys)
             with open(os.path.join(local, ".nv-meta", ".info.json")) as f:
                 samples = sum(json.load(f)["shard_counts"].values())
             limit = samples / seconds
             for workers in [int(w) for w in args.workers.split(",")]:
-                local_rate, _, local_cpu = rate(local, workers, args.batches, server.pid)
+                local_rate, _, local_cpu, _ = rate(local, workers, args.batches, server.pid)
                 server_cpu = cpu_seconds(server.pid)
-                remote_rate, remote_ttfb, remote_cpu = rate(url, workers, args.batches, server.pid)
+                remote_rate, remote_ttfb, remote_cpu, from_start = rate(
+                    url, workers, args.batches, server.pid
+                )
                 server_cpu = cpu_seconds(server.pid) - server_cpu
                 rows.append(
                     (
@@ -234,7 +275,8 @@ def main() -> None:
                         f"{nbytes / seconds / 1e6:.0f} MB/s = {limit:,.0f}",
                         round(local_rate),
                         round(remote_rate),
-                        f"{remote_rate / limit:.2f}",
+                        round(from_start),
+                        f"{from_start / limit:.2f}",
                         f"{remote_rate / min(limit, local_rate):.2f}",
                         round(remote_ttfb, 3),
                         f"{local_cpu:.0f} / {remote_cpu:.0f}",
@@ -242,11 +284,17 @@ def main() -> None:
                     )
                 )
             if args.faults:
+                use_endpoint(endpoint)
                 fault_rows.append((workload, *fault_run(url, endpoint, 20).values()))
             shutil.rmtree(local, ignore_errors=True)
     finally:
-        server.terminate()
-        server.wait()
+        for process in (link, server):
+            if process is not None:
+                process.terminate()
+                process.wait()
+    if args.link:
+        latency, bandwidth = args.link.split(",")
+        print(f"Reads through an emulated link: {latency} ms first-byte latency, {bandwidth} MB/s")
     print(machine_summary())
     print_markdown_table(
         (
@@ -255,7 +303,8 @@ def main() -> None:
             "downloader (limit) samples/s",
             "local samples/s",
             "S3 samples/s",
-            "S3 / limit",
+            "S3 samples/s from start",
+            "S3 from start / limit",
             "S3 / min(limit, local)",
             "S3 TTFB s",
             "loader CPU ms/1k samples local / S3",

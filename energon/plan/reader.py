@@ -38,7 +38,7 @@ class SliceReader:
         excluded: frozenset[int] = frozenset(),
         padding: int = 0,
         pad_index: int = 0,
-        hint: Callable[[int, int], None] | None = None,
+        hint: Callable[[int, int, bool], None] | None = None,
     ) -> None:
         self.bounds = bounds
         self.num_slices = len(bounds) - 1
@@ -59,8 +59,9 @@ class SliceReader:
         self._started = False
         self._order: np.ndarray | None = None
         self._ends = [int(b) for b in bounds[1:]]
-        # Prefetch hints (remote data): ``hint(first, end)`` for the open slices and the next
-        # HINT_AHEAD ones in the epoch's order. Not part of the state: hints only affect speed.
+        # Prefetch hints (remote data): ``hint(first, end, later)`` for the open slices and the
+        # next HINT_AHEAD ones in the epoch's order (``later``: not open yet, needed after the open
+        # ones). Not part of the state: hints only affect speed.
         self._hint = hint
         self._hinted_until: int | None = None
 
@@ -136,9 +137,12 @@ class SliceReader:
         self._padded = 0
         self._order = None
         self._active = []
-        self._hinted_until = 0
+        self._hinted_until = None  # no hints while the first slices open: all at once below
         while len(self._active) < self.parallel and self._pos < self.num_slices:
             self._open_next_slice()
+        if self._hint is not None:
+            self._hinted_until = 0
+            self._hint_ahead()
 
     def _pick_slot(self) -> int:
         """An open slice, with probability proportional to the samples left in it."""
@@ -160,7 +164,7 @@ class SliceReader:
     def _open_next_slice(self, at: int | None = None) -> None:
         slice_index = int(self._slice_order()[self._pos])
         self._pos += 1
-        if self._hint is not None:
+        if self._hint is not None and self._hinted_until is not None:
             self._hint_ahead()
         entry = [slice_index, int(self.bounds[slice_index])]
         if entry[1] >= self.bounds[slice_index + 1]:
@@ -174,15 +178,15 @@ class SliceReader:
         """Hint the slices up to HINT_AHEAD positions past the last opened one."""
         order = self._slice_order()
         stop = min(self.num_slices, self._pos + HINT_AHEAD)
-        for pos in range(max(self._hinted_until or 0, self._pos - 1), stop):
+        for pos in range(self._hinted_until or 0, stop):
             s = int(order[pos])
-            self._hint(int(self.bounds[s]), int(self.bounds[s + 1]))
+            self._hint(int(self.bounds[s]), int(self.bounds[s + 1]), pos >= self._pos)
         self._hinted_until = max(self._hinted_until or 0, stop)
 
     def _hint_restored(self) -> None:
         """After a restore: hint what is left of the open slices, then the slices ahead."""
         for slice_index, cursor in self._active:
-            self._hint(cursor, self._ends[slice_index])
+            self._hint(cursor, self._ends[slice_index], False)
         self._hinted_until = self._pos
         if self._pos < self.num_slices:
             self._hint_ahead()

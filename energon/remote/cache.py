@@ -28,8 +28,21 @@ def cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / "energon-cache"
 
 
+_validated: dict[tuple[int, str], str] = {}  # (pid, url) -> local copy checked in this process
+
+
 def local_copy(url: str) -> str:
-    """A local file with the current content of the remote object ``url``."""
+    """A local file with the current content of the remote object ``url``; checked against the
+    remote size and ETag once per process (index files do not change under a running job)."""
+    known = _validated.get((os.getpid(), url))
+    if known is not None and os.path.exists(known):
+        return known
+    path = _fresh_local_copy(url)
+    _validated[(os.getpid(), url)] = path
+    return path
+
+
+def _fresh_local_copy(url: str) -> str:
     size, etag = epath.stat(url)
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)

@@ -118,9 +118,9 @@ class JsonlLeaf:
         """The file lives in object storage (reads benefit from :meth:`prefetch` hints)."""
         return epath.is_remote(self.path)
 
-    def prefetch(self, first: int, end: int) -> None:
+    def prefetch(self, first: int, end: int, later: bool = False) -> None:
         """Hint that records ``[first, end)`` will be read soon (fetched in the background)."""
-        shard_reader().prefetch(self.path, first, min(end, self.count))
+        shard_reader().prefetch(self.path, first, min(end, self.count), later)
 
     def read_line(self, index: int) -> bytes:
         reader = shard_reader()

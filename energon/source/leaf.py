@@ -102,14 +102,14 @@ class WebdatasetLeaf:
         """Shards live in object storage (reads benefit from :meth:`prefetch` hints)."""
         return epath.is_remote(self.root)
 
-    def prefetch(self, first: int, end: int) -> None:
-        """Hint that samples ``[first, end)`` will be read soon; remote shards fetch them on
-        background threads (see :mod:`energon.source.prefetch`)."""
+    def prefetch(self, first: int, end: int, later: bool = False) -> None:
+        """Hint that samples ``[first, end)`` will be read soon (``later``: after the ranges hinted
+        without it); remote shards fetch them on background threads (:mod:`energon.source.prefetch`)."""
         reader = shard_reader()
         while first < end:
             shard, inner = self.locate(first)
             count = min(end, self._starts_list[shard + 1]) - first
-            reader.prefetch(self._shard_paths[shard], inner, inner + count)
+            reader.prefetch(self._shard_paths[shard], inner, inner + count, later)
             first += count
 
     def read_members(self, index: int) -> tuple[list[tuple[str, memoryview]], int, int]:

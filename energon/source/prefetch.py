@@ -17,25 +17,29 @@ used chunks. A chunk is never evicted while a hint's bytes in it have not been r
 on-demand read needs the room.
 
 Settings (environment, per process): ``ENERGON_REMOTE_PREFETCH_BUDGET`` (bytes, default 256 MiB),
-``ENERGON_REMOTE_PREFETCH_THREADS`` (default 8), ``ENERGON_REMOTE_READAHEAD_BYTES`` (the on-demand
-chunk size, default 1 MiB); ``ENERGON_REMOTE_PREFETCH_BUDGET=0`` turns hints off.
+``ENERGON_REMOTE_PREFETCH_THREADS`` (default 8), ``ENERGON_REMOTE_CHUNK_BYTES`` (the largest
+hinted chunk, default 1 MiB), ``ENERGON_REMOTE_READAHEAD_BYTES`` (the on-demand chunk size, default
+1 MiB); ``ENERGON_REMOTE_PREFETCH_BUDGET=0`` turns hints off.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 
 import numpy as np
 
 from energon import epath
 from energon.remote.stats import STATS
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = int(os.environ.get("ENERGON_REMOTE_CHUNK_BYTES", 1 << 20))
+FETCHER_IDLE_S = 10.0  # a fetch thread without work for this long exits
 ON_DEMAND_BYTES = int(os.environ.get("ENERGON_REMOTE_READAHEAD_BYTES", 1 << 20))
 PREFETCH_BUDGET = int(os.environ.get("ENERGON_REMOTE_PREFETCH_BUDGET", 256 << 20))
 PREFETCH_THREADS = int(os.environ.get("ENERGON_REMOTE_PREFETCH_THREADS", 8))
@@ -58,8 +62,23 @@ class _Chunk:
         return self.end - self.start
 
 
+def _fetch(chunk: _Chunk) -> None:
+    """Fill a chunk's future with its bytes, or with the error that stopped them."""
+    try:
+        chunk.future.set_result(epath.read_range(chunk.path, chunk.start, chunk.end))
+    except BaseException as e:
+        chunk.future.set_exception(e)
+
+
 class RemoteChunkCache:
-    """Chunks of remote shards by (path, start); one per process (it owns threads)."""
+    """Chunks of remote shards by (path, start); one per process (it owns threads).
+
+    Hinted chunks wait in a priority queue for the fetch threads: the k-th piece of every hint
+    before the (k+1)-th piece of any, oldest hint first. A stream reads its open slices side by
+    side, so it needs the first piece of each of them before the second piece of any; fetching in
+    that order gets the first batch (and every slice that opens later) going early instead of
+    downloading whole slices one after the other.
+    """
 
     def __init__(self, budget: int = PREFETCH_BUDGET, threads: int = PREFETCH_THREADS) -> None:
         self.budget = budget
@@ -68,27 +87,76 @@ class RemoteChunkCache:
         self._chunks: OrderedDict[tuple[str, int], _Chunk] = OrderedDict()  # LRU order
         self._bytes = 0
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        # heap of (piece rank, hint number, chunk or deferred hint)
+        self._queue: list[tuple[int, int, _Chunk | Callable[[], None]]] = []
+        self._queued = threading.Condition(self._lock)
+        self._hints = 0
+        self._fetchers = 0  # live fetch threads
+        self._idle = 0  # of which waiting for work
 
     # -- hints -----------------------------------------------------------------------------
 
-    def prefetch(self, path: str, offsets: np.ndarray) -> None:
+    def prefetch(self, path: str, offsets: np.ndarray, later: bool = False) -> None:
         """Fetch the samples whose boundaries are ``offsets`` (sample starts plus the final end) in
-        the background, skipping samples already cached; drops what does not fit the budget."""
+        the background, skipping samples already cached; drops what does not fit the budget.
+        ``later`` ranges (slices not open yet) queue one rank behind the others."""
         if self.budget <= 0 or len(offsets) < 2:
             return
         with self._lock:
-            for start, end in self._uncovered_pieces(path, offsets):
+            self._hints += 1
+            pieces = self._uncovered_pieces(path, offsets)
+            for rank, (start, end) in enumerate(pieces, start=int(later)):
                 if not self._make_room(end - start, hinted_only=True):
                     return
-                self._add(path, start, end, hinted=True)
+                chunk = self._add(path, start, end, hinted=True)
+                heapq.heappush(self._queue, (rank, self._hints, chunk))
+                self._wake_fetcher()
+
+    def _wake_fetcher(self) -> None:
+        """Hand the queue to an idle fetch thread, or start one (up to ``threads``)."""
+        if self._idle:
+            self._queued.notify()
+        elif self._fetchers < self.threads:
+            self._fetchers += 1
+            threading.Thread(target=self._fetch_loop, name="energon-prefetch", daemon=True).start()
+
+    def _fetch_loop(self) -> None:
+        """Fetch queued chunks, best priority first; exit after a while without work."""
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._idle += 1
+                    woken = self._queued.wait(timeout=FETCHER_IDLE_S)
+                    self._idle -= 1
+                    if not woken and not self._queue:
+                        self._fetchers -= 1
+                        return
+                _, _, item = heapq.heappop(self._queue)
+            if isinstance(item, _Chunk):
+                _fetch(item)
+            else:
+                try:
+                    item()
+                except Exception:
+                    pass  # a failed hint costs nothing: the read that needs the bytes reports it
+
+    def defer(self, hint: Callable[[], None]) -> None:
+        """Run ``hint`` on a fetch thread before any queued chunk (e.g. a hint that first needs
+        a shard's index downloaded: the caller does not wait for it)."""
+        with self._lock:
+            self._hints += 1
+            heapq.heappush(self._queue, (-1, self._hints, hint))
+            self._wake_fetcher()
 
     def _uncovered_pieces(self, path: str, offsets: np.ndarray) -> list[tuple[int, int]]:
         """Runs of consecutive samples not in any chunk, cut into pieces of at most CHUNK_BYTES
-        (a single larger sample makes its own piece)."""
+        (a single larger sample makes its own piece). A range larger than CHUNK_BYTES starts with
+        a quarter-size piece and doubles from there, so that its first samples (needed first)
+        arrive sooner."""
         pieces: list[tuple[int, int]] = []
         piece_start = None
         bounds = [int(o) for o in offsets]
+        size = CHUNK_BYTES // 4 if bounds[-1] - bounds[0] > CHUNK_BYTES else CHUNK_BYTES
         for s, e in zip(bounds[:-1], bounds[1:]):
             if self._find(path, s, e) is not None or self._overlaps(path, s, e):
                 if piece_start is not None:
@@ -97,9 +165,10 @@ class RemoteChunkCache:
                 continue
             if piece_start is None:
                 piece_start = s
-            elif e - piece_start > CHUNK_BYTES:
+            elif e - piece_start > size:
                 pieces.append((piece_start, s))
                 piece_start = s
+                size = min(CHUNK_BYTES, 2 * size)
         if piece_start is not None:
             pieces.append((piece_start, bounds[-1]))
         return pieces
@@ -108,10 +177,11 @@ class RemoteChunkCache:
 
     def read(self, path: str, start: int, end: int, offsets: np.ndarray) -> bytes:
         """Bytes ``[start, end)`` of a sample of ``path``; ``offsets`` is the shard's tar index."""
+        on_demand = None
         with self._lock:
             chunk = self._find(path, start, end)
             if chunk is None and not self._overlaps(path, start, end):
-                chunk = self._on_demand(path, start, end, offsets)
+                chunk = on_demand = self._on_demand(path, start, end, offsets)
             if chunk is not None:
                 self._chunks.move_to_end((path, chunk.start))
                 chunk.hinted = False
@@ -122,9 +192,9 @@ class RemoteChunkCache:
                 data = chunk.future.result()
             else:  # the loader waits for remote bytes: count it (prefetch did not keep up)
                 waited = time.perf_counter()
-                data = (
-                    chunk.future.result()
-                )  # a failed fetch raises here, for the sample needing it
+                if on_demand is not None:
+                    _fetch(on_demand)  # in this thread: it must not queue behind prefetches
+                data = chunk.future.result()  # a failed fetch raises here, for the sample
                 STATS.add(wait_seconds=time.perf_counter() - waited)
         except BaseException:
             with self._lock:  # forget it, so that a later read tries again
@@ -168,10 +238,7 @@ class RemoteChunkCache:
         return i + 1 < len(starts) and starts[i + 1] < end
 
     def _add(self, path: str, start: int, end: int, hinted: bool) -> _Chunk:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="energon-prefetch")
-        future = self._pool.submit(epath.read_range, path, start, end)
-        chunk = _Chunk(path, start, end, future, hinted)
+        chunk = _Chunk(path, start, end, Future(), hinted)
         self._chunks[(path, start)] = chunk
         bisect.insort(self._starts.setdefault(path, []), start)
         self._bytes += chunk.size

@@ -100,13 +100,22 @@ class ShardReader:
         index = self._indices.get_or_open(tar_path, _open_index)
         return self._remote.read(tar_path, start, end, index.offsets)
 
-    def prefetch(self, tar_path: str, first: int, end: int) -> None:
-        """Hint that samples ``[first, end)`` of a remote shard will be read soon (no-op locally)."""
+    def prefetch(self, tar_path: str, first: int, end: int, later: bool = False) -> None:
+        """Hint that samples ``[first, end)`` of a remote shard will be read soon (no-op locally);
+        ``later``: after what was hinted without it."""
         if not epath.is_remote(tar_path):
             return
         self._check_fork()
-        index = self._indices.get_or_open(tar_path, _open_index)
-        self._remote.prefetch(tar_path, index.offsets[first : end + 1])
+        index = self._indices.get(tar_path)
+        if index is not None:
+            self._remote.prefetch(tar_path, index.offsets[first : end + 1], later)
+            return
+        remote = self._remote
+
+        def hint_after_fetching_the_index() -> None:  # on a fetch thread: indices in parallel
+            remote.prefetch(tar_path, _open_index(tar_path).offsets[first : end + 1], later)
+
+        remote.defer(hint_after_fetching_the_index)
 
 
 _reader: ShardReader | None = None
