@@ -11,6 +11,7 @@ from pathlib import Path
 import boto3
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 from conftest import make_captioning_dataset, make_text_dataset
 
@@ -317,3 +318,48 @@ def test_a_rank_fetches_only_the_shards_it_reads(tmp_path, monkeypatch):
         fetched_shards = {int(name.split("-")[1].split(".")[0]) for name in shard_files}
         assert fetched_shards and fetched_shards <= shards_read, (rank, fetched_shards, shards_read)
         assert len(shards_read) <= 3  # 2 of 8 shards per rank, plus at most a boundary one
+
+
+def _token_batches(path, num_workers: int, batches: int, **kwargs) -> list:
+    from energon.megatron.gpt_dataset import GPTConfig
+
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+    ds = get_train_dataset(
+        path,
+        worker_config=wc,
+        batch_size=4,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=8,
+        token_config=GPTConfig(sequence_length=16, split="90,10,0", eod_token=0),
+        **kwargs,
+    )
+    it = iter(get_savable_loader(ds))
+    return [next(it) for _ in range(batches)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_megatron_token_prefix_from_s3(tmp_path, num_workers, monkeypatch):
+    from test_megatron_tokens import write_prefix
+
+    local = tmp_path / "tokens" / "corpus"
+    local.parent.mkdir()
+    write_prefix(str(local), num_docs=120, seed=3)
+    (tmp_path / "tokens" / "mds.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\n"
+        "token_config: {sequence_length: 16, split: '90,10,0', eod_token: 0}\n"
+        "splits:\n  train:\n    blend:\n      - weight: 1\n        path: ./corpus\n"
+    )
+    _upload(tmp_path / "tokens", f"s3://{BUCKET}/tokens{num_workers}")
+    url = f"s3://{BUCKET}/tokens{num_workers}/corpus"
+    expected = _token_batches(str(local), num_workers, 12)
+    remote_stats().reset()
+    got = _token_batches(url, num_workers, 12)
+    for a, b in zip(expected, got):
+        assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["labels"], b["labels"])
+    # a remote metadataset naming the prefix relatively gives the same windows
+    via_yaml = _token_batches(f"s3://{BUCKET}/tokens{num_workers}/mds.yaml", num_workers, 4)
+    for a, b in zip(expected, via_yaml):
+        assert torch.equal(a["tokens"], b["tokens"])
+    # index arrays are built in the local cache folder, never written to the bucket
+    keys = [k.rsplit("/", 1)[1] for k in s3.list_keys(f"s3://{BUCKET}/tokens{num_workers}/")]
+    assert sorted(keys) == ["corpus.bin", "corpus.idx", "mds.yaml"]

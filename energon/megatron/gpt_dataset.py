@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from energon.megatron import gpt_indices as gi
-from energon.megatron.indexed import IndexedTokens
+from energon.megatron.indexed import IndexedTokens, bin_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +232,15 @@ class GPTTokenDataset:
             return self.config.path_to_cache
         if self.config.mock or self.dataset_path is None:
             return None
+        from energon import epath
+
+        if epath.is_remote(self.dataset_path):  # index files are built and mapped locally
+            import hashlib
+
+            from energon.remote.cache import cache_dir
+
+            digest = hashlib.sha256(self.dataset_path.encode()).hexdigest()[:16]
+            return str(cache_dir() / "megatron" / digest / f"{self.class_name}_indices")
         return os.path.join(self.dataset_path, "cache", f"{self.class_name}_indices")
 
     # -- indices ----------------------------------------------------------------------------------
@@ -276,8 +285,8 @@ class GPTTokenDataset:
         return int(self.indices()["sample_index"].shape[0]) - 1
 
     # -- samples ----------------------------------------------------------------------------------
-    def window(self, k: int) -> np.ndarray:
-        """The ``S + x`` token ids (int64) of window ``k`` in served order, padded with ``pad_token``."""
+    def _parts(self, k: int) -> list[tuple[int, int, int | None]]:
+        """(sequence id, token offset, length or None for the rest) of window ``k``'s parts."""
         arrays = self.indices()
         if not 0 <= k < len(arrays["shuffle_index"]):
             raise IndexError(f"sample {k} out of range [0, {len(arrays['shuffle_index'])})")
@@ -287,13 +296,28 @@ class GPTTokenDataset:
         b, b_off, e, e_off = int(b), int(b_off), int(e), int(e_off)
         extra = self.config.extra
         if b == e:
-            pieces = [self.tokens.get(int(doc_index[b]), b_off, e_off - b_off + extra)]
-        else:
-            pieces = [self.tokens.get(int(doc_index[b]), b_off)]
-            pieces += [self.tokens.get(int(doc_index[i])) for i in range(b + 1, e)]
-            pieces.append(self.tokens.get(int(doc_index[e]), 0, e_off + extra))
+            return [(int(doc_index[b]), b_off, e_off - b_off + extra)]
+        return [
+            (int(doc_index[b]), b_off, None),
+            *[(int(doc_index[i]), 0, None) for i in range(b + 1, e)],
+            (int(doc_index[e]), 0, e_off + extra),
+        ]
+
+    @property
+    def remote(self) -> bool:
+        """The tokens are in object storage (reads benefit from :meth:`byte_spans` hints)."""
+        return bool(getattr(self.tokens, "remote", False))
+
+    def byte_spans(self, k: int) -> list[tuple[str, int, int]]:
+        """(token file, start, end) of the byte ranges window ``k`` reads."""
+        url = bin_path(self.tokens.prefix)
+        return [(url, *self.tokens.byte_spans(i, off, n)) for i, off, n in self._parts(k)]
+
+    def window(self, k: int) -> np.ndarray:
+        """The ``S + x`` token ids (int64) of window ``k`` in served order, padded with ``pad_token``."""
+        pieces = [self.tokens.get(i, off, n) for i, off, n in self._parts(k)]
         text = np.concatenate(pieces).astype(np.int64)
-        want = self.config.sequence_length + extra
+        want = self.config.sequence_length + self.config.extra
         if len(text) < want:
             text = np.concatenate(
                 [text, np.full(want - len(text), self.config.pad_token, np.int64)]
@@ -427,6 +451,14 @@ class BlendedTokenDataset:
     def window(self, k: int) -> np.ndarray:
         d, j = self.locate(k)
         return self.datasets[d].window(j)
+
+    @property
+    def remote(self) -> bool:
+        return any(d.remote for d in self.datasets)
+
+    def byte_spans(self, k: int) -> list[tuple[str, int, int]]:
+        d, j = self.locate(k)
+        return self.datasets[d].byte_spans(j)
 
     def __getitem__(self, k: int) -> dict[str, Any]:
         d, j = self.locate(k)

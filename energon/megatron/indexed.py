@@ -254,9 +254,21 @@ class IndexedTokens:
             self._arrays = self._open()
         return self._arrays
 
+    @property
+    def remote(self) -> bool:
+        """The prefix is in object storage: ``.idx`` through the local cache, ``.bin`` by ranged
+        reads (see :class:`RemoteTokenFile`)."""
+        from energon import epath
+
+        return epath.is_remote(self.prefix)
+
     def _open(self) -> dict[str, Any]:
         path = idx_path(self.prefix)
         try:
+            if self.remote:
+                from energon import epath
+
+                path = epath.local_copy(path)
             with open(path, "rb") as f:
                 buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except FileNotFoundError:
@@ -324,7 +336,7 @@ class IndexedTokens:
             expected = (
                 int(arrays["pointers"][-1]) + int(arrays["lengths"][-1]) * itemsize if n else 0
             )
-            size = os.path.getsize(path) if os.path.exists(path) else None
+            size = _file_size(path)
             if size is None:
                 raise IndexedFormatError(f"{path}: token file not found")
             if size != expected:
@@ -335,9 +347,20 @@ class IndexedTokens:
                 )
             if size == 0:
                 arrays["bin"] = np.zeros(0, dtype=arrays["dtype"])
+            elif self.remote:
+                arrays["bin"] = RemoteTokenFile(path, arrays["dtype"])
             else:
                 arrays["bin"] = np.memmap(path, dtype=arrays["dtype"], mode="r")
         return arrays["bin"]
+
+    def byte_spans(self, index: int, offset: int = 0, length: int | None = None) -> tuple[int, int]:
+        """Byte range in the ``.bin`` of what :meth:`get` returns (for prefetch hints)."""
+        arrays = self._a
+        itemsize = arrays["dtype"].itemsize
+        if length is None:
+            length = int(arrays["lengths"][index]) - offset
+        start = int(arrays["pointers"][index]) + offset * itemsize
+        return start, start + length * itemsize
 
     # -- public view ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -388,6 +411,35 @@ class IndexedTokens:
 
     def close(self) -> None:
         self._arrays = None
+
+
+def _file_size(path: str) -> int | None:
+    from energon import epath
+
+    if epath.is_remote(path):
+        from energon.remote import RemoteNotFoundError
+
+        try:
+            return epath.stat(path)[0]
+        except RemoteNotFoundError:
+            return None
+    return os.path.getsize(path) if os.path.exists(path) else None
+
+
+class RemoteTokenFile:
+    """A ``.bin`` in object storage that slices like the memory map it stands in for: ``f[a:b]``
+    is one ranged read (through the process's chunk cache, so hinted windows are prefetched)."""
+
+    def __init__(self, url: str, dtype: np.dtype) -> None:
+        self.url = url
+        self.dtype = np.dtype(dtype)
+
+    def __getitem__(self, window: slice) -> np.ndarray:
+        from energon.source.shard_reader import shard_reader
+
+        size = self.dtype.itemsize
+        data = shard_reader().read(self.url, window.start * size, window.stop * size)
+        return np.frombuffer(data, dtype=self.dtype)
 
 
 def merge_prefixes(

@@ -95,6 +95,21 @@ class TokenLeaf:
     def shard_starts(self) -> list[int]:
         return self._shard_starts
 
+    @property
+    def remote(self) -> bool:
+        """Token files in object storage: windows a stream will read are hinted to the prefetcher."""
+        return bool(getattr(self.dataset, "remote", False))
+
+    def prefetch(self, first: int, end: int, later: bool = False) -> None:
+        """Hint that windows ``[first, end)`` will be read soon: their byte ranges are fetched on
+        background threads (each window is one to a few ranges of the ``.bin``)."""
+        from energon.source.shard_reader import shard_reader
+
+        reader = shard_reader()
+        for k in range(first, min(end, self._len)):
+            for url, start, stop in self.dataset.byte_spans(k):
+                reader.prefetch_bytes(url, start, stop, later)
+
     def load(self, index: int, decoder: Any, restore_key: tuple) -> dict[str, Any]:
         """Window ``index`` as Megatron's batch dict (``decoder`` is unused: tokens need none)."""
         try:

@@ -297,8 +297,7 @@ def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any
         from energon.source.jsonl import JsonlLeaf
 
         return JsonlLeaf.open(path, subflavors=ctx.subflavors)
-    remote = epath.is_remote(path)
-    if not remote and os.path.exists(path + ".idx") and os.path.exists(path + ".bin"):
+    if _is_token_prefix(path):
         return _open_token_leaf(path, split_part, ctx, ref.where)
     if ref.token_config:
         raise MetadatasetError(
@@ -324,6 +323,13 @@ def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any
         dataset_config=ref.dataset_config or ctx.dataset_config or "dataset.yaml",
         subflavors=ctx.subflavors,
     )
+
+
+def _is_token_prefix(path: str) -> bool:
+    """``<path>.idx`` and ``<path>.bin`` exist (locally, or as remote objects)."""
+    if epath.is_remote(path):
+        return path.rsplit("/", 1)[-1] != "" and epath.is_file(path + ".idx")
+    return os.path.exists(path + ".idx") and os.path.exists(path + ".bin")
 
 
 _MEGATRON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "test": "test"}

@@ -175,13 +175,16 @@ class RemoteChunkCache:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def read(self, path: str, start: int, end: int, offsets: np.ndarray) -> bytes:
-        """Bytes ``[start, end)`` of a sample of ``path``; ``offsets`` is the shard's tar index."""
+    def read(
+        self, path: str, start: int, end: int, offsets: np.ndarray, readahead: bool = True
+    ) -> bytes:
+        """Bytes ``[start, end)`` of a sample of ``path``; ``offsets`` is the shard's tar index.
+        Without ``readahead`` an unhinted read fetches exactly its range (random access)."""
         on_demand = None
         with self._lock:
             chunk = self._find(path, start, end)
             if chunk is None and not self._overlaps(path, start, end):
-                chunk = on_demand = self._on_demand(path, start, end, offsets)
+                chunk = on_demand = self._on_demand(path, start, end, offsets, readahead)
             if chunk is not None:
                 self._chunks.move_to_end((path, chunk.start))
                 chunk.hinted = False
@@ -203,9 +206,14 @@ class RemoteChunkCache:
             raise
         return data[start - chunk.start : end - chunk.start]
 
-    def _on_demand(self, path: str, start: int, end: int, offsets: np.ndarray) -> _Chunk:
+    def _on_demand(
+        self, path: str, start: int, end: int, offsets: np.ndarray, readahead: bool = True
+    ) -> _Chunk:
         """A chunk from ``start`` to the last sample boundary within ON_DEMAND_BYTES, stopping
         before the next cached chunk (so chunks never overlap)."""
+        if not readahead:
+            self._make_room(end - start, hinted_only=False)
+            return self._add(path, start, end, hinted=False)
         limit = start + max(ON_DEMAND_BYTES, end - start)
         starts = self._starts.get(path, [])
         i = bisect.bisect_right(starts, start)

@@ -38,10 +38,19 @@ class _Lru(OrderedDict):
 
 
 class _Offsets:
-    """A record-offset index (``.jsonl.idx``: the same uint64 layout as ``.tar.idx``)."""
+    """Record offsets: a ``.jsonl.idx`` (the same uint64 layout as ``.tar.idx``), or the sequence
+    starts of a token file. Only used for reads, to cut chunks at record boundaries."""
 
-    def __init__(self, index_path: str) -> None:
-        self.offsets = np.memmap(index_path, dtype="<u8", mode="r")
+    def __init__(self, index_path: str | None) -> None:
+        if index_path is not None:
+            self.offsets = np.memmap(index_path, dtype="<u8", mode="r")
+
+    @classmethod
+    def of(cls, offsets: np.ndarray) -> _Offsets:
+        """Record starts already in memory (e.g. a token file's mapped sequence pointers)."""
+        index = cls(None)
+        index.offsets = offsets
+        return index
 
     def byte_range(self, i: int) -> tuple[int, int]:
         start, end = self.offsets[i : i + 2].tolist()
@@ -51,6 +60,10 @@ class _Offsets:
 def _open_index(path: str) -> TarIndex | _Offsets:
     """The byte index of a shard (``.tar.idx``) or JSONL file (``.jsonl.idx``); a remote index is
     read from its local cached copy."""
+    if path.endswith(".bin"):  # a Megatron token file: sequences start at the .idx's pointers
+        from energon.megatron.indexed import IndexedTokens
+
+        return _Offsets.of(IndexedTokens(path[: -len(".bin")]).sequence_pointers)
     if path.endswith(".jsonl"):
         from energon.source.jsonl import jsonl_index_path
 
@@ -98,7 +111,9 @@ class ShardReader:
 
     def _read_remote(self, tar_path: str, start: int, end: int) -> bytes:
         index = self._indices.get_or_open(tar_path, _open_index)
-        return self._remote.read(tar_path, start, end, index.offsets)
+        # token files are read at random places: no read-ahead past what was asked for
+        readahead = not tar_path.endswith(".bin")
+        return self._remote.read(tar_path, start, end, index.offsets, readahead=readahead)
 
     def prefetch(self, tar_path: str, first: int, end: int, later: bool = False) -> None:
         """Hint that samples ``[first, end)`` of a remote shard will be read soon (no-op locally);
@@ -116,6 +131,13 @@ class ShardReader:
             remote.prefetch(tar_path, _open_index(tar_path).offsets[first : end + 1], later)
 
         remote.defer(hint_after_fetching_the_index)
+
+    def prefetch_bytes(self, path: str, start: int, end: int, later: bool = False) -> None:
+        """Hint one byte range of a remote file (records that are not consecutive, such as the
+        pieces of a token window)."""
+        if epath.is_remote(path):
+            self._check_fork()
+            self._remote.prefetch(path, np.array([start, end], dtype=np.int64), later)
 
 
 _reader: ShardReader | None = None
