@@ -9,13 +9,10 @@ the same dataset loaded from a local folder.
 
 from __future__ import annotations
 
-import http.client
 import json
 import shutil
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -40,6 +37,9 @@ pytest.importorskip("multistorageclient")
 boto3 = pytest.importorskip("boto3")
 
 from energon.remote import msc  # noqa: E402  (after the importorskip)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from s3_fault_proxy import start_fault_proxy  # noqa: E402
 
 BUCKET = "energon-msc"
 ACCESS_KEY = "msc-test-access-key-id"
@@ -325,12 +325,10 @@ def test_write_list_delete_round_trip(msc_env):
 
 def test_msc_retries_are_ours_and_counted(msc_env, monkeypatch, tmp_path):
     """Two 503s on ranged reads: two retries counted (msc's and botocore's retries are off)."""
-    _Flaky.upstream = tuple(msc_env.endpoint.rsplit("/", 1)[1].split(":"))
-    _Flaky.failures_left = 2
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy, handler, stop = start_fault_proxy(
+        msc_env.endpoint, schedule=lambda n: "slowdown" if n <= 2 else None
+    )
     try:
-        proxy = f"http://127.0.0.1:{server.server_address[1]}"
         config = _profiles(msc_env.endpoint, msc_env.disk)
         config["profiles"]["flaky"] = _profiles(proxy, msc_env.disk)["profiles"]["objs"]
         path = tmp_path / "msc_flaky.yaml"
@@ -342,50 +340,9 @@ def test_msc_retries_are_ours_and_counted(msc_env, monkeypatch, tmp_path):
         assert data == msc_env.get("msc://objs/text/.nv-meta/.info.json")[:5]
         assert remote_stats().retries == 2
         assert remote_stats().requests == 3
+        assert remote_stats().throttled == 2 == handler.faults["slowdown"]
     finally:
-        server.shutdown()
-
-
-class _Flaky(BaseHTTPRequestHandler):
-    """Forwards to moto; the first ``failures_left`` ranged GETs get ``503 SlowDown``."""
-
-    protocol_version = "HTTP/1.1"
-    upstream: tuple[str, str]
-    failures_left = 0
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def _forward(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else None
-        if self.command == "GET" and "Range" in self.headers and type(self).failures_left > 0:
-            type(self).failures_left -= 1
-            payload = b"<Error><Code>SlowDown</Code><Message>Reduce your rate</Message></Error>"
-            self.send_response(503)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-            return
-        conn = http.client.HTTPConnection(self.upstream[0], int(self.upstream[1]), timeout=10)
-        headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-        conn.request(self.command, self.path, body=body, headers=headers)
-        resp = conn.getresponse()
-        data = resp.read()
-        conn.close()
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("connection", "transfer-encoding", "content-length"):
-                self.send_header(k, v)
-        is_head = self.command == "HEAD"
-        self.send_header(
-            "Content-Length", resp.getheader("Content-Length") if is_head else str(len(data))
-        )
-        self.end_headers()
-        if not is_head:
-            self.wfile.write(data)
-
-    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
+        stop()
 
 
 def test_credentials_never_in_messages(msc_env, monkeypatch, tmp_path):

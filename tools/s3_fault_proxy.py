@@ -57,13 +57,9 @@ class FaultProxy(BaseHTTPRequestHandler):
             time.sleep(max(0.0, done - time.monotonic()))
             self.wfile.write(chunk)
 
-    def _fault(self) -> str | None:
-        if not self.inject_faults or self.command != "GET" or "Range" not in self.headers:
-            return None
-        cls = type(self)
-        with cls.lock:
-            cls.ranged += 1
-            n = cls.ranged
+    @staticmethod
+    def schedule(n: int) -> str | None:
+        """The fault for the n-th ranged GET (1-based): "stall", "drop", "slowdown" or None."""
         if n in (2, 9):
             return "stall"
         if n % 3 == 0:
@@ -71,6 +67,15 @@ class FaultProxy(BaseHTTPRequestHandler):
         if n % 5 == 1:
             return "slowdown"
         return None
+
+    def _fault(self) -> str | None:
+        if not self.inject_faults or self.command != "GET" or "Range" not in self.headers:
+            return None
+        cls = type(self)
+        with cls.lock:
+            cls.ranged += 1
+            n = cls.ranged
+        return cls.schedule(n)
 
     def _forward(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -130,17 +135,21 @@ def start_fault_proxy(
     upstream_url: str,
     *,
     faults: bool = True,
+    schedule: Callable[[int], str | None] | None = None,
     latency_s: float = 0.0,
     bandwidth: float = 0.0,
     port: int = 0,
 ) -> tuple[str, type[FaultProxy], Callable[[], None]]:
     """Start a proxy to ``upstream_url`` (``http://host:port``) on a loopback port (free if 0);
-    returns (proxy url, handler class with the ``faults`` counters, a function that stops it)."""
+    returns (proxy url, handler class with the ``faults`` counters, a function that stops it).
+    ``schedule(n)`` replaces the fixed fault schedule (the fault for the n-th ranged GET)."""
     host, upstream_port = upstream_url.rsplit("/", 1)[1].split(":")
     handler = type("Proxy", (FaultProxy,), {"upstream": (host, int(upstream_port)), "ranged": 0})
     handler.faults = {"drop": 0, "slowdown": 0, "stall": 0}
     handler.lock = threading.Lock()
     handler.inject_faults = faults
+    if schedule is not None:
+        handler.schedule = staticmethod(schedule)
     handler.latency_s = latency_s
     handler.bandwidth = bandwidth
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
