@@ -79,3 +79,38 @@ def test_a_lowered_limit_holds_back_waiting_requests():
     assert second_entered.wait(5)
     a.join()
     b.join()
+
+
+def test_a_child_forked_while_a_thread_holds_the_counters_lock_does_not_hang():
+    import os
+
+    from energon.remote.stats import STATS
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with STATS._lock:
+            held.set()
+            release.wait(5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's holder thread does not exist here
+        try:
+            STATS.add(requests=1)
+            os._exit(0)
+        finally:
+            os._exit(1)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    raise AssertionError("the child hung on a lock held by the parent's thread at the fork")

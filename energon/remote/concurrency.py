@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from energon.remote.forksafe import ForkSafeLock
 from energon.remote.stats import STATS
 
 
@@ -59,7 +60,7 @@ class AdaptiveLimit:
 
 
 _limits: dict[int, AdaptiveLimit] = {}
-_limits_lock = threading.Lock()
+_limits_lock = ForkSafeLock()
 
 
 def process_limit() -> AdaptiveLimit:

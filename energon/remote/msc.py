@@ -24,11 +24,11 @@ import copy
 import logging
 import os
 import re
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from energon.remote.forksafe import ForkSafeLock
 from energon.remote.retry import RemoteError, RemoteNotFoundError, is_throttling, with_retries
 from energon.remote.stats import STATS
 
@@ -53,7 +53,7 @@ _ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9
 _USERINFO_RE = re.compile(r"(://)[^/\s@]+@")
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _clients: dict[tuple[str, int], Any] = {}
 _secrets: set[str] = set()
 

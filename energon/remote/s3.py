@@ -9,15 +9,15 @@ and is counted. Nothing here is pickled, and no credential ever appears in a mes
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 
+from energon.remote.forksafe import ForkSafeLock
 from energon.remote.retry import RemoteError, with_retries
 from energon.remote.stats import STATS
 
 _CHUNK = 1 << 20
-_client_lock = threading.Lock()
+_client_lock = ForkSafeLock()
 _client: tuple[int, object] | None = None
 
 

@@ -7,7 +7,8 @@ because a loader may read from several threads.
 from __future__ import annotations
 
 import dataclasses
-import threading
+
+from energon.remote.forksafe import ForkSafeLock
 
 
 @dataclasses.dataclass
@@ -20,9 +21,7 @@ class RemoteStats:
     bytes_read: int = 0
     bytes_written: int = 0
     wait_seconds: float = 0.0  # time reads waited for remote bytes (0 while prefetch keeps up)
-    _lock: threading.Lock = dataclasses.field(
-        default_factory=threading.Lock, repr=False, compare=False
-    )
+    _lock: ForkSafeLock = dataclasses.field(default_factory=ForkSafeLock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
         with self._lock:
