@@ -363,3 +363,39 @@ def test_megatron_token_prefix_from_s3(tmp_path, num_workers, monkeypatch):
     # index arrays are built in the local cache folder, never written to the bucket
     keys = [k.rsplit("/", 1)[1] for k in s3.list_keys(f"s3://{BUCKET}/tokens{num_workers}/")]
     assert sorted(keys) == ["corpus.bin", "corpus.idx", "mds.yaml"]
+
+
+def test_a_slow_request_is_hedged_and_the_first_answer_wins(blob, monkeypatch):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from s3_fault_proxy import start_fault_proxy
+
+    url, data, offsets = blob
+    endpoint = s3.client().meta.endpoint_url
+    proxy, handler, stop = start_fault_proxy(
+        endpoint, schedule=lambda n: "stall" if n == 1 else None
+    )
+    handler.stall_s = 3.0  # well inside the read timeout: no retry would end it
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+    s3.reset_client()
+    try:
+        cache = RemoteChunkCache(budget=1 << 20, hedge_min_s=0.3)
+        remote_stats().reset()
+        cache.prefetch(url, offsets[0:9])  # the first ranged GET of the proxy: it stalls
+        time.sleep(0.05)  # let a fetch thread take it
+        began = time.monotonic()
+        assert cache.read(url, 1024, 2048, offsets) == data[1024:2048]
+        assert time.monotonic() - began < 2.0  # the hedge answered, not the stalled request
+        assert remote_stats().hedged == 1 and remote_stats().retries == 0
+    finally:
+        stop()
+        s3.reset_client()
+
+
+def test_a_queued_chunk_that_is_needed_now_is_fetched_by_the_reader(blob):
+    url, data, offsets = blob
+    cache = RemoteChunkCache(budget=1 << 20, threads=0)  # no fetch threads: hints stay queued
+    cache.prefetch(url, offsets[0:5])
+    assert cache._queue and not any(c.future.done() for c in cache._chunks.values())
+    assert cache.read(url, 2048, 3072, offsets) == data[2048:3072]

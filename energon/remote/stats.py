@@ -18,6 +18,7 @@ class RemoteStats:
     requests: int = 0
     retries: int = 0
     throttled: int = 0  # answers asking us to slow down (SlowDown, 503, 429)
+    hedged: int = 0  # second requests sent because the first was slow (the first answer wins)
     bytes_read: int = 0
     bytes_written: int = 0
     wait_seconds: float = 0.0  # time reads waited for remote bytes (0 while prefetch keeps up)
@@ -30,7 +31,7 @@ class RemoteStats:
 
     def reset(self) -> None:
         with self._lock:
-            self.requests = self.retries = self.throttled = 0
+            self.requests = self.retries = self.throttled = self.hedged = 0
             self.bytes_read = self.bytes_written = 0
             self.wait_seconds = 0.0
 
@@ -39,6 +40,7 @@ class RemoteStats:
             "requests": self.requests,
             "retries": self.retries,
             "throttled": self.throttled,
+            "hedged": self.hedged,
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
             "wait_seconds": round(self.wait_seconds, 3),

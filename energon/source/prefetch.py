@@ -25,13 +25,15 @@ hinted chunk, default 1 MiB), ``ENERGON_REMOTE_READAHEAD_BYTES`` (the on-demand 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import heapq
 import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeoutError
 
 import numpy as np
 
@@ -40,6 +42,7 @@ from energon.remote.stats import STATS
 
 CHUNK_BYTES = int(os.environ.get("ENERGON_REMOTE_CHUNK_BYTES", 1 << 20))
 FETCHER_IDLE_S = 10.0  # a fetch thread without work for this long exits
+HEDGE_MIN_S = float(os.environ.get("ENERGON_REMOTE_HEDGE_AFTER", 2.0))
 ON_DEMAND_BYTES = int(os.environ.get("ENERGON_REMOTE_READAHEAD_BYTES", 1 << 20))
 PREFETCH_BUDGET = int(os.environ.get("ENERGON_REMOTE_PREFETCH_BUDGET", 256 << 20))
 PREFETCH_THREADS = int(os.environ.get("ENERGON_REMOTE_PREFETCH_THREADS", 8))
@@ -48,7 +51,7 @@ PREFETCH_THREADS = int(os.environ.get("ENERGON_REMOTE_PREFETCH_THREADS", 8))
 class _Chunk:
     """Bytes ``[start, end)`` of one shard: ready, or a future that will hold them."""
 
-    __slots__ = ("path", "start", "end", "future", "hinted")
+    __slots__ = ("path", "start", "end", "future", "hinted", "started")
 
     def __init__(self, path: str, start: int, end: int, future: Future, hinted: bool) -> None:
         self.path = path
@@ -56,18 +59,28 @@ class _Chunk:
         self.end = end
         self.future = future
         self.hinted = hinted  # fetched for a hint and not read yet: keep it until it is read
+        self.started = False  # a fetch thread or a waiting reader has taken it
 
     @property
     def size(self) -> int:
         return self.end - self.start
 
 
-def _fetch(chunk: _Chunk) -> None:
-    """Fill a chunk's future with its bytes, or with the error that stopped them."""
+def _fetch(chunk: _Chunk, report_errors: bool = True) -> float:
+    """Fill a chunk's future with its bytes, or with the error that stopped them (a hedge leaves
+    errors to the first request); whichever request answers first wins. Returns the seconds the
+    request took."""
+    began = time.perf_counter()
     try:
-        chunk.future.set_result(epath.read_range(chunk.path, chunk.start, chunk.end))
+        data = epath.read_range(chunk.path, chunk.start, chunk.end)
     except BaseException as e:
-        chunk.future.set_exception(e)
+        if report_errors:
+            with contextlib.suppress(InvalidStateError):
+                chunk.future.set_exception(e)
+        return time.perf_counter() - began
+    with contextlib.suppress(InvalidStateError):
+        chunk.future.set_result(data)
+    return time.perf_counter() - began
 
 
 class RemoteChunkCache:
@@ -80,9 +93,16 @@ class RemoteChunkCache:
     downloading whole slices one after the other.
     """
 
-    def __init__(self, budget: int = PREFETCH_BUDGET, threads: int = PREFETCH_THREADS) -> None:
+    def __init__(
+        self,
+        budget: int = PREFETCH_BUDGET,
+        threads: int = PREFETCH_THREADS,
+        hedge_min_s: float = HEDGE_MIN_S,
+    ) -> None:
         self.budget = budget
-        self.threads = max(1, threads)
+        self.threads = max(0, threads)  # 0: hinted chunks are fetched by the reads that need them
+        self.hedge_min_s = hedge_min_s
+        self._typical_fetch_s = 0.0
         self._starts: dict[str, list[int]] = {}
         self._chunks: OrderedDict[tuple[str, int], _Chunk] = OrderedDict()  # LRU order
         self._bytes = 0
@@ -132,8 +152,12 @@ class RemoteChunkCache:
                         self._fetchers -= 1
                         return
                 _, _, item = heapq.heappop(self._queue)
+                if isinstance(item, _Chunk):
+                    if item.started:
+                        continue  # a reader that needed it took it
+                    item.started = True
             if isinstance(item, _Chunk):
-                _fetch(item)
+                self._observe(_fetch(item))
             else:
                 try:
                     item()
@@ -180,11 +204,10 @@ class RemoteChunkCache:
     ) -> bytes:
         """Bytes ``[start, end)`` of a sample of ``path``; ``offsets`` is the shard's tar index.
         Without ``readahead`` an unhinted read fetches exactly its range (random access)."""
-        on_demand = None
         with self._lock:
             chunk = self._find(path, start, end)
             if chunk is None and not self._overlaps(path, start, end):
-                chunk = on_demand = self._on_demand(path, start, end, offsets, readahead)
+                chunk = self._on_demand(path, start, end, offsets, readahead)  # we fetch it
             if chunk is not None:
                 self._chunks.move_to_end((path, chunk.start))
                 chunk.hinted = False
@@ -195,8 +218,7 @@ class RemoteChunkCache:
                 data = chunk.future.result()
             else:  # the loader waits for remote bytes: count it (prefetch did not keep up)
                 waited = time.perf_counter()
-                if on_demand is not None:
-                    _fetch(on_demand)  # in this thread: it must not queue behind prefetches
+                self._wait_for(chunk)
                 data = chunk.future.result()  # a failed fetch raises here, for the sample
                 STATS.add(wait_seconds=time.perf_counter() - waited)
         except BaseException:
@@ -205,6 +227,38 @@ class RemoteChunkCache:
                     self._remove(chunk)
             raise
         return data[start - chunk.start : end - chunk.start]
+
+    def _wait_for(self, chunk: _Chunk) -> None:
+        """Until the chunk's future is done. A chunk still queued is fetched in this thread at
+        once (it is needed now, whatever its place in the queue); a request in flight for longer
+        than ``hedge_after()`` gets a second, hedged request, and the first answer wins."""
+        with self._lock:
+            mine = not chunk.started
+            chunk.started = True
+        if mine:
+            self._observe(_fetch(chunk))
+            return
+        try:
+            chunk.future.result(timeout=self.hedge_after())
+            return
+        except FutureTimeoutError:
+            pass
+        except BaseException:
+            return  # failed: the caller raises it
+        STATS.add(hedged=1)
+        _fetch(chunk, report_errors=False)  # if the hedge fails, the first request decides
+        chunk.future.exception()  # wait for whichever request answers
+
+    def hedge_after(self) -> float | None:
+        """Seconds before a slow request is hedged: four times the typical fetch time, at least
+        ``hedge_min_s``; None when hedging is off."""
+        if self.hedge_min_s <= 0:
+            return None
+        return max(self.hedge_min_s, 4 * self._typical_fetch_s)
+
+    def _observe(self, seconds: float) -> None:
+        """Track the typical fetch time (moving average) that sets the hedging delay."""
+        self._typical_fetch_s += 0.1 * (seconds - self._typical_fetch_s)
 
     def _on_demand(
         self, path: str, start: int, end: int, offsets: np.ndarray, readahead: bool = True
