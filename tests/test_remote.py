@@ -168,3 +168,21 @@ def test_read_ahead_serves_consecutive_samples_from_one_request(remote_text):
     requests = remote_stats().requests - before
     assert samples == 60
     assert requests < samples / 3, f"{requests} requests (metadata included) for {samples} samples"
+
+
+def test_credentials_never_in_state_or_errors(remote_text, monkeypatch):
+    import json
+
+    secret, key_id = "s3cr3t-never-shown-4711", "AKIDNEVERSHOWN"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+    s3.reset_client()
+    loader = _loader(f"s3://{BUCKET}/text", 0)
+    it = iter(loader)
+    next(it)
+    state = json.dumps(loader.save_state_rank(), default=str)
+    assert secret not in state and key_id not in state
+    with pytest.raises(RemoteNotFoundError) as err:
+        s3.read_range(f"s3://{BUCKET}/text/missing.tar", 0, 10)
+    assert secret not in str(err.value) and key_id not in str(err.value)
+    s3.reset_client()
