@@ -186,3 +186,35 @@ def test_credentials_never_in_state_or_errors(remote_text, monkeypatch):
         s3.read_range(f"s3://{BUCKET}/text/missing.tar", 0, 10)
     assert secret not in str(err.value) and key_id not in str(err.value)
     s3.reset_client()
+
+
+def test_ranged_reads_skip_botocore_and_match_it(remote_text, monkeypatch):
+    """The presigned fast path serves ranged reads; botocore's get_object is not called, and the
+    bytes are those botocore returns."""
+    url = f"s3://{BUCKET}/text/parts/data-00000.tar"
+    calls = []
+    real_client = s3.client()
+    real_get = real_client.get_object
+
+    def counting_get(**kwargs):
+        calls.append(kwargs)
+        return real_get(**kwargs)
+
+    monkeypatch.setattr(real_client, "get_object", counting_get)
+    fast = s3.read_range(url, 100, 900)
+    assert calls == []
+    monkeypatch.setenv("ENERGON_S3_FAST_GET", "0")
+    assert s3.read_range(url, 100, 900) == fast
+    assert len(calls) == 1
+
+
+def test_fast_path_errors_do_not_show_the_presigned_url(remote_text, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("ENERGON_REMOTE_MAX_ATTEMPTS", "2")
+    s3.reset_client()
+    with pytest.raises(Exception) as err:
+        s3.read_range(f"s3://{BUCKET}/text/parts/data-00000.tar", 0, 10)
+    message = str(err.value)
+    assert "s3://energon-test/text/parts/data-00000.tar" in message
+    assert "X-Amz" not in message and "Signature" not in message
+    s3.reset_client()

@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import Iterator
 
+from energon.remote import s3_fast_get
 from energon.remote.forksafe import ForkSafeLock
 from energon.remote.retry import RemoteError, with_retries
 from energon.remote.stats import STATS
@@ -53,6 +54,7 @@ def reset_client() -> None:
     global _client
     with _client_lock:
         _client = None
+    s3_fast_get.reset()
 
 
 def head(url: str) -> tuple[int, str]:
@@ -77,6 +79,15 @@ def read_range(url: str, start: int, end: int) -> bytes:
     def call() -> None:
         STATS.add(requests=1)
         pos = start + len(buf)
+        if s3_fast_get.enabled():
+            try:
+                s3_fast_get.read_into(client(), bucket, key, url, pos, end, buf)
+            except s3_fast_get.UseBotocore:
+                s3_fast_get.forget(url)  # and let botocore do this read (precise errors)
+            else:
+                if len(buf) != end - start:
+                    raise ConnectionError(f"short body: {len(buf)} of {end - start} bytes")
+                return
         r = client().get_object(Bucket=bucket, Key=key, Range=f"bytes={pos}-{end - 1}")
         body = r["Body"]
         try:
