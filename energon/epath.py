@@ -34,6 +34,16 @@ def _store(path: str):
     return s3
 
 
+def split_remote(url: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``; ``msc://profile/a/b`` -> ``("profile", "a/b")``."""
+    scheme, _, rest = url.partition("://")
+    root, _, key = rest.partition("/")
+    if not root:
+        what = "profile" if scheme == "msc" else "bucket"
+        raise ValueError(f"{url}: a {scheme} URL needs a {what} ({scheme}://{what}/key)")
+    return root, key
+
+
 def is_absolute(path: str) -> bool:
     """Absolute local path, ``file://`` URL or remote URL (a relative join returns it unchanged)."""
     return is_remote(path) or path.startswith("file://") or os.path.isabs(path)

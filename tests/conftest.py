@@ -82,6 +82,24 @@ def moto_endpoint():
     server.stop()
 
 
+def upload_to_s3(local: Path, url_prefix: str, endpoint: str | None = None) -> None:
+    """Put a local folder (or one file) under ``s3://bucket/prefix/``, creating the bucket."""
+    import boto3
+
+    from energon.remote import s3
+
+    bucket, prefix = s3.split_url(url_prefix)
+    client = boto3.client("s3", endpoint_url=endpoint)
+    try:
+        client.create_bucket(Bucket=bucket)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    for path in files:
+        rel = path.name if local.is_file() else path.relative_to(local).as_posix()
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{rel}", Body=path.read_bytes())
+
+
 @pytest.fixture
 def fake_aws_env(monkeypatch, tmp_path, moto_endpoint):
     """Fake credentials pointing boto3 at the loopback server; fresh client, cache and counters."""

@@ -10,10 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import boto3
 import pytest
 import torch
-from conftest import make_captioning_dataset, make_text_dataset
+from conftest import make_captioning_dataset, make_text_dataset, upload_to_s3
 
 from energon import WorkerConfig, get_savable_loader, get_train_dataset
 from energon.remote import RemoteNotFoundError, remote_stats, s3
@@ -29,18 +28,6 @@ BUCKET = "energon-test"
 pytestmark = pytest.mark.usefixtures("fake_aws_env")  # moto server: tests/conftest.py
 
 
-def _upload(local_root: Path, url_prefix: str, endpoint: str) -> None:
-    bucket, prefix = s3.split_url(url_prefix)
-    client = boto3.client("s3", endpoint_url=endpoint)
-    try:
-        client.create_bucket(Bucket=bucket)
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
-    for path in sorted(p for p in local_root.rglob("*") if p.is_file()):
-        key = f"{prefix}/{path.relative_to(local_root).as_posix()}"
-        client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
-
-
 @pytest.fixture(scope="module")
 def remote_text(tmp_path_factory, moto_endpoint):
     """A text dataset, local and uploaded to ``s3://BUCKET/text`` (plus a metadataset YAML)."""
@@ -49,15 +36,15 @@ def remote_text(tmp_path_factory, moto_endpoint):
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             mp.setenv(name, "testing")
         mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        _upload(root, f"s3://{BUCKET}/text", moto_endpoint)
+        upload_to_s3(root, f"s3://{BUCKET}/text", moto_endpoint)
         meta = root.parent / "meta"
         meta.mkdir()
         (meta / "meta.yaml").write_text(
             "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n"
             "  train:\n    blend:\n      - weight: 1\n        path: ./ds\n"
         )
-        _upload(root, f"s3://{BUCKET}/mds/ds", moto_endpoint)
-        _upload(meta, f"s3://{BUCKET}/mds", moto_endpoint)
+        upload_to_s3(root, f"s3://{BUCKET}/mds/ds", moto_endpoint)
+        upload_to_s3(meta, f"s3://{BUCKET}/mds", moto_endpoint)
     return root
 
 
@@ -68,7 +55,7 @@ def remote_captioning(tmp_path_factory, moto_endpoint):
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             mp.setenv(name, "testing")
         mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        _upload(root, f"s3://{BUCKET}/cap", moto_endpoint)
+        upload_to_s3(root, f"s3://{BUCKET}/cap", moto_endpoint)
     return root
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import boto3
 import pytest
 from click.testing import CliRunner
+from conftest import upload_to_s3
 
 from energon import WorkerConfig, get_loader, get_val_dataset
 from energon.cli.info import command as info_command
@@ -38,18 +38,6 @@ PREPARE_ARGS = [
 
 
 pytestmark = pytest.mark.usefixtures("fake_aws_env")  # moto server: tests/conftest.py
-
-
-def _upload(local_root: Path, url_prefix: str) -> None:
-    bucket, prefix = s3.split_url(url_prefix)
-    client = boto3.client("s3")
-    try:
-        client.create_bucket(Bucket=bucket)
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
-    for path in sorted(p for p in local_root.rglob("*") if p.is_file()):
-        key = f"{prefix}/{path.relative_to(local_root).as_posix()}"
-        client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
 
 
 def _keys_on_s3(url_prefix: str) -> list[str]:
@@ -79,7 +67,7 @@ def raw_and_local(tmp_path):
 def test_remote_prepare_matches_local_and_loads(raw_and_local, tmp_path, num_workers):
     raw, local, shards = raw_and_local
     url = f"s3://{BUCKET}/ds{num_workers}"
-    _upload(raw, url)
+    upload_to_s3(raw, url)
     result = CliRunner().invoke(
         prepare_command,
         [
@@ -126,7 +114,7 @@ def test_remote_prepare_matches_local_and_loads(raw_and_local, tmp_path, num_wor
 def test_remote_info_lint_and_overwrite_guard(raw_and_local):
     raw, _, _ = raw_and_local
     url = f"s3://{BUCKET}/info"
-    _upload(raw, url)
+    upload_to_s3(raw, url)
     runner = CliRunner()
     result = runner.invoke(prepare_command, [url, *PREPARE_ARGS, "--num-workers", "1"])
     assert result.exit_code == 0, result.output
@@ -163,7 +151,7 @@ def test_remote_info_lint_and_overwrite_guard(raw_and_local):
 def test_interrupted_remote_prepare_keeps_the_old_metadata(raw_and_local, monkeypatch):
     raw, _, shards = raw_and_local
     url = f"s3://{BUCKET}/interrupted"
-    _upload(raw, url)
+    upload_to_s3(raw, url)
     runner = CliRunner()
     assert runner.invoke(prepare_command, [url, *PREPARE_ARGS, "--num-workers", "1"]).exit_code == 0
     before = {k: _get(f"{url}/{k}") for k in _keys_on_s3(url) if k.startswith(".nv-meta/")}
@@ -198,7 +186,7 @@ def test_remote_prepare_of_a_broken_shard_uploads_nothing(tmp_path):
     broken = raw / shards[1]
     broken.write_bytes(broken.read_bytes()[:700])  # cut inside a member
     url = f"s3://{BUCKET}/broken"
-    _upload(raw, url)
+    upload_to_s3(raw, url)
     result = CliRunner().invoke(prepare_command, [url, *PREPARE_ARGS, "--num-workers", "2"])
     assert result.exit_code != 0
     assert shards[1] in result.output  # the error names the shard

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import make_captioning_dataset, make_text_dataset
+from conftest import make_captioning_dataset, make_text_dataset, upload_to_s3
 
 from energon import (
     Cooker,
@@ -37,19 +37,6 @@ pytestmark = pytest.mark.usefixtures("fake_aws_env")
 BUCKET = "energon-sources"
 
 
-def _upload(local_root: Path, url_prefix: str) -> None:
-    bucket, prefix = s3.split_url(url_prefix)
-    client = s3.client()
-    try:
-        client.create_bucket(Bucket=bucket)
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
-    files = [local_root] if local_root.is_file() else sorted(local_root.rglob("*"))
-    for path in (p for p in files if p.is_file()):
-        rel = path.name if local_root.is_file() else path.relative_to(local_root).as_posix()
-        client.put_object(Bucket=bucket, Key=f"{prefix}/{rel}", Body=path.read_bytes())
-
-
 def _val(path, **kwargs) -> list:
     wc = WorkerConfig(rank=0, world_size=1, num_workers=kwargs.pop("num_workers", 0))
     ds = get_val_dataset(path, worker_config=wc, batch_size=None, **kwargs)
@@ -68,7 +55,7 @@ def _train_keys(path, num_workers: int, batches: int) -> list:
 def test_jsonl_prepared_and_loaded_from_s3(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(37)))
-    _upload(path, f"s3://{BUCKET}/jsonl")
+    upload_to_s3(path, f"s3://{BUCKET}/jsonl")
     url = f"s3://{BUCKET}/jsonl/records.jsonl"
     result = CliRunner().invoke(cli, ["prepare", url])
     assert result.exit_code == 0, result.output
@@ -85,11 +72,11 @@ def test_jsonl_prepared_and_loaded_from_s3(tmp_path):
 def test_jsonl_stale_remote_index_is_refused(tmp_path):
     path = tmp_path / "stale.jsonl"
     path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(5)))
-    _upload(path, f"s3://{BUCKET}/stale")
+    upload_to_s3(path, f"s3://{BUCKET}/stale")
     url = f"s3://{BUCKET}/stale/stale.jsonl"
     assert CliRunner().invoke(cli, ["prepare", url]).exit_code == 0
     path.write_text(path.read_text() + json.dumps({"i": 5}) + "\n")
-    _upload(path, f"s3://{BUCKET}/stale")  # the data changed, the index did not
+    upload_to_s3(path, f"s3://{BUCKET}/stale")  # the data changed, the index did not
     with pytest.raises(ValueError, match="Regenerate the index"):
         _val(url)
 
@@ -131,7 +118,7 @@ def test_aux_folder_and_aux_dataset_from_s3(tmp_path):
             """
         )
     )
-    _upload(root, f"s3://{BUCKET}/aux")
+    upload_to_s3(root, f"s3://{BUCKET}/aux")
     local = [s.text for s in _val(root / "aux.yaml", split_part="train", task_encoder=AuxEncoder())]
     remote = [
         s.text
@@ -170,7 +157,7 @@ def test_dataset_with_sample_loader_script_from_s3(tmp_path):
         "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\n"
         "sample_loader: sample_loader.py:sample_loader\npart_filter: sample_loader.py:part_filter\n"
     )
-    _upload(root, f"s3://{BUCKET}/scripted")
+    upload_to_s3(root, f"s3://{BUCKET}/scripted")
     local = _val(root, split_part="train", num_workers=2)
     remote = _val(f"s3://{BUCKET}/scripted", split_part="train", num_workers=2)
     assert [s.caption for s in remote] == [s.caption for s in local]
@@ -295,7 +282,7 @@ def test_a_rank_fetches_only_the_shards_it_reads(tmp_path, monkeypatch):
     from energon import epath
 
     root = make_text_dataset(tmp_path / "ranks", num_samples=96, num_shards=8)
-    _upload(root, f"s3://{BUCKET}/ranks")
+    upload_to_s3(root, f"s3://{BUCKET}/ranks")
     url = f"s3://{BUCKET}/ranks"
     fetched: list[str] = []
     real_read_range = epath.read_range
@@ -349,7 +336,7 @@ def test_megatron_token_prefix_from_s3(tmp_path, num_workers, monkeypatch):
         "token_config: {sequence_length: 16, split: '90,10,0', eod_token: 0}\n"
         "splits:\n  train:\n    blend:\n      - weight: 1\n        path: ./corpus\n"
     )
-    _upload(tmp_path / "tokens", f"s3://{BUCKET}/tokens{num_workers}")
+    upload_to_s3(tmp_path / "tokens", f"s3://{BUCKET}/tokens{num_workers}")
     url = f"s3://{BUCKET}/tokens{num_workers}/corpus"
     expected = _token_batches(str(local), num_workers, 12)
     remote_stats().reset()
@@ -376,17 +363,20 @@ def test_a_slow_request_is_hedged_and_the_first_answer_wins(blob, monkeypatch):
     proxy, handler, stop = start_fault_proxy(
         endpoint, schedule=lambda n: "stall" if n == 1 else None
     )
-    handler.stall_s = 3.0  # well inside the read timeout: no retry would end it
+    handler.stall_s = 6.0  # well inside the read timeout: no retry would end it
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
     s3.reset_client()
     try:
         cache = RemoteChunkCache(budget=1 << 20, hedge_min_s=0.3)
         remote_stats().reset()
         cache.prefetch(url, offsets[0:9])  # the first ranged GET of the proxy: it stalls
-        time.sleep(0.05)  # let a fetch thread take it
+        deadline = time.monotonic() + 10
+        while not all(c.started for c in cache._chunks.values()):  # a fetch thread took it
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         began = time.monotonic()
         assert cache.read(url, 1024, 2048, offsets) == data[1024:2048]
-        assert time.monotonic() - began < 2.0  # the hedge answered, not the stalled request
+        assert time.monotonic() - began < 3.0  # the hedge answered, not the stalled request
         assert remote_stats().hedged == 1 and remote_stats().retries == 0
     finally:
         stop()

@@ -220,7 +220,10 @@ def fault_run(url: str, endpoint: str, batches: int) -> dict:
     finally:
         stop()
         for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         s3.reset_client()
     stats = remote_stats().as_dict()
     return {"identical": faulty == clean, **handler.faults, **stats}

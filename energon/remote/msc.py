@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from energon import epath
 from energon.remote.forksafe import ForkSafeLock
 from energon.remote.retry import RemoteError, RemoteNotFoundError, is_throttling, with_retries
 from energon.remote.stats import STATS
@@ -58,13 +59,7 @@ _clients: dict[tuple[str, int], Any] = {}
 _secrets: set[str] = set()
 
 
-def split_url(url: str) -> tuple[str, str]:
-    """``msc://profile/a/b`` -> ``("profile", "a/b")``."""
-    rest = url[len("msc://") :]
-    profile, _, path = rest.partition("/")
-    if not profile:
-        raise ValueError(f"{url}: an msc URL needs a profile (msc://profile/path)")
-    return profile, path
+split_url = epath.split_remote  # msc://profile/path -> (profile, path)
 
 
 def _import_msc():

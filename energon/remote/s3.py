@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import Iterator
 
+from energon import epath
 from energon.remote import s3_fast_get
 from energon.remote.forksafe import ForkSafeLock
 from energon.remote.retry import RemoteError, with_retries
@@ -22,13 +23,7 @@ _client_lock = ForkSafeLock()
 _client: tuple[int, object] | None = None
 
 
-def split_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``."""
-    rest = url[len("s3://") :]
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise ValueError(f"{url}: an s3 URL needs a bucket (s3://bucket/key)")
-    return bucket, key
+split_url = epath.split_remote  # s3://bucket/key -> (bucket, key)
 
 
 def client():

@@ -41,16 +41,8 @@ class _Offsets:
     """Record offsets: a ``.jsonl.idx`` (the same uint64 layout as ``.tar.idx``), or the sequence
     starts of a token file. Only used for reads, to cut chunks at record boundaries."""
 
-    def __init__(self, index_path: str | None) -> None:
-        if index_path is not None:
-            self.offsets = np.memmap(index_path, dtype="<u8", mode="r")
-
-    @classmethod
-    def of(cls, offsets: np.ndarray) -> _Offsets:
-        """Record starts already in memory (e.g. a token file's mapped sequence pointers)."""
-        index = cls(None)
-        index.offsets = offsets
-        return index
+    def __init__(self, offsets: np.ndarray) -> None:
+        self.offsets = offsets
 
     def byte_range(self, i: int) -> tuple[int, int]:
         start, end = self.offsets[i : i + 2].tolist()
@@ -63,12 +55,12 @@ def _open_index(path: str) -> TarIndex | _Offsets:
     if path.endswith(".bin"):  # a Megatron token file: sequences start at the .idx's pointers
         from energon.megatron.indexed import IndexedTokens
 
-        return _Offsets.of(IndexedTokens(path[: -len(".bin")]).sequence_pointers)
+        return _Offsets(IndexedTokens(path[: -len(".bin")]).sequence_pointers)
     if path.endswith(".jsonl"):
         from energon.source.jsonl import jsonl_index_path
 
         index_path = jsonl_index_path(path)
-        return _Offsets(epath.local_copy(index_path))
+        return _Offsets(np.memmap(epath.local_copy(index_path), dtype="<u8", mode="r"))
     index_path = tar_index_path(path)
     return TarIndex(epath.local_copy(index_path) if epath.is_remote(path) else index_path)
 
