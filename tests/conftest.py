@@ -102,8 +102,10 @@ def upload_to_s3(local: Path, url_prefix: str, endpoint: str | None = None) -> N
 
 @pytest.fixture
 def fake_aws_env(monkeypatch, tmp_path, moto_endpoint):
-    """Fake credentials pointing boto3 at the loopback server; fresh client, cache and counters."""
+    """Fake credentials pointing boto3 at the loopback server; fresh client, cache, counters and
+    concurrency limit."""
     from energon.remote import remote_stats, s3
+    from energon.remote.concurrency import reset_process_limit
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -114,6 +116,7 @@ def fake_aws_env(monkeypatch, tmp_path, moto_endpoint):
     monkeypatch.setenv("ENERGON_REMOTE_BACKOFF_BASE", "0.01")
     s3.reset_client()
     remote_stats().reset()
+    reset_process_limit()  # an earlier test's throttling must not limit this one's concurrency
     yield
     s3.reset_client()
 
