@@ -371,7 +371,7 @@ def test_a_slow_request_is_hedged_and_the_first_answer_wins(blob, monkeypatch):
         remote_stats().reset()
         cache.prefetch(url, offsets[0:9])  # the first ranged GET of the proxy: it stalls
         deadline = time.monotonic() + 10
-        while not all(c.started for c in cache._chunks.values()):  # a fetch thread took it
+        while handler.faults["stall"] == 0:  # the fetch thread's request reached the proxy
             assert time.monotonic() < deadline
             time.sleep(0.01)
         began = time.monotonic()
@@ -389,3 +389,36 @@ def test_a_queued_chunk_that_is_needed_now_is_fetched_by_the_reader(blob):
     cache.prefetch(url, offsets[0:5])
     assert cache._queue and not any(c.future.done() for c in cache._chunks.values())
     assert cache.read(url, 2048, 3072, offsets) == data[2048:3072]
+
+
+def test_the_first_answer_wins_even_when_the_hedge_is_the_slow_one(blob, monkeypatch):
+    import sys
+    import threading
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from s3_fault_proxy import start_fault_proxy
+
+    url, data, offsets = blob
+    endpoint = s3.client().meta.endpoint_url
+    proxy, handler, stop = start_fault_proxy(endpoint, schedule=lambda n: "stall")
+    handler.stall_s = 6.0  # every request through the proxy (here: the hedge) stalls
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+    s3.reset_client()
+    try:
+        cache = RemoteChunkCache(budget=1 << 20, threads=0, hedge_min_s=0.3)
+        cache.prefetch(url, offsets[0:9])
+        (chunk,) = cache._chunks.values()
+        chunk.started = True  # "in flight": its answer comes after 1 s, from the thread below
+
+        def first_request_answers() -> None:
+            time.sleep(1.0)
+            chunk.future.set_result(data[chunk.start : chunk.end])
+
+        threading.Thread(target=first_request_answers, daemon=True).start()
+        began = time.monotonic()
+        assert cache.read(url, 1024, 2048, offsets) == data[1024:2048]
+        assert time.monotonic() - began < 4.0  # the first answer, not the stalled hedge
+        assert remote_stats().hedged >= 1
+    finally:
+        stop()
+        s3.reset_client()

@@ -246,7 +246,9 @@ class RemoteChunkCache:
         except BaseException:
             return  # failed: the caller raises it
         STATS.add(hedged=1)
-        _fetch(chunk, report_errors=False)  # if the hedge fails, the first request decides
+        # on its own thread, so that the first request still wins if it answers first; a failed
+        # hedge reports nothing: the first request decides then
+        threading.Thread(target=_fetch, args=(chunk, False), daemon=True).start()
         chunk.future.exception()  # wait for whichever request answers
 
     def hedge_after(self) -> float | None:
