@@ -2,50 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from energon.demo import write_captioning_shards, write_text_shards
-from energon.format.prepare import prepare_dataset
-
-TEXT_YAML = """sample_type:
-  __module__: megatron.energon
-  __class__: TextSample
-field_map:
-  text: txt
-"""
-
-CAPTIONING_YAML = """sample_type:
-  __module__: megatron.energon
-  __class__: CaptioningSample
-field_map:
-  image: jpg
-  caption: txt
-"""
-
-
-def make_text_dataset(
-    root: Path, *, num_samples: int, num_shards: int, split=(("train", 1.0),), seed: int = 0
-) -> Path:
-    write_text_shards(
-        root, num_samples=num_samples, num_shards=num_shards, min_chars=5, max_chars=60, seed=seed
-    )
-    prepare_dataset(root, split_parts_ratio=list(split), progress=False, num_workers=1)
-    (root / ".nv-meta" / "dataset.yaml").write_text(TEXT_YAML)
-    return root
-
-
-def make_captioning_dataset(
-    root: Path, *, num_samples: int, num_shards: int, split=(("train", 1.0),), seed: int = 0
-) -> Path:
-    write_captioning_shards(
-        root, num_samples=num_samples, num_shards=num_shards, min_size=24, max_size=48, seed=seed
-    )
-    prepare_dataset(root, split_parts_ratio=list(split), progress=False, num_workers=1)
-    (root / ".nv-meta" / "dataset.yaml").write_text(CAPTIONING_YAML)
-    return root
+from tests.helpers.datasets import make_captioning_dataset, make_text_dataset
 
 
 @pytest.fixture(scope="session")
@@ -82,24 +43,6 @@ def moto_endpoint():
     server.stop()
 
 
-def upload_to_s3(local: Path, url_prefix: str, endpoint: str | None = None) -> None:
-    """Put a local folder (or one file) under ``s3://bucket/prefix/``, creating the bucket."""
-    import boto3
-
-    from energon.remote import s3
-
-    bucket, prefix = s3.split_url(url_prefix)
-    client = boto3.client("s3", endpoint_url=endpoint)
-    try:
-        client.create_bucket(Bucket=bucket)
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
-    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
-    for path in files:
-        rel = path.name if local.is_file() else path.relative_to(local).as_posix()
-        client.put_object(Bucket=bucket, Key=f"{prefix}/{rel}", Body=path.read_bytes())
-
-
 @pytest.fixture
 def fake_aws_env(monkeypatch, tmp_path, moto_endpoint):
     """Fake credentials pointing boto3 at the loopback server; fresh client, cache, counters and
@@ -125,10 +68,3 @@ def fake_aws_env(monkeypatch, tmp_path, moto_endpoint):
 def _no_cuda_env(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     yield
-
-
-def shard_paths(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*.tar"))
-
-
-__all__ = ["make_captioning_dataset", "make_text_dataset", "shard_paths", "os"]

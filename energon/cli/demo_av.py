@@ -23,7 +23,7 @@ field_map:
 def _write_dataset(root: str, clips: int, shards: int, seconds: float) -> None:
     from tqdm import tqdm
 
-    from energon.av.synth import encode_video, pick_codec, write_tar_shards
+    from energon.demo.av import encode_video, pick_codec, write_tar_shards
 
     codec = pick_codec("libx264", "h264", "mpeg4")
     samples = []

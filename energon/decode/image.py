@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from energon.buffer_pool import pooled_empty
+from energon.memory.buffer_pool import pooled_empty
 
 __all__ = ["IMAGE_EXTENSIONS", "IMAGE_MODES", "ImageMode", "decode_image"]
 

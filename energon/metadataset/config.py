@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from energon.typeref import ENERGON_MODULE_ALIASES
+from energon.format.typeref import ENERGON_MODULE_ALIASES
 
 
 class MetadatasetError(ValueError):

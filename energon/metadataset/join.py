@@ -364,8 +364,8 @@ def _decode(members, builder, decoder, path: str, offset: int) -> tuple[str, dic
 
 def resolve_join(node: Join, ctx: Any) -> Any:
     """A :class:`~energon.metadataset.resolve.Source` over the prepared join index of ``node``."""
+    from energon.format.typeref import resolve_class
     from energon.metadataset.resolve import Source, _apply_subsets, _combine_shuffle
-    from energon.typeref import resolve_class
 
     split_part = node.split_part or ctx.split_part
     members = [_resolve_member(m, ctx.base_dir, split_part) for m in node.members]

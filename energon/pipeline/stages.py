@@ -14,8 +14,8 @@ from typing import Any
 
 from energon.errors import ErrorPolicy, SampleException, SkipSample
 from energon.plan.reader import SliceReader
-from energon.rng import CounterRng
-from energon.task_encoder import hook_context
+from energon.plan.rng import CounterRng
+from energon.task_encoder.base import hook_context
 
 Item = tuple[Any, tuple]
 

@@ -17,9 +17,10 @@ from energon.pipeline.stages import (
 )
 from energon.plan.mixing import QuotaSchedule, WeightedSchedule
 from energon.plan.reader import SliceReader
+from energon.plan.rng import CounterRng, stable_seed
 from energon.plan.sharding import slice_bounds, stream_ranges
-from energon.rng import CounterRng, stable_seed
-from energon.task_encoder import hook_context, select_cooker
+from energon.task_encoder.base import hook_context
+from energon.task_encoder.cooking import select_cooker
 
 DEFAULT_PARALLEL_SLICES = 16
 
@@ -155,7 +156,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
 
 def _user_defined(te: Any, hook: str) -> bool:
     """Overridden by the user (not just by DefaultTaskEncoder's identity version)."""
-    from energon.task_encoder import DefaultTaskEncoder
+    from energon.task_encoder.base import DefaultTaskEncoder
 
     return te.is_active(hook) and getattr(type(te), hook) is not getattr(DefaultTaskEncoder, hook)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from energon.rng import CounterRng, permutation, random_indices, stable_seed
+from energon.plan.rng import CounterRng, permutation, random_indices, stable_seed
 
 HINT_AHEAD = 8  # slices hinted beyond the open ones
 

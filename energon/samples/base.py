@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from energon.edataclass import edataclass
+from energon.samples.edataclass import edataclass
 from energon.samples.source_info import SourceInfo, unique_sources
 
 __all__ = [

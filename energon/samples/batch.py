@@ -8,14 +8,14 @@ from typing import Any, TypeVar
 
 import torch
 
-from energon.batching import batch_pad_stack
-from energon.edataclass import edataclass
 from energon.samples.base import (
     BASE_SAMPLE_FIELDS,
     ExtendableDataclassMixin,
     FieldAccessMixin,
     PinMemoryMixin,
 )
+from energon.samples.collate import batch_pad_stack
+from energon.samples.edataclass import edataclass
 from energon.samples.source_info import SourceInfo
 
 __all__ = ["Batch"]

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from energon import epath
-from energon.typeref import resolve_class
+from energon.format.typeref import resolve_class
 
 ACCEPTED_KEYS = {
     "sample_type",
@@ -166,7 +166,7 @@ def _builder_for_sample_type(
     if has_map:
         if data.get("part_filter") is not None:
             raise DatasetConfigError(f"{where}: 'part_filter' cannot be combined with 'field_map'")
-        from energon.fieldmap import resolve_field_map
+        from energon.source.fieldmap import resolve_field_map
 
         try:
             field_map = resolve_field_map(data["field_map"], sample_type)
@@ -179,7 +179,7 @@ def _builder_for_sample_type(
             subflavors=subflavors,
             split_config=split_config,
         )
-    from energon.sample_loader import load_part_filter, load_sample_loader
+    from energon.source.sample_loader import load_part_filter, load_sample_loader
 
     nv_meta = epath.join(root, ".nv-meta")
     if data.get("part_filter") is None:
@@ -203,7 +203,7 @@ def _parse_class_style(
             raise DatasetConfigError(f"{where}: CrudeWebdataset does not accept {sorted(unknown)}")
         part_filter = None
         if data.get("part_filter") is not None:
-            from energon.sample_loader import load_part_filter
+            from energon.source.sample_loader import load_part_filter
 
             part_filter = load_part_filter(epath.join(root, ".nv-meta"), data["part_filter"])
         return SampleBuilder(

@@ -1,0 +1,233 @@
+"""Building datasets: ``get_train_dataset``, ``get_val_dataset`` and ``get_val_datasets``.
+
+A path (dataset, JSONL file, token prefix, metadataset YAML, ``Blender``) is resolved into sources,
+checked, and turned into a :class:`PipelineSpec` that any worker can execute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+from energon.loader.savable_dataset import SavableDataset
+from energon.metadataset.resolve import resolve_dataset
+from energon.pipeline.spec import PipelineSpec
+from energon.task_encoder import DefaultTaskEncoder, TaskEncoder
+from energon.worker import WorkerConfig
+
+_DECODE_KWARGS = ("auto_decode", "image_decode", "av_decode", "video_decode_audio")
+
+
+def _apply_decode_kwargs(task_encoder: TaskEncoder, kwargs: dict[str, Any]) -> None:
+    """The deprecated decoding kwargs become ``task_encoder.decoder``."""
+    given = {k: kwargs.pop(k) for k in _DECODE_KWARGS if k in kwargs}
+    if "handler" in kwargs:
+        kwargs.pop("handler")
+        warnings.warn(
+            "'handler' is deprecated and ignored; set WorkerConfig.global_error_handler instead",
+            FutureWarning,
+            stacklevel=3,
+        )
+    if not given:
+        return
+    warnings.warn(
+        f"{sorted(given)} are deprecated; set task_encoder.decoder = SampleDecoder(...) instead",
+        FutureWarning,
+        stacklevel=3,
+    )
+    if given.pop("auto_decode", True) is False:
+        task_encoder.decoder = None
+        return
+    from energon.decode import SampleDecoder
+
+    task_encoder.decoder = SampleDecoder(**given)
+
+
+def _build(
+    path: Any,
+    *,
+    training: bool,
+    split_part: str,
+    worker_config: WorkerConfig,
+    batch_size: int | None,
+    batch_drop_last: bool,
+    packing_buffer_size: int | None,
+    shuffle_buffer_size: int | None,
+    max_samples_per_sequence: int | None,
+    virtual_epoch_length: int,
+    shuffle_over_epochs_multiplier: int | None,
+    task_encoder: TaskEncoder | None,
+    repeat: bool,
+    limit: int | None,
+    kwargs: dict[str, Any],
+) -> SavableDataset:
+    if not isinstance(worker_config, WorkerConfig):
+        raise TypeError("worker_config must be an energon.WorkerConfig")
+    if packing_buffer_size and not (
+        task_encoder is not None
+        and task_encoder.is_active("select_samples_to_pack")
+        and task_encoder.is_active("pack_selected_samples")
+    ):
+        raise ValueError(
+            "packing_buffer_size needs a task encoder with select_samples_to_pack and "
+            "pack_selected_samples"
+        )
+    task_encoder = task_encoder if task_encoder is not None else DefaultTaskEncoder()
+    kwargs = dict(kwargs)
+    _apply_decode_kwargs(task_encoder, kwargs)
+    num_streams = kwargs.pop("num_streams", None)
+    group_max_wait = kwargs.pop("group_max_wait", None)
+    parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
+    sample_type = kwargs.pop("sample_type", None)
+    resolved = resolve_dataset(
+        path,
+        split_part=split_part,
+        training=training,
+        subflavors=kwargs.pop("subflavors", None),
+        shuffle_over_epochs_multiplier=shuffle_over_epochs_multiplier if training else None,
+        dataset_config=kwargs.pop("dataset_config", None),
+        split_config=kwargs.pop("split_config", None),
+        token_config=kwargs.pop("token_config", None),
+    )
+    if kwargs:
+        raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+    _check_sample_type(resolved.sources, sample_type)
+    if training and resolved.mode == "weight" and not repeat:
+        raise ValueError("a weighted blend is infinite: use repeat=True (or blend_epochized)")
+    if training and parallel_shard_iters not in (None, 1):
+        if any(s.shuffle_over_epochs is None for s in resolved.sources):
+            raise ValueError(
+                "unshuffled training (shuffle_over_epochs_multiplier=None) reads one slice at a time"
+            )
+    spec = PipelineSpec(
+        sources=resolved.sources,
+        mode=resolved.mode,
+        training=training,
+        seed=worker_config.seed_offset,
+        num_streams=num_streams or worker_config.default_num_streams,
+        num_streams_fixed=num_streams is not None,
+        batch_size=batch_size,
+        batch_drop_last=batch_drop_last,
+        shuffle_buffer_size=shuffle_buffer_size if training else None,
+        max_samples_per_sequence=max_samples_per_sequence if training else None,
+        parallel_shard_iters=parallel_shard_iters,
+        repeat=repeat if training else False,
+        task_encoder=task_encoder,
+        decoder=task_encoder.decoder,
+        error_handler=worker_config.global_error_handler,
+        failure_tolerance=getattr(task_encoder, "__default_failure_tolerance__", 100),
+        virtual_epoch_length=virtual_epoch_length if training else 0,
+        limit=limit,
+        packing_buffer_size=packing_buffer_size or None,
+        group_max_wait=group_max_wait,
+        even_ranks=worker_config.world_size > 1,
+    )
+    _check_streams_have_samples(spec)
+    return SavableDataset(spec, worker_config)
+
+
+def _check_sample_type(sources: list[Any], sample_type: type | None) -> None:
+    if sample_type is None:
+        return
+    for source in sources:
+        st = source.leaf.builder.sample_type
+        if st is not None and not issubclass(st, sample_type):
+            raise TypeError(f"{source.leaf.root} yields {st.__name__}, not {sample_type.__name__}")
+
+
+def _check_streams_have_samples(spec: PipelineSpec) -> None:
+    if not spec.training or not spec.repeat:
+        return
+    counts = spec.stream_sample_counts()
+    if min(counts) == 0:
+        raise ValueError(
+            f"the dataset has {sum(counts)} samples, fewer than the {spec.num_streams} logical "
+            "streams (world_size x num_workers): some streams would have nothing to read. Use fewer "
+            "workers or pass num_streams=..."
+        )
+
+
+def get_train_dataset(
+    path: Any,
+    *,
+    split_part: str = "train",
+    worker_config: WorkerConfig,
+    batch_size: int | None,
+    batch_drop_last: bool = False,
+    packing_buffer_size: int | None = None,
+    shuffle_buffer_size: int | None,
+    max_samples_per_sequence: int | None,
+    virtual_epoch_length: int = 0,
+    shuffle_over_epochs_multiplier: int | None = 1,
+    task_encoder: TaskEncoder | None = None,
+    repeat: bool = True,
+    **kwargs: Any,
+) -> SavableDataset:
+    """An infinite (``repeat=True``), reshuffled-every-epoch training dataset.
+
+    ``batch_size``, ``shuffle_buffer_size`` and ``max_samples_per_sequence`` must be given (``None`` is
+    allowed) so that the trade-off between randomness and read locality is a conscious choice.
+    Extra keywords: ``num_streams`` (logical streams; default ``world_size * max(1, num_workers)``),
+    ``parallel_shard_iters``, ``dataset_config``, ``split_config``, ``subflavors``.
+    """
+    return _build(
+        path,
+        training=True,
+        split_part=split_part,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        batch_drop_last=batch_drop_last,
+        packing_buffer_size=packing_buffer_size,
+        shuffle_buffer_size=shuffle_buffer_size,
+        max_samples_per_sequence=max_samples_per_sequence,
+        virtual_epoch_length=virtual_epoch_length,
+        shuffle_over_epochs_multiplier=shuffle_over_epochs_multiplier,
+        task_encoder=task_encoder,
+        repeat=repeat,
+        limit=None,
+        kwargs=kwargs,
+    )
+
+
+def get_val_dataset(
+    path: Any,
+    *,
+    split_part: str = "val",
+    worker_config: WorkerConfig,
+    batch_size: int | None,
+    batch_drop_last: bool = False,
+    packing_buffer_size: int | None = None,
+    limit: int | None = None,
+    task_encoder: TaskEncoder | None = None,
+    **kwargs: Any,
+) -> SavableDataset:
+    """One deterministic pass over the split: every sample exactly once, the same batches every
+    pass, and the same number of batches on every rank (see docs/ordering.md)."""
+    return _build(
+        path,
+        training=False,
+        split_part=split_part,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        batch_drop_last=batch_drop_last,
+        packing_buffer_size=packing_buffer_size,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        virtual_epoch_length=0,
+        shuffle_over_epochs_multiplier=None,
+        task_encoder=task_encoder,
+        repeat=False,
+        limit=limit,
+        kwargs=kwargs,
+    )
+
+
+def get_val_datasets(path: Any, **kwargs: Any) -> list[tuple[SavableDataset, Any]]:
+    """One validation pipeline per leaf dataset, each with the source that describes it."""
+    dataset = get_val_dataset(path, **kwargs)
+    out = []
+    for source in dataset.spec.sources:
+        spec = dataclasses.replace(dataset.spec, sources=[source], mode="none")
+        out.append((SavableDataset(spec, dataset.worker_config), source))
+    return out

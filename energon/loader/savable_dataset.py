@@ -1,0 +1,128 @@
+"""``SavableDataset``: what ``get_train_dataset`` / ``get_val_dataset`` return.
+
+It is a ``torch.utils.data.IterableDataset`` whose iteration in a worker (or in the main process)
+executes that worker's share of the rank's micro-batch positions, yielding ``(item, meta)`` pairs; the
+loader strips ``meta`` (the stream snapshot after the item) and keeps it for saving state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch.utils.data
+
+from energon.memory.batch_arena import BatchArena
+from energon.pipeline.executor import Executor
+from energon.pipeline.spec import PipelineSpec, fingerprint_digest
+from energon.worker import Layout, WorkerConfig
+
+
+@dataclasses.dataclass
+class ResumePoint:
+    """Where the next pass of executors starts: the rank's next position and stream snapshots."""
+
+    base: int = 0
+    snapshots: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+class SavableDataset(torch.utils.data.IterableDataset):
+    """A loader-ready dataset: a pipeline spec plus the worker config it was built for."""
+
+    def __init__(self, spec: PipelineSpec, worker_config: WorkerConfig) -> None:
+        self.spec = spec
+        self.worker_config = worker_config
+        self.resume = ResumePoint()
+        self.arena: BatchArena | None = None
+
+    # -- sizes -------------------------------------------------------------------------------
+    def positions_per_pass(self) -> int | None:
+        """Global micro-batches in one pass (validation), or per epoch (training)."""
+        spec = self.spec
+        if not spec.training and not spec.even_ranks:
+            return sum(spec.stream_val_batches(s) for s in range(spec.num_streams))
+        if not spec.training:
+            return spec.num_streams * spec.val_batches_per_stream()
+        counts = spec.stream_sample_counts()
+        if spec.batch_size is None:
+            return sum(counts)
+        if spec.batch_drop_last:
+            return sum(c // spec.batch_size for c in counts)
+        return sum(math.ceil(c / spec.batch_size) for c in counts)
+
+    def len_rank(self) -> int:
+        """Micro-batches this rank yields per pass (``virtual_epoch_length`` / ``limit`` if set)."""
+        spec = self.spec
+        if spec.training and spec.virtual_epoch_length:
+            return spec.virtual_epoch_length
+        total = self.positions_per_pass() or 0
+        wc = self.worker_config
+        count = len(range(wc.rank, total, wc.world_size))
+        if not spec.training and spec.limit:
+            count = min(count, spec.limit)
+        return count
+
+    def __len__(self) -> int:
+        return self.len_rank()
+
+    def fingerprint(self) -> tuple[dict[str, Any], str]:
+        fp = self.spec.fingerprint()
+        return fp, fingerprint_digest(fp)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__name__,
+            "worker_config": self.worker_config.config(),
+            **self.spec.config(),
+        }
+
+    # -- execution ---------------------------------------------------------------------------
+    def layout(self, worker: int = 0, base: int = 0) -> Layout:
+        wc = self.worker_config
+        return Layout(
+            num_streams=self.spec.num_streams,
+            world_size=wc.world_size,
+            rank=wc.rank,
+            num_workers=max(1, wc.num_workers),
+            worker=worker,
+            base=base,
+        )
+
+    def pass_end(self) -> int | None:
+        """First global position after a finite pass (validation, or training with repeat=False)."""
+        spec = self.spec
+        if not spec.training and spec.repeat:
+            return None  # a repeated validation set (RepeatDataset): passes end by `limit`
+        if not spec.training and spec.data_dependent_counts:
+            return spec.num_streams * max(
+                spec.stream_sample_counts()
+            )  # at most one item per sample
+        if not spec.training:
+            return spec.num_streams * spec.val_batches_per_stream()
+        if spec.repeat or spec.mode == "weight":
+            return None
+        counts = spec.stream_sample_counts()
+        per_stream = [
+            c
+            if spec.batch_size is None
+            else (c // spec.batch_size if spec.batch_drop_last else -(-c // spec.batch_size))
+            for c in counts
+        ]
+        return spec.num_streams * max(per_stream)
+
+    def executor(self, worker: int) -> Executor:
+        return Executor(
+            self.spec,
+            self.layout(worker, self.resume.base),
+            self.resume.snapshots,
+            end=self.pass_end(),
+        )
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        if self.arena is not None:
+            self.arena.activate(worker)
+        return iter(self.executor(worker))

@@ -1,0 +1,25 @@
+"""Task encoders: the user's hooks (``base``), cooking of crude samples (``cooking``) and a
+ready-made sequence packer (``packing``)."""
+
+from energon.task_encoder.base import (
+    AugmentTaskEncoder,
+    DefaultTaskEncoder,
+    SkipSample,
+    TaskEncoder,
+    hook_context,
+    stateless,
+)
+from energon.task_encoder.cooking import Cooker, basic_sample_keys, cooker, select_cooker
+
+__all__ = [
+    "AugmentTaskEncoder",
+    "Cooker",
+    "DefaultTaskEncoder",
+    "SkipSample",
+    "TaskEncoder",
+    "basic_sample_keys",
+    "cooker",
+    "hook_context",
+    "select_cooker",
+    "stateless",
+]

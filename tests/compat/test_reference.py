@@ -1,0 +1,296 @@
+"""Cross-compatibility with the reference implementation (megatron-energon 7.x), run as a black box.
+
+The reference is installed into a side venv (``.cache/ref-venv``) on first use and reused. Both
+directions are checked: a dataset prepared by us loads in the reference with every sample seen
+exactly once, and a dataset prepared by the reference reads correctly with our format readers.
+For the same input, both tools must write the same metadata.
+
+Skipped (with the reason) when the side venv cannot be created, e.g. without network access.
+Set ENERGON_SKIP_COMPAT=1 to skip on purpose.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from energon.format.info import read_info
+from energon.format.prepare import prepare_dataset
+from energon.format.split import read_split
+from energon.format.tar import split_member_name, split_sample_bytes
+from energon.format.tar_index import TarIndex, tar_index_path
+from tests.helpers.paths import REPO_ROOT
+from tests.helpers.tarfiles import png_bytes, write_tar
+
+pytestmark = pytest.mark.compat
+
+REF_VENV = REPO_ROOT / ".cache" / "ref-venv"
+REF_READY = REF_VENV / ".energon-ref-ready"
+REF_PYTHON = REF_VENV / "bin" / "python"
+REF_CLI = "from megatron.energon.cli.main import main; main()"
+
+
+def _create_reference_venv() -> str | None:
+    """Create the side venv; returns a reason string on failure."""
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(REF_VENV)],
+        # CPU torch first, so that megatron-energon does not pull CUDA wheels
+        [str(REF_PYTHON), "-m", "pip", "install", "-q", "torch==2.13.0"],
+        [str(REF_PYTHON), "-m", "pip", "install", "-q", "megatron-energon>=7,<8"],
+    ]
+    for step in steps:
+        proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            return f"{' '.join(step[:4])} failed: {proc.stderr.strip()[-500:]}"
+    REF_READY.write_text("ok\n")
+    return None
+
+
+@pytest.fixture(scope="session")
+def ref_python() -> str:
+    if os.environ.get("ENERGON_SKIP_COMPAT"):
+        pytest.skip("ENERGON_SKIP_COMPAT is set")
+    REF_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(REF_VENV.parent / "ref-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers: only one creates the venv
+        if not REF_READY.is_file():
+            reason = _create_reference_venv()
+            if reason is not None:
+                print(f"skipping reference compatibility tests: {reason}")
+                pytest.skip(f"cannot create the reference venv: {reason}")
+    return str(REF_PYTHON)
+
+
+def _run_ref(ref_python: str, *args: str, script: str | None = None) -> str:
+    cmd = [ref_python, "-c", script] if script is not None else [ref_python, "-c", REF_CLI, *args]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd="/")
+    assert proc.returncode == 0, f"reference failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+# ---- the shared input ----------------------------------------------------------------------
+
+NUM_SHARDS = 12  # unpadded names: sorted order data-0, data-1, data-10, data-11, data-2, ...
+
+
+def _expected_samples() -> dict[str, dict[str, dict[str, bytes]]]:
+    """shard -> key -> part -> payload; includes long names (GNU 'L' / PAX path) and odd members."""
+    shards: dict[str, dict[str, dict[str, bytes]]] = {}
+    k = 0
+    for s in range(NUM_SHARDS):
+        samples: dict[str, dict[str, bytes]] = {}
+        for _ in range(3 + s % 4):
+            key = f"{k:06d}" if k % 5 else f"{'deep/' * 25}{k:06d}"  # > 100 chars every 5th
+            samples[key] = {"png": png_bytes(k), "txt": f"caption {k}".encode()}
+            k += 1
+        shards[f"parts/data-{s}.tar"] = samples
+    return shards
+
+
+def _write_shards(root: Path, expected) -> None:
+    d = tarfile.TarInfo("somedir")
+    d.type = tarfile.DIRTYPE
+    for i, (shard, samples) in enumerate(expected.items()):
+        members = [
+            (f"{key}.{part}", data)
+            for key, parts in samples.items()
+            for part, data in parts.items()
+        ]
+        members.insert(2, ("__meta__/notes.txt", b"skipped member"))
+        fmt = tarfile.PAX_FORMAT if i % 2 else tarfile.GNU_FORMAT
+        write_tar(root / shard, members, fmt=fmt, extra=[d])
+
+
+@pytest.fixture(scope="module")
+def prepared_pair(ref_python, tmp_path_factory):
+    """The same shards prepared by us (``ours``) and by the reference (``theirs``)."""
+    expected = _expected_samples()
+    ours = tmp_path_factory.mktemp("ours")
+    theirs = tmp_path_factory.mktemp("theirs")
+    _write_shards(ours, expected)
+    for shard in expected:
+        (theirs / shard).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ours / shard, theirs / shard)
+    prepare_dataset(
+        ours,
+        split_parts_ratio=[("train", 8), ("val", 1), ("test", 1)],
+        progress=False,
+        num_workers=2,
+    )
+    _run_ref(
+        ref_python,
+        "prepare",
+        str(theirs),
+        "--non-interactive",
+        "--split-ratio",
+        "8,1,1",
+        "--no-progress",
+    )
+    for root in (ours, theirs):
+        (root / ".nv-meta" / "dataset.yaml").write_text(CAPTIONING_DATASET_YAML)
+    return expected, ours, theirs
+
+
+CAPTIONING_DATASET_YAML = yaml.dump(
+    {
+        "sample_type": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
+        "field_map": {"image": "png", "caption": "txt"},
+    },
+    sort_keys=False,
+)
+
+
+# ---- (a) ours -> reference -----------------------------------------------------------------
+
+LOAD_SCRIPT = """
+import json, sys
+from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+seen = []
+for split in ("train", "val", "test"):
+    ds = get_val_dataset(sys.argv[1], split_part=split, batch_size=1,
+                         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
+    for batch in get_loader(ds):
+        for key, caption in zip(batch.__key__, batch.caption):
+            seen.append([split, key, caption])
+print(json.dumps(seen))
+"""
+
+
+def test_reference_loads_our_dataset_every_sample_once(prepared_pair, ref_python):
+    expected, ours, _ = prepared_pair
+    out = _run_ref(ref_python, script=LOAD_SCRIPT.replace("sys.argv[1]", repr(str(ours))))
+    seen = json.loads(out.strip().splitlines()[-1])
+    all_keys = [key for samples in expected.values() for key in samples]
+    assert sorted(key for _, key, _ in seen) == sorted(all_keys)  # each exactly once
+    captions = {
+        key: parts["txt"].decode()
+        for samples in expected.values()
+        for key, parts in samples.items()
+    }
+    assert all(caption == captions[key] for _, key, caption in seen)
+    split = read_split(ours)
+    for name in ("train", "val", "test"):
+        keys_in_split = [k for shard in split.shards(name) for k in expected[shard]]
+        assert sorted(k for s, k, _ in seen if s == name) == sorted(keys_in_split)
+
+
+def test_reference_info_reads_our_dataset(prepared_pair, ref_python):
+    _, ours, _ = prepared_pair
+    out = _run_ref(ref_python, "info", str(ours))
+    total = sum(read_info(ours).values())
+    assert f"{total:,} samples" in out or f"{total} samples" in out
+
+
+# ---- (b) reference -> our readers ----------------------------------------------------------
+
+
+def test_our_readers_on_reference_prepared_dataset(prepared_pair):
+    expected, _, theirs = prepared_pair
+    counts = read_info(theirs)
+    assert list(counts) == sorted(expected)  # the reference sorts shard paths as strings
+    assert counts == {shard: len(samples) for shard, samples in expected.items()}
+    split = read_split(theirs)
+    assert sorted(s for name in ("train", "val", "test") for s in split.shards(name)) == sorted(
+        expected
+    )
+    for shard, samples in expected.items():
+        index = TarIndex(theirs / tar_index_path(shard))
+        assert len(index) == len(samples)
+        data = (theirs / shard).read_bytes()
+        read_back = {}
+        for i in range(len(index)):
+            start, end = index.byte_range(i)
+            parts = {}
+            for name, payload in split_sample_bytes(data[start:end], base_offset=start, path=shard):
+                key_part = split_member_name(name)
+                if key_part is not None:
+                    parts.setdefault(key_part[0], {})[key_part[1]] = bytes(payload)
+            read_back.update(parts)
+        assert read_back == samples
+
+
+# ---- (c) same input, same metadata ---------------------------------------------------------
+
+
+def test_info_json_equal(prepared_pair):
+    _, ours, theirs = prepared_pair
+    a = json.loads((ours / ".nv-meta" / ".info.json").read_text())
+    b = json.loads((theirs / ".nv-meta" / ".info.json").read_text())
+    assert list(a) == list(b) == ["energon_version", "shard_counts"]
+    assert list(a["shard_counts"].items()) == list(b["shard_counts"].items())
+
+
+def test_split_yaml_equal(prepared_pair):
+    _, ours, theirs = prepared_pair
+    assert (ours / ".nv-meta" / "split.yaml").read_text() == (
+        theirs / ".nv-meta" / "split.yaml"
+    ).read_text()
+
+
+def test_tar_idx_bytes_equal(prepared_pair):
+    expected, ours, theirs = prepared_pair
+    for shard in expected:
+        idx = tar_index_path(shard)
+        assert (ours / idx).read_bytes() == (theirs / idx).read_bytes(), shard
+
+
+def test_sqlite_rows_equal(prepared_pair):
+    _, ours, theirs = prepared_pair
+    queries = (
+        "SELECT * FROM samples ORDER BY tar_file_id, sample_index",
+        "SELECT * FROM sample_parts ORDER BY tar_file_id, sample_index, content_byte_offset",
+    )
+    for query in queries:
+        a = sqlite3.connect(ours / ".nv-meta" / "index.sqlite").execute(query).fetchall()
+        b = sqlite3.connect(theirs / ".nv-meta" / "index.sqlite").execute(query).fetchall()
+        assert a and a == b
+
+
+def test_sqlite_schema_equal(prepared_pair):
+    _, ours, theirs = prepared_pair
+
+    def schema(root):
+        db = sqlite3.connect(root / ".nv-meta" / "index.sqlite")
+        rows = db.execute(
+            "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+        ).fetchall()
+        return {
+            name: [c[1:3] for c in db.execute(f"PRAGMA table_info({name})")]
+            for kind, name in rows
+            if kind == "table"
+        }, sorted(name for kind, name in rows if kind == "index")
+
+    ours_tables, ours_indexes = schema(ours)
+    theirs_tables, theirs_indexes = schema(theirs)
+    for table in ("samples", "sample_parts"):
+        assert ours_tables[table] == theirs_tables[table]
+    assert set(theirs_indexes) <= set(ours_indexes)
+
+
+def test_our_loader_reads_reference_prepared_dataset_every_sample_once(prepared_pair):
+    from energon import WorkerConfig, get_loader, get_val_dataset
+
+    expected, _, theirs = prepared_pair
+    captions = {k: p["txt"].decode() for samples in expected.values() for k, p in samples.items()}
+    seen = []
+    for split_part in ("train", "val", "test"):
+        wc = WorkerConfig(rank=0, world_size=1, num_workers=2)
+        loader = get_loader(
+            get_val_dataset(theirs, split_part=split_part, worker_config=wc, batch_size=None)
+        )
+        for sample in loader:
+            assert sample.caption == captions[sample.__key__]
+            assert sample.image.shape[0] == 3
+            seen.append(sample.__key__)
+    assert sorted(seen) == sorted(captions)

@@ -1,0 +1,177 @@
+"""Decode deadlines: the context manager, the sample decoder option, and the loader's error policy."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import zlib
+
+import pytest
+
+from energon import (
+    DefaultTaskEncoder,
+    WorkerConfig,
+    get_loader,
+    get_val_dataset,
+    reraise_exception,
+)
+from energon.decode import SampleDecoder
+from energon.decode import sample_decoder as sample_decoder_module
+from energon.decode.deadline import DecodeTimeoutError, check_deadline, deadline, remaining_time
+from energon.errors import SampleException
+from tests.helpers.datasets import make_text_dataset
+
+
+def busy(seconds: float) -> None:
+    """Python-level work (interruptible by the alarm, unlike one long C call)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_no_deadline_is_free_and_unbounded():
+    with deadline(None, "x"):
+        busy(0.01)
+        check_deadline()
+        assert remaining_time() is None
+    with deadline(0, "x"):
+        busy(0.01)
+
+
+def test_slow_block_is_interrupted_on_the_main_thread():
+    previous = signal.getsignal(signal.SIGALRM)
+    start = time.monotonic()
+    with pytest.raises(DecodeTimeoutError, match="decoding thing took longer than .* 0.1 s"):
+        with deadline(0.1, "decoding thing"):
+            busy(5)
+    assert time.monotonic() - start < 1.0
+    assert signal.getsignal(signal.SIGALRM) == previous
+    assert isinstance(DecodeTimeoutError("x"), SampleException)
+
+
+def test_nested_deadlines_never_extend_the_outer_one():
+    with pytest.raises(DecodeTimeoutError, match="outer"):
+        with deadline(0.1, "outer"):
+            with deadline(10, "inner"):
+                assert remaining_time() <= 0.1
+                busy(5)
+    with deadline(5, "outer"):
+        with pytest.raises(DecodeTimeoutError, match="inner"):
+            with deadline(0.05, "inner"):
+                busy(5)
+        busy(0.1)  # the outer deadline is still armed, with its own remaining time
+        assert 4 < remaining_time() < 5
+
+
+def test_fast_block_is_untouched():
+    with deadline(0.2, "fast"):
+        busy(0.01)
+    assert remaining_time() is None, "no deadline is armed after the block"
+    busy(0.3)  # the timer was disarmed: nothing fires later (an alarm would raise here)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_other_threads_use_cooperative_checks():
+    errors = []
+
+    def work():
+        try:
+            with deadline(0.05, "threaded"):
+                for _ in range(1000):
+                    time.sleep(0.001)
+                    check_deadline()
+        except DecodeTimeoutError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and "threaded" in str(errors[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# SampleDecoder + loader
+
+
+def is_slow(text: str) -> bool:
+    """Deterministic choice of the samples whose decoding hangs (same in every process)."""
+    return zlib.crc32(text.encode()) % 5 == 0
+
+
+@pytest.fixture()
+def slow_text(monkeypatch):
+    """Makes decoding of some texts take far longer than the deadline."""
+    fast = sample_decoder_module._decode_text
+
+    def sometimes_slow(data):
+        text = fast(data)
+        if is_slow(text):
+            busy(3)
+        return text
+
+    monkeypatch.setattr(sample_decoder_module, "_decode_text", sometimes_slow)
+
+
+def test_sample_decoder_deadline_names_the_part(slow_text):
+    decoder = SampleDecoder(decode_timeout=0.1)
+    texts = [f"text number {i}" for i in range(40)]
+    slow = next(t for t in texts if is_slow(t))
+    quick = next(t for t in texts if not is_slow(t))
+    with pytest.raises(DecodeTimeoutError, match=r"decoding k7\.txt took longer"):
+        decoder.decode_part("txt", slow.encode(), key="k7")
+    assert decoder.decode_part("txt", quick.encode()) == quick
+    assert decoder.config()["decode_timeout"] == 0.1
+    with pytest.raises(ValueError, match="decode_timeout"):
+        SampleDecoder(decode_timeout=0)
+
+
+@pytest.fixture(scope="module")
+def text_ds(tmp_path_factory):
+    return make_text_dataset(tmp_path_factory.mktemp("deadline"), num_samples=24, num_shards=2)
+
+
+def all_texts(root) -> dict[str, str]:
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    dataset = get_val_dataset(root, split_part="train", worker_config=wc, batch_size=None)
+    return {s.__key__: s.text for s in get_loader(dataset)}
+
+
+def timed_loader(root, num_workers, **config):
+    encoder = DefaultTaskEncoder()
+    encoder.decoder = SampleDecoder(decode_timeout=0.2)
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers, **config)
+    dataset = get_val_dataset(
+        root, split_part="train", worker_config=wc, batch_size=None, task_encoder=encoder
+    )
+    return get_loader(dataset)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_skips_and_reports_samples_past_their_deadline(text_ds, num_workers, capfd):
+    texts = all_texts(text_ds)
+    expected_slow = {k for k, t in texts.items() if is_slow(t)}
+    assert 0 < len(expected_slow) < len(texts)
+    # patch only now: the reference run above must not be slow
+    fast = sample_decoder_module._decode_text
+    sample_decoder_module._decode_text = lambda d: (
+        (busy(3) if is_slow(fast(d)) else None) or fast(d)
+    )
+    try:
+        start = time.monotonic()
+        loaded = [s.__key__ for s in timed_loader(text_ds, num_workers)]
+        elapsed = time.monotonic() - start
+    finally:
+        sample_decoder_module._decode_text = fast
+    assert sorted(loaded) == sorted(set(texts) - expected_slow)
+    assert elapsed < 3 * len(expected_slow)  # each slow sample was cut off, not waited for
+    err = capfd.readouterr().err
+    assert err.count("DecodeTimeoutError") >= len(expected_slow)
+    assert "took longer than its deadline of 0.2 s" in err
+    assert ".tar sample '" in err and "byte offset" in err
+
+
+def test_loader_raises_past_deadline_with_reraise_policy(text_ds, slow_text):
+    with pytest.raises(Exception, match=r"byte offset.*took longer than its deadline") as info:
+        list(timed_loader(text_ds, 0, global_error_handler=reraise_exception))
+    assert isinstance(info.value.__cause__, DecodeTimeoutError)

@@ -1,0 +1,292 @@
+"""Tar header parsing (prepare) and sample splitting (load), checked against Python's tarfile."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+
+import pytest
+
+from energon.format.tar import (
+    DuplicateKeyInShardError,
+    TarFormatError,
+    iter_tar_members,
+    scan_tar,
+    split_member_name,
+    split_sample_bytes,
+)
+from tests.helpers.tarfiles import png_bytes, write_tar
+
+LONG_DIR = "d" * 120
+
+
+def _reference_members(path):
+    with tarfile.open(path) as tf:
+        return [
+            (m.name, m.offset, m.offset_data, m.size if m.isreg() else 0) for m in tf.getmembers()
+        ]
+
+
+def _our_members(path):
+    with open(path, "rb") as f:
+        return [
+            (m.name, m.header_offset, m.data_offset, m.size)
+            for m in iter_tar_members(f, path=str(path))
+        ]
+
+
+def _mixed_members():
+    return [
+        ("000000.txt", b"short"),
+        (f"{LONG_DIR}/000001.png", png_bytes(1)),  # needs GNU longname / PAX path
+        ("000002.jpg", b"x" * 513),  # payload spans two blocks
+        ("0000ü3.txt", b"non-ascii name"),
+        ("000004.txt", b""),
+    ]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_members_match_tarfile(tmp_path, fmt):
+    d = tarfile.TarInfo("adir")
+    d.type = tarfile.DIRTYPE
+    link = tarfile.TarInfo("alink.txt")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "x" * 150  # GNU longlink 'K' / PAX linkpath
+    path = write_tar(tmp_path / "a.tar", _mixed_members(), fmt=fmt, extra=[d, link])
+    assert _our_members(path) == _reference_members(path)
+
+
+def test_ustar_prefix_names_match_tarfile(tmp_path):
+    name = "sub/" * 30 + "000001.txt"  # fits ustar's 155-byte prefix + 100-byte name
+    path = write_tar(tmp_path / "u.tar", [(name, b"abc")], fmt=tarfile.USTAR_FORMAT)
+    assert _our_members(path) == _reference_members(path)
+    assert _our_members(path)[0][0] == name
+
+
+def test_extended_headers_belong_to_member_offset(tmp_path):
+    path = write_tar(tmp_path / "g.tar", _mixed_members(), fmt=tarfile.GNU_FORMAT)
+    members = _our_members(path)
+    long_member = members[1]
+    assert long_member[0] == f"{LONG_DIR}/000001.png"
+    # the 'L' header block + its name payload block come before the real header
+    assert long_member[2] - long_member[1] == 3 * 512
+
+
+def test_pax_global_header_is_ignored_but_counts_in_offset(tmp_path):
+    path = tmp_path / "pg.tar"
+    with tarfile.open(
+        path, "w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "global"}
+    ) as tf:
+        info = tarfile.TarInfo("000000.txt")
+        info.size = 3
+        tf.addfile(info, io.BytesIO(b"abc"))
+    assert _our_members(path) == _reference_members(path)
+    scan = scan_tar(path)
+    assert [s[0] for s in scan.samples] == ["000000"]
+
+
+def _pax_header(records: dict[str, str]) -> bytes:
+    body = b""
+    for key, value in records.items():
+        rec = f" {key}={value}\n".encode()
+        length = len(rec) + 1
+        length = len(rec) + len(str(length))
+        body += f"{length}{rec.decode()}".encode()
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type = tarfile.XHDTYPE
+    info.size = len(body)
+    header = info.tobuf(format=tarfile.USTAR_FORMAT)
+    return header + body + b"\0" * (-len(body) % 512)
+
+
+def test_pax_path_and_size_override(tmp_path):
+    payload = b"0123456789"
+    pax = _pax_header({"path": "over/ridden.name.txt", "size": str(len(payload))})
+    info = tarfile.TarInfo("short.txt")
+    info.size = 0  # overridden by the PAX size record
+    member = info.tobuf(format=tarfile.USTAR_FORMAT) + payload + b"\0" * (512 - len(payload))
+    path = tmp_path / "pax.tar"
+    path.write_bytes(pax + member + b"\0" * 1024)
+    ours = _our_members(path)
+    assert ours == [("over/ridden.name.txt", 0, len(pax) + 512, len(payload))]
+    assert ours == _reference_members(path)
+    buf = path.read_bytes()
+    assert [(n, bytes(v)) for n, v in split_sample_bytes(buf[: len(pax) + 1024])] == [
+        ("over/ridden.name.txt", payload)
+    ]
+
+
+def test_split_member_name():
+    assert split_member_name("a/b/000001.img1.jpg") == ("a/b/000001", "img1.jpg")
+    assert split_member_name("x.tar.gz") == ("x", "tar.gz")
+    assert split_member_name("noext") is None
+    assert split_member_name("dir.v1/noext") is None
+    assert split_member_name("__meta__") is None
+    assert split_member_name("__x__/000.txt") is None
+    assert split_member_name("a__x__.txt") == ("a__x__", "txt")
+
+
+def test_scan_groups_consecutive_members_and_skips_others(tmp_path):
+    d = tarfile.TarInfo("folder")
+    d.type = tarfile.DIRTYPE
+    members = [
+        ("__meta__/info.txt", b"{}"),  # skipped: a __name__ folder
+        ("000000.jpg", b"a"),
+        ("000000.txt", b"bb"),
+        ("README", b"no dot: not a part"),
+        ("000001.jpg", b"ccc"),
+    ]
+    path = write_tar(tmp_path / "s.tar", members, extra=[d])
+    scan = scan_tar(path)
+    ref = {m[0]: m for m in _reference_members(path)}
+    assert [(k, off) for k, off, _ in scan.samples] == [
+        ("000000", ref["000000.jpg"][1]),
+        ("000001", ref["000001.jpg"][1]),
+    ]
+    assert scan.samples[0][2] == [
+        ("jpg", ref["000000.jpg"][2], 1),
+        ("txt", ref["000000.txt"][2], 2),
+    ]
+    with tarfile.open(path) as tf:
+        tf.getmembers()
+        end = tf.offset  # tarfile's position after the last member = start of the end marker
+    assert scan.end_offset == end
+    assert scan.sample_offsets() == [ref["000000.jpg"][1], ref["000001.jpg"][1], end]
+
+
+def test_non_consecutive_duplicate_key_names_both_offsets(tmp_path):
+    members = [("000000.jpg", b"a"), ("000001.jpg", b"b"), ("000000.txt", b"c")]
+    path = write_tar(tmp_path / "dup.tar", members)
+    with pytest.raises(DuplicateKeyInShardError) as err:
+        scan_tar(path)
+    assert err.value.first_offset == 0
+    assert err.value.second_offset == 2048
+    msg = str(err.value)
+    assert "000000" in msg and "dup.tar" in msg and "0" in msg and "2048" in msg
+
+
+def test_truncated_payload_names_file_and_offset(tmp_path):
+    path = write_tar(tmp_path / "t.tar", [("000000.bin", b"x" * 5000), ("000001.bin", b"y" * 5000)])
+    data = path.read_bytes()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[:8000])  # inside the second member's payload
+    with pytest.raises(TarFormatError) as err:
+        scan_tar(cut)
+    assert err.value.path == str(cut)
+    assert err.value.offset == 5632  # header of the member whose payload is cut
+    assert "truncated" in str(err.value) and str(cut) in str(err.value) and "5632" in str(err.value)
+
+
+def test_truncated_header_block(tmp_path):
+    path = write_tar(tmp_path / "t.tar", [("000000.bin", b"x" * 100)])
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(path.read_bytes()[:1300])  # half of the header block after the first member
+    with pytest.raises(TarFormatError) as err:
+        scan_tar(cut)
+    assert err.value.offset == 1024 and "header block" in str(err.value)
+
+
+def test_bad_checksum_is_reported_at_its_header(tmp_path):
+    path = write_tar(tmp_path / "c.tar", [(f"{i:06d}.txt", b"abc") for i in range(5)])
+    data = bytearray(path.read_bytes())
+    data[3 * 1024 + 10] ^= 0x55  # corrupt the name of the 4th member's header
+    path.write_bytes(bytes(data))
+    with pytest.raises(TarFormatError) as err:
+        scan_tar(path)
+    assert err.value.offset == 3 * 1024
+    assert "checksum" in str(err.value)
+
+
+def test_corrupt_size_field_reports_the_header_not_a_side_effect(tmp_path):
+    path = write_tar(tmp_path / "c.tar", [(f"{i:06d}.txt", b"abc") for i in range(3)])
+    data = bytearray(path.read_bytes())
+    data[1024 + 124 : 1024 + 135] = b"77777777777"  # huge size, checksum now wrong
+    path.write_bytes(bytes(data))
+    with pytest.raises(TarFormatError) as err:
+        scan_tar(path)
+    assert err.value.offset == 1024 and "checksum" in str(err.value)
+
+
+def test_gzip_compressed_shard_is_refused_clearly(tmp_path):
+    plain = write_tar(tmp_path / "p.tar", [("000000.txt", b"abc")])
+    tgz = tmp_path / "p.tgz"
+    tgz.write_bytes(gzip.compress(plain.read_bytes()))
+    with pytest.raises(TarFormatError, match="gzip-compressed"):
+        scan_tar(tgz)
+
+
+def test_missing_end_marker_is_accepted(tmp_path):
+    path = write_tar(tmp_path / "p.tar", [("000000.txt", b"abc")])
+    trimmed = tmp_path / "trimmed.tar"
+    trimmed.write_bytes(path.read_bytes()[:1024])
+    scan = scan_tar(trimmed)
+    assert scan.sample_offsets() == [0, 1024]
+
+
+def test_split_sample_bytes_returns_payloads(tmp_path):
+    members = [("000000.png", png_bytes(3)), ("000000.txt", b"caption"), ("000001.txt", b"next")]
+    d = tarfile.TarInfo("000000.dir")
+    d.type = tarfile.DIRTYPE
+    path = write_tar(tmp_path / "s.tar", members)
+    scan = scan_tar(path)
+    offsets = scan.sample_offsets()
+    data = path.read_bytes()
+    first = split_sample_bytes(data[offsets[0] : offsets[1]], base_offset=offsets[0])
+    assert [(n, bytes(v)) for n, v in first] == members[:2]
+    assert all(isinstance(v, memoryview) for _, v in first)
+    view = memoryview(data)[offsets[1] : offsets[2]]
+    assert [(n, bytes(v)) for n, v in split_sample_bytes(view)] == [members[2]]
+    bytearray_result = split_sample_bytes(bytearray(data[offsets[0] : offsets[1]]))
+    assert [n for n, _ in bytearray_result] == ["000000.png", "000000.txt"]
+
+
+def test_split_sample_bytes_long_names_and_skipped_members(tmp_path):
+    d = tarfile.TarInfo("adir")
+    d.type = tarfile.DIRTYPE
+    for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        path = write_tar(
+            tmp_path / f"l{fmt}.tar", [(f"{LONG_DIR}/000001.png", b"img")], fmt=fmt, extra=[d]
+        )
+        got = split_sample_bytes(path.read_bytes())
+        assert [(n, bytes(v)) for n, v in got] == [(f"{LONG_DIR}/000001.png", b"img")]
+
+
+def test_split_sample_bytes_detects_stale_range(tmp_path):
+    path = write_tar(tmp_path / "s.tar", [("000000.bin", b"x" * 2000)])
+    data = path.read_bytes()
+    with pytest.raises(TarFormatError) as err:
+        split_sample_bytes(data[:1024], base_offset=4096, path="s.tar")
+    assert err.value.offset == 4096 and "s.tar" in str(err.value)
+    shifted = data[512:1536]  # starts inside a payload: not a header
+    with pytest.raises(TarFormatError, match="checksum"):
+        split_sample_bytes(shifted, base_offset=512, path="s.tar")
+
+
+def test_tar_format_error_survives_pickling():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(TarFormatError("a.tar", 512, "bad")))
+    assert (err.path, err.offset, str(err)) == ("a.tar", 512, "a.tar: at byte offset 512: bad")
+    dup = pickle.loads(pickle.dumps(DuplicateKeyInShardError("a.tar", "k", 0, 1024)))
+    assert (dup.key, dup.first_offset, dup.second_offset) == ("k", 0, 1024)
+
+
+def test_prepare_reads_only_headers(tmp_path, monkeypatch):
+    """Payload bytes are never read: every pread is a header block or an extended-header payload."""
+    path = write_tar(tmp_path / "big.tar", [(f"{i:06d}.bin", os.urandom(3000)) for i in range(20)])
+    reads = []
+    real_pread = os.pread
+
+    def spy(fd, n, offset):
+        reads.append((n, offset))
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", spy)
+    scan_tar(path)
+    monkeypatch.setattr(os, "pread", real_pread)
+    header_offsets = {m[1] for m in _reference_members(path)} | {scan_tar(path).end_offset}
+    assert reads
+    for n, offset in reads:
+        assert n <= 512 and offset in header_offsets

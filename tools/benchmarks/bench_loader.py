@@ -1,0 +1,423 @@
+"""Loader benchmark: samples/s, time to first batch and peak memory, next to the raw limits.
+
+For each workload the dataset is prepared (and given a ``dataset.yaml`` if it has none), then
+every worker count runs the public API the way a training script does::
+
+    ds = get_train_dataset(path, batch_size=32, shuffle_buffer_size=100,
+                           max_samples_per_sequence=100, worker_config=WorkerConfig(...))
+    for batch in get_loader(ds): ...
+
+and the result is printed next to the raw limit measured in the same run on the same bytes by
+``bench_raw`` (decode + float + pad-stack for captioning, read + UTF-8 decode for text, with as
+many processes as the loader has workers).
+
+By default every configuration runs in a fresh subprocess: peak memory is then that of the
+configuration alone, and a crash or hang (timeout) in one configuration still leaves a table.
+``--in-process`` runs them in this process instead, which gives full tracebacks for debugging.
+
+Usage: python tools/benchmarks/bench_loader.py [--workload captioning|text|all] [--workers 0,2]
+                                    [--batches N] [--root bench_data]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_common import (  # noqa: E402
+    DEFAULT_ROOT,
+    WORKLOADS,
+    PeakMemoryProbe,
+    Timer,
+    Workload,
+    ensure_workload,
+    machine_summary,
+    mib,
+    per_second,
+    print_markdown_table,
+)
+from bench_raw import (  # noqa: E402
+    JPEG_DECODE,
+    RawResult,
+    loader_equivalent_measurement,
+    measure_captioning,
+    measure_text,
+    warm_page_cache,
+)
+
+BATCH_SIZE = 32
+SHUFFLE_BUFFER_SIZE = 100
+MAX_SAMPLES_PER_SEQUENCE = 100
+DEFAULT_BATCHES = {"captioning": 200, "text": 2000}
+RESULT_PREFIX = "BENCH_LOADER_RESULT "
+
+# Written only when the dataset has no dataset.yaml yet (the prepare wizard's usual output).
+DATASET_YAML = {
+    "captioning": (
+        "sample_type:\n"
+        "  __module__: megatron.energon\n"
+        "  __class__: CaptioningSample\n"
+        "field_map:\n"
+        "  image: jpg\n"
+        "  caption: txt\n"
+    ),
+    "text": (
+        "sample_type:\n"
+        "  __module__: megatron.energon\n"
+        "  __class__: TextSample\n"
+        "field_map:\n"
+        "  text: txt\n"
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Preparing the dataset
+# ----------------------------------------------------------------------------------------------
+
+
+def ensure_dataset_yaml(workload: Workload) -> bool:
+    """Write ``.nv-meta/dataset.yaml`` for the workload's sample type; False if one existed."""
+    path = os.path.join(workload.path, ".nv-meta", "dataset.yaml")
+    if os.path.exists(path):
+        return False
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as file:
+        file.write(DATASET_YAML[workload.kind])
+    return True
+
+
+def prepare_workload(workload: Workload) -> float:
+    """Run the loader's prepare step (index + split) on the workload; returns seconds taken.
+
+    Always re-run: it is cheap next to the benchmark and guards against metadata left by an
+    older version of the prepare code.
+    """
+    from energon.format.prepare import prepare_dataset
+
+    with Timer() as timer:
+        prepare_dataset(
+            workload.path,
+            split_parts_ratio=[("train", 1.0), ("val", 0), ("test", 0)],
+            progress=False,
+        )
+    ensure_dataset_yaml(workload)
+    return timer.seconds
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the loader
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoaderResult:
+    workload: str
+    workers: int
+    batches: int = 0
+    samples: int = 0
+    time_to_first_batch: float = float("nan")
+    steady_samples_per_second: float = float("nan")
+    peak_rss_main: int = 0
+    peak_rss_total: int = 0
+    peak_pss_total: int = 0
+    torch_threads: int = 0
+    first_batch: str = ""
+    error: str = ""
+
+
+def count_batch_samples(batch: Any, kind: str) -> int:
+    """Samples in a batch, from the list field every batch of this kind has."""
+    return len(batch.caption) if kind == "captioning" else len(batch.text)
+
+
+def describe_batch(batch: Any, kind: str) -> str:
+    """Short description of the first batch, so a wrong batch shape is visible in the table."""
+    if kind == "captioning":
+        image = batch.image
+        shape = "x".join(str(size) for size in getattr(image, "shape", ()))
+        return f"image {shape} {getattr(image, 'dtype', type(image).__name__)}"
+    return f"text list[{len(batch.text)}]"
+
+
+def check_first_batch(batch: Any, kind: str) -> None:
+    """Fail loudly if the loader returns something other than what the raw limit computes."""
+    if kind != "captioning":
+        return
+    import torch
+
+    image = batch.image
+    if not isinstance(image, torch.Tensor) or image.dtype != torch.float32 or image.ndim != 4:
+        raise TypeError(
+            f"expected batch.image float32 [B,3,H,W], got {describe_batch(batch, kind)}"
+        )
+
+
+def run_loader(workload: Workload, workers: int, batches: int) -> LoaderResult:
+    """Iterate the loader for ``batches`` batches and measure it (in this process)."""
+    import torch
+
+    from energon import WorkerConfig, get_loader, get_train_dataset
+
+    result = LoaderResult(workload.name, workers, torch_threads=torch.get_num_threads())
+    gc.collect()
+    with PeakMemoryProbe() as probe:
+        with Timer() as since_start:
+            worker_config = WorkerConfig(rank=0, world_size=1, num_workers=workers)
+            dataset = get_train_dataset(
+                workload.path,
+                batch_size=BATCH_SIZE,
+                shuffle_buffer_size=SHUFFLE_BUFFER_SIZE,
+                max_samples_per_sequence=MAX_SAMPLES_PER_SEQUENCE,
+                worker_config=worker_config,
+            )
+            iterator = iter(get_loader(dataset))
+            first = next(iterator)
+        result.time_to_first_batch = since_start.seconds
+        check_first_batch(first, workload.kind)
+        result.first_batch = describe_batch(first, workload.kind)
+        result.samples = count_batch_samples(first, workload.kind)
+        result.batches = 1
+        steady_samples = 0
+        with Timer() as steady:
+            for batch in iterator:
+                steady_samples += count_batch_samples(batch, workload.kind)
+                result.batches += 1
+                if result.batches >= batches:
+                    break
+        result.samples += steady_samples
+        result.steady_samples_per_second = per_second(steady_samples, steady.seconds)
+    result.peak_rss_main = probe.peak_rss_main
+    result.peak_rss_total = probe.peak_rss_total
+    result.peak_pss_total = probe.peak_pss_total
+    del first, iterator, dataset
+    gc.collect()
+    return result
+
+
+def run_loader_safely(workload: Workload, workers: int, batches: int) -> LoaderResult:
+    """Like :func:`run_loader`, but an exception becomes the result's ``error``."""
+    try:
+        return run_loader(workload, workers, batches)
+    except Exception as error:  # one broken configuration must not end the run
+        traceback.print_exc()
+        return LoaderResult(workload.name, workers, error=f"{type(error).__name__}: {error}")
+
+
+def run_loader_in_subprocess(
+    workload: Workload,
+    workers: int,
+    batches: int,
+    root: str,
+    timeout: float,
+    torch_threads: int | None = None,
+) -> LoaderResult:
+    """Run one configuration in a fresh interpreter; it reports back one JSON line on stdout."""
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--run-one",
+        "--workload",
+        workload.name,
+        "--workers",
+        str(workers),
+        "--batches",
+        str(batches),
+        "--root",
+        root,
+    ]
+    if torch_threads is not None:
+        command += ["--torch-threads", str(torch_threads)]
+    try:
+        completed = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return LoaderResult(workload.name, workers, error=f"timed out after {timeout:.0f} s")
+    for line in reversed(completed.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return LoaderResult(**json.loads(line[len(RESULT_PREFIX) :]))
+    stderr_tail = " / ".join(completed.stderr.strip().splitlines()[-3:])
+    return LoaderResult(
+        workload.name, workers, error=f"exit code {completed.returncode}: {stderr_tail}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Raw limits and the report
+# ----------------------------------------------------------------------------------------------
+
+
+def raw_limits(
+    workload: Workload, worker_counts: Sequence[int], samples: int
+) -> dict[int, dict[str, RawResult]]:
+    """Raw measurements per process count (a worker count of 0 means the main process does the
+    work, i.e. 1 process), over as many samples as the loader reads: the loader-equivalent one
+    and, for images, the plain JPEG decode rate (the speed target is stated against it)."""
+    process_counts = sorted({max(1, workers) for workers in worker_counts})
+    limit = min(samples, workload.spec.num_samples)
+    measurement = loader_equivalent_measurement(workload.kind)
+    if workload.kind == "captioning":
+        results = measure_captioning(workload, limit, process_counts, [JPEG_DECODE, measurement])
+    else:
+        results = measure_text(workload, limit, process_counts, [measurement])
+    out: dict[int, dict[str, RawResult]] = {}
+    for result in results:
+        out.setdefault(result.processes, {})[result.measurement] = result
+    return out
+
+
+REPORT_HEADERS = (
+    "workload",
+    "workers",
+    "torch threads",
+    "batches",
+    "TTFB s",
+    "loader samples/s",
+    "raw samples/s",
+    "loader/raw",
+    "raw decode samples/s",
+    "loader/decode",
+    "peak RSS main MiB",
+    "peak RSS sum MiB",
+    "peak PSS sum MiB",
+    "first batch / error",
+)
+
+
+def report_row(result: LoaderResult, raws: dict[str, RawResult] | None) -> tuple[object, ...]:
+    raws = raws or {}
+    kind = "captioning" if result.workload.startswith("captioning") else "text"
+    raw = raws.get(loader_equivalent_measurement(kind))
+    decode = raws.get(JPEG_DECODE)
+    raw_rate = raw.samples_per_second if raw is not None else None
+    decode_rate = decode.samples_per_second if decode is not None else None
+    ratio = decode_ratio = None
+    if raw_rate and not result.error:
+        ratio = result.steady_samples_per_second / raw_rate
+    if decode_rate and not result.error:
+        decode_ratio = result.steady_samples_per_second / decode_rate
+    return (
+        result.workload,
+        result.workers,
+        result.torch_threads or None,
+        result.batches,
+        None if result.error else result.time_to_first_batch,
+        None if result.error else result.steady_samples_per_second,
+        raw_rate,
+        ratio,
+        decode_rate,
+        decode_ratio,
+        None if result.error else mib(result.peak_rss_main),
+        None if result.error else mib(result.peak_rss_total),
+        None if result.error else mib(result.peak_pss_total),
+        result.error or result.first_batch,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="all", choices=["all", *WORKLOADS])
+    parser.add_argument("--workers", default="0,2", help="comma-separated worker counts")
+    parser.add_argument(
+        "--batches", type=int, default=None, help=f"batches per config (default {DEFAULT_BATCHES})"
+    )
+    parser.add_argument("--root", default=DEFAULT_ROOT, help="workload cache directory")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run configurations in this process"
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of the main process (default: torch's own default); "
+        "matters for 0 workers, where decoding and batching run in the main process",
+    )
+    parser.add_argument("--run-one", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def run_one(args: argparse.Namespace) -> None:
+    """Child mode: one workload, one worker count, result as a JSON line on stdout."""
+    workload = ensure_workload(args.workload, args.root, progress=False)
+    batches = args.batches or DEFAULT_BATCHES[workload.kind]
+    result = run_loader_safely(workload, int(args.workers), batches)
+    # A fresh process's own high-water mark is exact, and catches peaks the probe samples miss.
+    own_max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if not result.error and own_max_rss > result.peak_rss_main:
+        result.peak_rss_total += own_max_rss - result.peak_rss_main
+        result.peak_rss_main = own_max_rss
+    print(RESULT_PREFIX + json.dumps(asdict(result)), flush=True)
+
+
+def benchmark_workload(
+    name: str, worker_counts: Sequence[int], args: argparse.Namespace
+) -> list[tuple[object, ...]]:
+    """All configurations of one workload, then its raw limits; returns the report rows."""
+    workload = ensure_workload(name, args.root)
+    kind_batches = args.batches or DEFAULT_BATCHES[workload.kind]
+    try:
+        prepare_seconds = prepare_workload(workload)
+        print(f"# {name}: prepared in {prepare_seconds:.2f} s", flush=True)
+    except Exception as error:  # reported in the table like any other failure
+        traceback.print_exc()
+        message = f"prepare failed: {type(error).__name__}: {error}"
+        results = [LoaderResult(name, workers, error=message) for workers in worker_counts]
+    else:
+        warm_page_cache(workload)
+        results = []
+        for workers in worker_counts:
+            print(f"# {name}: {workers} workers, {kind_batches} batches ...", flush=True)
+            if args.in_process:
+                results.append(run_loader_safely(workload, workers, kind_batches))
+            else:
+                results.append(
+                    run_loader_in_subprocess(
+                        workload, workers, kind_batches, args.root, args.timeout, args.torch_threads
+                    )
+                )
+    try:
+        limits = raw_limits(workload, worker_counts, kind_batches * BATCH_SIZE)
+    except Exception:  # the loader numbers are still worth printing
+        traceback.print_exc()
+        limits = {}
+    return [report_row(result, limits.get(max(1, result.workers))) for result in results]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    if args.run_one:
+        run_one(args)
+        return
+    worker_counts = [int(count) for count in args.workers.split(",")]
+    names = ["captioning", "text"] if args.workload == "all" else [args.workload]
+    rows: list[tuple[object, ...]] = []
+    for name in names:
+        rows.extend(benchmark_workload(name, worker_counts, args))
+    print(f"\n{machine_summary()}\n")
+    print_markdown_table(REPORT_HEADERS, rows)
+
+
+if __name__ == "__main__":
+    main()
