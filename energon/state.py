@@ -17,9 +17,14 @@ import os
 from typing import Any
 
 from energon.errors import StateError
+from energon.pipeline import snapshot
+from energon.pipeline.keys import retag_legacy_pointers
+from energon.pipeline.snapshot import StreamSnapshot
 
 STATE_FORMAT = "energon-loader-state"
-STATE_VERSION = 1
+# 2: pointer keys name their leaf's kind ("webdataset", "jsonl", ...); 1 tagged all "Webdataset"
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # older versions are translated by upgrade_state
 
 _REQUIRED = {
     "format": str,
@@ -46,12 +51,13 @@ def make_rank_state(
     origin: int,
     consumed: int,
     pass_offset: int,
-    streams: dict[int, dict[str, Any]],
+    streams: dict[int, StreamSnapshot],
     micro_batch_size: int | None,
+    version: int = STATE_VERSION,
 ) -> dict[str, Any]:
     return {
         "format": STATE_FORMAT,
-        "version": STATE_VERSION,
+        "version": version,
         "fingerprint": fingerprint,
         "fingerprint_digest": fingerprint_digest,
         "num_streams": num_streams,
@@ -76,9 +82,10 @@ def check_state_shape(state: Any) -> dict[str, Any]:
             f"not an energon loader state (format={state.get('format')!r}); states of "
             "megatron-energon (pickled objects) cannot be restored"
         )
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in READABLE_VERSIONS:
         raise StateError(
-            f"unsupported loader state version {state.get('version')!r} (this energon reads {STATE_VERSION})"
+            f"unsupported loader state version {state.get('version')!r} (this energon reads "
+            f"versions {', '.join(map(str, READABLE_VERSIONS))})"
         )
     for name, kind in _REQUIRED.items():
         if not isinstance(state.get(name), kind):
@@ -89,6 +96,18 @@ def check_state_shape(state: Any) -> dict[str, Any]:
         if not (isinstance(entry, list | tuple) and len(entry) == 2 and isinstance(entry[1], dict)):
             raise StateError("loader state field 'streams' is damaged")
     return state
+
+
+def upgrade_state(state: dict[str, Any], pointer_kinds: list[str]) -> dict[str, Any]:
+    """A well-formed state of any readable version as a state of the current version.
+
+    Version 1 tagged every sample pointer ``"Webdataset"``; its pointers get the kind of their
+    source's leaf (``pointer_kinds``, known only to the loader that restores the state).
+    """
+    if state["version"] == STATE_VERSION:
+        return state
+    streams = [[s, retag_legacy_pointers(snap, pointer_kinds)] for s, snap in state["streams"]]
+    return dict(state, version=STATE_VERSION, streams=streams)
 
 
 def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -116,7 +135,7 @@ def check_compatible(state: dict[str, Any], fingerprint: dict[str, Any], digest:
     )
 
 
-def stream_snapshots(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def stream_snapshots(state: dict[str, Any]) -> dict[int, StreamSnapshot]:
     return {int(s): snap for s, snap in state["streams"]}
 
 
@@ -152,7 +171,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
         raise StateError("no states to redistribute")
     first = states[0]
     for st in states[1:]:
-        for field in ("fingerprint_digest", "num_streams", "world_size"):
+        for field in ("fingerprint_digest", "num_streams", "world_size", "version"):
             if st[field] != first[field]:
                 raise StateError(f"states disagree on {field}: {first[field]!r} vs {st[field]!r}")
     ranks = sorted(st["rank"] for st in states)
@@ -176,28 +195,29 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
                 pass_offset=0,
                 streams=merged,
                 micro_batch_size=first.get("micro_batch_size"),
+                version=first["version"],
             )
         )
     return out
 
 
-def merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    merged: dict[int, dict[str, Any]] = {}
+def merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, StreamSnapshot]:
+    """Each stream's snapshot that is furthest ahead among the ranks' states."""
+    found: dict[int, list[StreamSnapshot]] = {}
     for st in states:
         for s, snap in stream_snapshots(st).items():
-            if s not in merged or snap["emitted"] > merged[s]["emitted"]:
-                merged[s] = snap
-    return merged
+            found.setdefault(s, []).append(snap)
+    return {s: snapshot.latest(snaps) for s, snaps in found.items()}
 
 
 def _check_prefix(
-    merged: dict[int, dict[str, Any]], states: list[dict[str, Any]], num_streams: int, origin: int
+    merged: dict[int, StreamSnapshot], states: list[dict[str, Any]], num_streams: int, origin: int
 ) -> None:
     """Each stream's consumed batches must be a prefix, or no snapshot can resume it exactly."""
     horizon = max(_rank_next_position(st) for st in states)
     for m in range(origin, horizon):
         s, i = m % num_streams, m // num_streams
-        emitted = merged.get(s, {"emitted": 0})["emitted"]
+        emitted = snapshot.emitted(merged[s]) if s in merged else 0
         if _is_consumed(m, states) != (i < emitted):
             raise StateError(
                 "the per-rank states were saved at different steps in a way that cannot be merged "
@@ -239,8 +259,10 @@ def dataset_consumption(state: dict[str, Any]) -> list[dict[str, Any]]:
     out = [
         {"path": d["path"], "split_part": d["split_part"], "read": 0, "epoch": 0} for d in datasets
     ]
-    for _, snap in state["streams"]:
-        for entry, reader in zip(out, snap["stages"][0]["readers"]):
-            entry["read"] += int(reader.get("yielded", 0))
-            entry["epoch"] = max(entry["epoch"], int(reader["epoch"]))
+    for snap in stream_snapshots(state).values():
+        for entry, read, epoch in zip(
+            out, snapshot.samples_read(snap), snapshot.reader_epochs(snap)
+        ):
+            entry["read"] += read
+            entry["epoch"] = max(entry["epoch"], epoch)
     return out

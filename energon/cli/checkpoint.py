@@ -44,7 +44,8 @@ def describe(states: list[dict]) -> list[str]:
         f"datasets: {', '.join(d['path'] + ':' + d['split_part'] for d in first['fingerprint']['datasets'])}",
         f"config digest: {first['fingerprint_digest']}",
     ]
-    from energon.state import dataset_consumption, merge_stream_snapshots
+    from energon.pipeline import snapshot
+    from energon.state import dataset_consumption, merge_stream_snapshots, stream_snapshots
 
     merged = dict(first, streams=[[s, snap] for s, snap in merge_stream_snapshots(states).items()])
     for entry in dataset_consumption(merged):
@@ -58,10 +59,11 @@ def describe(states: list[dict]) -> list[str]:
             f"rank {st['rank']}: consumed {st['consumed']} micro-batches since position "
             f"{st['origin']}, next global position {next_position}, pass offset {st['pass_offset']}"
         )
-        for stream_id, snap in st["streams"]:
-            readers = snap["stages"][0]["readers"]
-            epochs = ",".join(str(r["epoch"]) for r in readers)
-            lines.append(f"  stream {stream_id}: {snap['emitted']} batches emitted, epoch {epochs}")
+        for stream_id, snap in stream_snapshots(st).items():
+            epochs = ",".join(map(str, snapshot.reader_epochs(snap)))
+            lines.append(
+                f"  stream {stream_id}: {snapshot.emitted(snap)} batches emitted, epoch {epochs}"
+            )
     return lines
 
 

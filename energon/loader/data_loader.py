@@ -22,7 +22,11 @@ import torch.utils.data
 from energon.errors import StateError
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
-from energon.pipeline.stages import as_key
+from energon.pipeline import snapshot
+from energon.pipeline.executor import ItemMeta
+from energon.pipeline.keys import Key, attach_restore_key, parse_stream_key, stream_key
+from energon.pipeline.snapshot import StreamSnapshot
+from energon.pipeline.stage import Value
 from energon.pipeline.stream import build_stream
 from energon.state import (
     check_compatible,
@@ -30,18 +34,17 @@ from energon.state import (
     make_rank_state,
     redistribute_states,
     stream_snapshots,
+    upgrade_state,
 )
 from energon.worker import WorkerConfig
 
 
-def _collate(
-    arena: BatchArena | None, item: tuple[Any, dict[str, Any]]
-) -> tuple[Any, dict[str, Any]]:
+def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Value, ItemMeta]:
     """Runs in the worker: numpy -> tensors, and arena tensors -> small references."""
     value, meta = item
     value = torch.utils.data.default_convert(value)
     if arena is not None:
-        value, meta["arena"] = arena.export(value)
+        value, meta.arena = arena.export(value)
     return value, meta
 
 
@@ -80,15 +83,15 @@ class Loader:
         self._origin = 0
         self._consumed = 0
         self._pass_offset = 0
-        self._snapshots: dict[int, dict[str, Any]] = {}
-        self._source: Iterator | None = None
+        self._snapshots: dict[int, StreamSnapshot] = {}
+        self._source: Iterator[tuple[Value, ItemMeta]] | None = None
         self._arena: BatchArena | None = None
 
     # -- iteration ---------------------------------------------------------------------------
     def __len__(self) -> int:
         return self.dataset.len_rank()
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Value]:
         return self._one_pass()
 
     def _pass_length(self) -> int | None:
@@ -97,7 +100,7 @@ class Loader:
             return spec.virtual_epoch_length or None
         return spec.limit or None
 
-    def _one_pass(self) -> Iterator[Any]:
+    def _one_pass(self) -> Iterator[Value]:
         length = self._pass_length()
         if self._source is None:
             self._source = self._open_source()
@@ -108,7 +111,7 @@ class Loader:
                 self._finish_pass()
                 return
             self._record(meta)
-            if meta.get("arena"):
+            if meta.arena:
                 value = self._arena.import_(value)
             yield value
         self._pass_offset = 0
@@ -121,13 +124,13 @@ class Loader:
         self._origin = self._consumed = self._pass_offset = 0
         self._snapshots = {}
 
-    def _record(self, meta: dict[str, Any]) -> None:
+    def _record(self, meta: ItemMeta) -> None:
         wc = self.worker_config
-        self._snapshots[meta["s"]] = meta["snap"]
-        self._consumed = (meta["m"] - self._origin - wc.rank) // wc.world_size + 1
+        self._snapshots[meta.stream] = meta.snapshot
+        self._consumed = (meta.position - self._origin - wc.rank) // wc.world_size + 1
         self._pass_offset += 1
 
-    def _open_source(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def _open_source(self) -> Iterator[tuple[Value, ItemMeta]]:
         wc = self.worker_config
         self.dataset.resume = ResumePoint(
             base=self._origin + self._consumed * wc.world_size,
@@ -195,6 +198,7 @@ class Loader:
         state = check_state_shape(state)
         fp, digest = self.dataset.fingerprint()
         check_compatible(state, fp, digest)
+        state = upgrade_state(state, self.dataset.spec.pointer_kinds())
         wc = self.worker_config
         if (state["rank"], state["world_size"]) != (wc.rank, wc.world_size):
             raise StateError(
@@ -263,9 +267,9 @@ class Loader:
         streams have read so far (samples waiting in shuffle buffers count as read)."""
         spec = self.dataset.spec
         consumed = [0] * len(spec.sources)
-        for snapshot in self._snapshots.values():
-            for i, reader in enumerate(snapshot["stages"][0]["readers"]):
-                consumed[i] += int(reader.get("yielded", 0))
+        for snap in self._snapshots.values():
+            for i, read in enumerate(snapshot.samples_read(snap)):
+                consumed[i] += read
         total = sum(consumed) or 1
         return [
             {
@@ -287,18 +291,18 @@ class Loader:
                 return False
         return True
 
-    def restore_sample(self, restore_key: Any) -> Any:
+    def restore_sample(self, restore_key: Key) -> Value:
         """Regenerate a yielded item from its ``__restore_key__`` (pure hooks only)."""
         if not self.can_restore_sample():
             raise RuntimeError("restore_sample needs @stateless encode_sample / encode_batch hooks")
-        key = as_key(restore_key)
-        if not (isinstance(key, tuple) and len(key) == 3 and key[0] == "Stream"):
-            raise ValueError(f"not a restore key of this loader: {restore_key!r}")
-        stream = build_stream(self.dataset.spec, key[1])
-        value = stream.rebuild(key[2])
-        from energon.pipeline.stages import attach_restore_key
-
-        attach_restore_key(value, key)
+        stream_id, key = parse_stream_key(restore_key)
+        if not 0 <= stream_id < self.dataset.spec.num_streams:
+            raise ValueError(
+                f"restore key {restore_key!r} names stream {stream_id}, but this loader has "
+                f"{self.dataset.spec.num_streams} logical streams"
+            )
+        value = build_stream(self.dataset.spec, stream_id).rebuild(key)
+        attach_restore_key(value, stream_key(stream_id, key))
         return value
 
     def config(self) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 It is a ``torch.utils.data.IterableDataset`` whose iteration in a worker (or in the main process)
 executes that worker's share of the rank's micro-batch positions, yielding ``(item, meta)`` pairs; the
-loader strips ``meta`` (the stream snapshot after the item) and keeps it for saving state.
+loader strips ``meta`` (an :class:`~energon.pipeline.executor.ItemMeta`: position, stream and the
+stream's snapshot after the item) and keeps the snapshot for saving state.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from typing import Any
 import torch.utils.data
 
 from energon.memory.batch_arena import BatchArena
-from energon.pipeline.executor import Executor
+from energon.pipeline.executor import Executor, ItemMeta
+from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
+from energon.pipeline.stage import Value
 from energon.worker import Layout, WorkerConfig
 
 
@@ -25,7 +28,7 @@ class ResumePoint:
     """Where the next pass of executors starts: the rank's next position and stream snapshots."""
 
     base: int = 0
-    snapshots: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    snapshots: dict[int, StreamSnapshot] = dataclasses.field(default_factory=dict)
 
 
 class SavableDataset(torch.utils.data.IterableDataset):
@@ -120,7 +123,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
             end=self.pass_end(),
         )
 
-    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
         if self.arena is not None:

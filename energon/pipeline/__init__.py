@@ -1,6 +1,8 @@
-"""Per-stream stages with explicit, plain-data state (a tiny node protocol).
+"""Per-stream stages with explicit, plain-data state.
 
-Every stage is an iterator of ``(value, restore_key)`` items with three more methods:
-``state()`` (plain data), ``restore(state)`` and ``rebuild(restore_key)`` (regenerate one item from its
-key, used to refill buffers after a restore and by ``loader.restore_sample``).
+The contract every stage keeps is :class:`~energon.pipeline.stage.Stage` (``next``, ``state``,
+``restore``, ``rebuild``); restore keys have their shapes in ``keys``, a stream's snapshot its layout
+in ``snapshot``. ``pointers`` builds the pointer part of a stream (what comes next, no data read),
+``stages`` the stages that read and transform samples, ``stream`` one logical stream's chain,
+``executor`` a worker's share of the global micro-batch positions.
 """

@@ -8,13 +8,27 @@ them, and each keeps only its own batches: correct, just slower. A stream alread
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
-from typing import Any
 
+from energon.pipeline.keys import attach_restore_key, stream_key
+from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
-from energon.pipeline.stages import attach_restore_key
+from energon.pipeline.stage import Value
 from energon.pipeline.stream import Stream, build_stream
 from energon.worker import Layout
+
+
+@dataclasses.dataclass(slots=True)
+class ItemMeta:
+    """What travels with each item from a worker to the main process (pickled with every batch by
+    torch's DataLoader, so it stays small): the item's global position, its stream, the stream's
+    snapshot right after it, and whether the value holds shared-memory arena references."""
+
+    position: int
+    stream: int
+    snapshot: StreamSnapshot
+    arena: bool = False
 
 
 class Executor:
@@ -22,7 +36,7 @@ class Executor:
         self,
         spec: PipelineSpec,
         layout: Layout,
-        snapshots: dict[int, dict[str, Any]] | None = None,
+        snapshots: dict[int, StreamSnapshot] | None = None,
         end: int | None = None,
     ) -> None:
         self.spec = spec
@@ -41,7 +55,7 @@ class Executor:
             self.streams[stream_id] = stream
         return stream
 
-    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
         num_streams = self.spec.num_streams
         mine = set(self.layout.streams())
         exhausted: set[int] = set()
@@ -56,11 +70,10 @@ class Executor:
                 continue
             try:
                 while stream.emitted < index:
-                    stream.next_item()
-                value, key = stream.next_item()
+                    stream.next()
+                value, key = stream.next()
             except StopIteration:
                 exhausted.add(stream_id)
                 continue
-            attach_restore_key(value, ("Stream", stream_id, key))
-            meta = {"m": m, "s": stream_id, "snap": stream.snapshot()}
-            yield value, meta
+            attach_restore_key(value, stream_key(stream_id, key))
+            yield value, ItemMeta(m, stream_id, stream.state())

@@ -6,9 +6,15 @@ import dataclasses
 import hashlib
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from energon.errors import ErrorHandler
 from energon.plan.sharding import stream_counts
+from energon.task_encoder.base import DefaultTaskEncoder, TaskEncoder
+
+if TYPE_CHECKING:
+    from energon.decode.sample_decoder import SampleDecoder
+    from energon.metadataset.resolve import Source
 
 
 @dataclasses.dataclass
@@ -17,7 +23,7 @@ class PipelineSpec:
     repetitions); ``mode`` says how a stream mixes them: ``"none"`` (one source), ``"concat"``
     (one after the other: validation), ``"weight"`` (blend) or ``"repetitions"`` (epochized blend)."""
 
-    sources: list[Any]
+    sources: list[Source]
     mode: str
     training: bool
     seed: int
@@ -29,9 +35,9 @@ class PipelineSpec:
     parallel_shard_iters: int | None = None
     shuffle_over_epochs: int | None = 1
     repeat: bool = True
-    task_encoder: Any = None
-    decoder: Any = None
-    error_handler: Any = None
+    task_encoder: TaskEncoder = dataclasses.field(default_factory=DefaultTaskEncoder)
+    decoder: SampleDecoder | None = None
+    error_handler: ErrorHandler | None = None
     failure_tolerance: int = 100
     virtual_epoch_length: int = 0
     limit: int | None = None
@@ -44,14 +50,17 @@ class PipelineSpec:
     def data_dependent_counts(self) -> bool:
         """Packing and grouping decide batch contents from the data: per-stream batch counts can
         not be planned (validation evenness then cannot be guaranteed in advance)."""
-        te = self.task_encoder
-        return bool(self.packing_buffer_size) or (
-            te is not None and te.is_active("batch_group_criterion")
+        return bool(self.packing_buffer_size) or self.task_encoder.is_active(
+            "batch_group_criterion"
         )
 
     @property
     def leaves(self) -> list[Any]:
         return [source.leaf for source in self.sources]
+
+    def pointer_kinds(self) -> list[str]:
+        """The kind of each source's leaf: the tag of its pointer keys (see pipeline/keys.py)."""
+        return [getattr(source.leaf, "kind", "webdataset") for source in self.sources]
 
     def source_rotations(self) -> list[int]:
         """Each source's remainder samples start where the previous source's stopped (balance)."""
@@ -103,6 +112,20 @@ class PipelineSpec:
             return n
         return n // self.batch_size if self.batch_drop_last else math.ceil(n / self.batch_size)
 
+    def stream_padding(self, stream: int) -> int:
+        """Pointers a validation stream repeats because it has fewer samples than the common batch
+        count (only with batch size 1 or None, or fewer samples than streams; see
+        docs/ordering.md)."""
+        if (
+            self.training
+            or self.repeat
+            or not self.even_ranks
+            or self.batch_drop_last
+            or self.data_dependent_counts
+        ):
+            return 0
+        return max(0, self.val_batches_per_stream() - self.stream_sample_counts()[stream])
+
     def val_batches_per_stream(self) -> int:
         """Every stream emits at most this many items in a validation pass (exactly this many
         when ranks must be even)."""
@@ -130,9 +153,7 @@ class PipelineSpec:
             "repeat": self.repeat,
             "packing_buffer_size": self.packing_buffer_size,
             "group_max_wait": self.group_max_wait,
-            "task_encoder": f"{type(te).__module__}.{type(te).__qualname__}"
-            if te is not None
-            else None,
+            "task_encoder": f"{type(te).__module__}.{type(te).__qualname__}",
         }
 
     def config(self) -> dict[str, Any]:

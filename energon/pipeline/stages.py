@@ -1,162 +1,50 @@
-"""The stages of one logical stream, from sample pointers to batches.
+"""The stages behind a stream's pointers: load, task-encoder hooks, packing, grouping, batching.
 
-Items are ``(value, key)`` pairs. A key is a plain tuple recipe that regenerates the value:
-``("Webdataset", leaf, index)`` for a loaded sample, ``("Map", name, sample_index, sub, inner_key)``
-for the output of a hook, ``("Batch", batch_index, (member keys...))`` for a batch. Buffers hold keys,
-never decoded data, so states stay small and restoring re-reads only what sat in buffers.
+Each is a :class:`~energon.pipeline.stage.Stage`. Buffers hold items whose restore keys
+(:mod:`energon.pipeline.keys`) can regenerate them, so states hold keys, never decoded data, and
+restoring re-reads only what sat in buffers. A hook that is a generator and was interrupted between
+outputs is saved as (its input, outputs already emitted) and resumed by re-running it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Hashable
 from typing import Any
 
+from energon.decode.sample_decoder import SampleDecoder
 from energon.errors import ErrorPolicy, SampleException, SkipSample
-from energon.plan.reader import SliceReader
-from energon.plan.rng import CounterRng
+from energon.pipeline.keys import (
+    Key,
+    as_key,
+    attach_restore_key,
+    batch_key,
+    batch_members,
+    map_key,
+    map_parts,
+    pack_key,
+    pack_parts,
+    pointer_target,
+)
+from energon.pipeline.stage import Item, Stage, StageState, Value
 from energon.task_encoder.base import hook_context
 
-Item = tuple[Any, tuple]
+Hook = Callable[[Value], Value]  # a task-encoder hook: value -> value, or a generator of values
+Batcher = Callable[[list[Value]], Value]
 
 
-def attach_restore_key(value: Any, key: tuple) -> None:
-    """Record ``key`` on samples/batches that carry a ``__restore_key__``."""
-    if isinstance(value, dict):
-        if "__restore_key__" in value:
-            value["__restore_key__"] = key
-    elif hasattr(value, "__restore_key__"):
-        try:
-            value.__restore_key__ = key
-        except (AttributeError, TypeError):
-            pass
-
-
-def as_key(data: Any) -> tuple:
-    """Keys come back from JSON as lists; turn them into tuples again, recursively."""
-    if isinstance(data, list | tuple):
-        return tuple(as_key(x) for x in data)
-    return data
-
-
-class PointerSource:
-    """Sample pointers of one stream: its sources' readers, one after the other (no schedule) or
-    interleaved by a blend schedule. Keys are ``("Webdataset", source index, sample index)``."""
-
-    def __init__(
-        self, readers: list[SliceReader], schedule: Any = None, *, repeat: bool = True
-    ) -> None:
-        self.readers = readers
-        self.schedule = schedule
-        self.repeat = repeat
-        self._current = 0
-        self._passes = 0
-
-    def __iter__(self) -> Iterator[Item]:
-        return self
-
-    def __next__(self) -> Item:
-        source, index = self._next_pointer()
-        key = ("Webdataset", source, index)
-        return key, key
-
-    def _next_pointer(self) -> tuple[int, int]:
-        if self.schedule is None:
-            while self._current < len(self.readers):
-                try:
-                    return self._current, next(self.readers[self._current])
-                except StopIteration:
-                    self._current += 1
-            raise StopIteration
-        if self.schedule.finite and self.schedule.done:
-            if not self.repeat:
-                raise StopIteration
-            self.schedule.reset()
-            self._passes += 1
-        source = self.schedule.next()
-        return source, next(self.readers[source])
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "current": self._current,
-            "passes": self._passes,
-            "schedule": self.schedule.state() if self.schedule is not None else None,
-            "readers": [r.state() for r in self.readers],
-        }
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self._current = int(state["current"])
-        self._passes = int(state.get("passes", 0))
-        if self.schedule is not None and state.get("schedule") is not None:
-            self.schedule.restore(state["schedule"])
-        for reader, reader_state in zip(self.readers, state["readers"]):
-            reader.restore(reader_state)
-
-    def consumed(self) -> list[int]:
-        """Samples handed out so far per source."""
-        return [reader.yielded for reader in self.readers]
-
-    def rebuild(self, key: tuple) -> Any:
-        return key
-
-
-class ShuffleBuffer:
-    """Keeps up to ``size`` pointers and emits a uniformly random one each step."""
-
-    def __init__(self, upstream: Any, size: int, rng: CounterRng) -> None:
-        self.upstream = upstream
-        self.size = size
-        self.rng = rng
-        self._buffer: list[tuple] = []
-        self._exhausted = False
-
-    def __iter__(self) -> Iterator[Item]:
-        return self
-
-    def __next__(self) -> Item:
-        while not self._exhausted and len(self._buffer) < self.size:
-            try:
-                _, key = next(self.upstream)
-            except StopIteration:
-                self._exhausted = True
-                break
-            self._buffer.append(key)
-        if not self._buffer:
-            self._exhausted = False  # the next pass (validation restart) may refill
-            raise StopIteration
-        i = self.rng.randbelow(len(self._buffer))
-        key = self._buffer[i]
-        self._buffer[i] = self._buffer[-1]
-        self._buffer.pop()
-        return self.upstream.rebuild(key), key
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "buffer": list(self._buffer),
-            "rng": self.rng.counter,
-            "exhausted": self._exhausted,
-        }
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self._buffer = [as_key(k) for k in state["buffer"]]
-        self.rng.counter = int(state["rng"])
-        self._exhausted = bool(state["exhausted"])
-
-    def rebuild(self, key: tuple) -> Any:
-        return self.upstream.rebuild(key)
-
-
-class LoadStage:
+class LoadStage(Stage):
     """Reads and decodes the sample a pointer names (and cooks crude samples); failures follow the
-    error policy."""
+    error policy. ``leaves[i]`` and ``cooks[i]`` belong to source ``i`` of the stream."""
 
     def __init__(
         self,
-        upstream: Any,
+        upstream: Stage,
         leaves: list[Any],
-        decoder: Any,
+        decoder: SampleDecoder | None,
         policy: ErrorPolicy,
-        cooks: list[Callable[[Any], Any] | None] | None = None,
+        cooks: list[Hook | None] | None = None,
     ) -> None:
         self.upstream = upstream
         self.leaves = leaves
@@ -164,12 +52,9 @@ class LoadStage:
         self.policy = policy
         self.cooks = cooks or [None] * len(leaves)
 
-    def __iter__(self) -> Iterator[Item]:
-        return self
-
-    def __next__(self) -> Item:
+    def next(self) -> Item:
         while True:
-            _, key = next(self.upstream)
+            _, key = self.upstream.next()
             try:
                 sample = self.rebuild(key)
             except SampleException as e:
@@ -178,16 +63,16 @@ class LoadStage:
             self.policy.succeeded()
             return sample, key
 
-    def state(self) -> dict[str, Any]:
-        return {"skipped": self.policy.skipped}
+    def state(self) -> StageState:
+        return self.counters()
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.policy.skipped = int(state.get("skipped", 0))
+    def restore(self, state: StageState) -> None:
+        self.restore_counters(state)
 
-    def rebuild(self, key: tuple) -> Any:
-        _, leaf, index = key
-        sample = self.leaves[leaf].load(index, self.decoder, key)
-        cook = self.cooks[leaf]
+    def rebuild(self, key: Key) -> Value:
+        source, index = pointer_target(key)
+        sample = self.leaves[source].load(index, self.decoder, key)
+        cook = self.cooks[source]
         if cook is None:
             return sample
         try:
@@ -200,7 +85,8 @@ class LoadStage:
             ) from e
 
 
-def _call_hook(fn: Callable[..., Any], sample_index: int, *args: Any) -> Any:
+def _call_hook(fn: Callable[..., Value], sample_index: int, *args: Any) -> Value:
+    """Call a hook with ``current_sample_index`` set to ``sample_index``."""
     previous = hook_context.sample_index
     hook_context.sample_index = sample_index
     try:
@@ -209,7 +95,7 @@ def _call_hook(fn: Callable[..., Any], sample_index: int, *args: Any) -> Any:
         hook_context.sample_index = previous
 
 
-def _rebuild_items(upstream: Any, keys: list) -> list[Item]:
+def _rebuild_items(upstream: Stage, keys: list) -> list[Item]:
     """Buffered items of a saved state, regenerated from their keys through the upstream stages."""
     items = []
     for data in keys:
@@ -218,24 +104,34 @@ def _rebuild_items(upstream: Any, keys: list) -> list[Item]:
     return items
 
 
-def _rebuild_batch(upstream: Any, batcher: Callable[[list], Any], key: tuple) -> Any:
-    batch = batcher([upstream.rebuild(k) for k in key[2]])
+def _rebuild_batch(upstream: Stage, batcher: Batcher, key: Key) -> Value:
+    batch = batcher([upstream.rebuild(k) for k in batch_members(key)])
     attach_restore_key(batch, key)
     return batch
 
 
-class MapStage:
+@dataclasses.dataclass(slots=True)
+class _OpenGenerator:
+    """A generator hook between two outputs: what it was called on and how far it got."""
+
+    gen: Generator
+    hook_index: int  # current_sample_index while it runs
+    index: int  # the sample index (map) or pack index (pack) of its outputs' keys
+    inputs: Any  # the input key (map) or the member keys (pack)
+    emitted: int = 0
+
+
+class MapStage(Stage):
     """Applies a hook (value or generator; ``SkipSample`` drops) and numbers its inputs.
 
     ``sample_index = inputs_seen * num_streams + stream`` is the deterministic, layout-independent
-    ``current_sample_index``. A generator interrupted between outputs is saved as
-    (input key, sample index, outputs already emitted) and resumed by re-running it.
+    ``current_sample_index``.
     """
 
     def __init__(
         self,
-        upstream: Any,
-        fn: Callable[[Any], Any],
+        upstream: Stage,
+        fn: Hook,
         name: str,
         policy: ErrorPolicy,
         *,
@@ -249,130 +145,116 @@ class MapStage:
         self.stream = stream
         self.num_streams = num_streams
         self._inputs = 0
-        self._pending: tuple[Iterator, tuple, int, int] | None = None
+        self._open: _OpenGenerator | None = None
 
-    def __iter__(self) -> Iterator[Item]:
-        return self
-
-    def __next__(self) -> Item:
+    def next(self) -> Item:
         while True:
-            if self._pending is not None:
-                item = self._next_from_pending()
+            if self._open is not None:
+                item = self._next_from_open(self._open)
                 if item is not None:
                     return item
                 continue
-            value, key = next(self.upstream)
+            value, key = self.upstream.next()
             sample_index = self._inputs * self.num_streams + self.stream
             self._inputs += 1
             try:
-                result = self._call(value, sample_index)
+                result = _call_hook(self.fn, sample_index, value)
             except SkipSample:
                 continue
             except Exception as e:
                 self.policy.failed(e, value)
                 continue
             if inspect.isgenerator(result):
-                self._pending = (result, key, sample_index, 0)
+                self._open = _OpenGenerator(result, sample_index, sample_index, key)
                 continue
             self.policy.succeeded()
-            out_key = ("Map", self.name, sample_index, 0, key)
+            out_key = map_key(self.name, sample_index, 0, key)
             attach_restore_key(result, out_key)
             return result, out_key
 
-    def _call(self, value: Any, sample_index: int) -> Any:
-        return _call_hook(self.fn, sample_index, value)
-
-    def _advance(self, gen: Iterator, sample_index: int) -> Any:
-        return _call_hook(next, sample_index, gen)
-
-    def _next_from_pending(self) -> Item | None:
-        gen, in_key, sample_index, emitted = self._pending  # type: ignore[misc]
+    def _next_from_open(self, open_gen: _OpenGenerator) -> Item | None:
         try:
-            value = self._advance(gen, sample_index)
+            value = _call_hook(next, open_gen.hook_index, open_gen.gen)
         except StopIteration:
-            self._pending = None
+            self._open = None
             self.policy.succeeded()
             return None
         except SkipSample:
-            self._pending = None
+            self._open = None
             return None
         except Exception as e:
-            self._pending = None
+            self._open = None
             self.policy.failed(e)
             return None
-        self._pending = (gen, in_key, sample_index, emitted + 1)
-        out_key = ("Map", self.name, sample_index, emitted, in_key)
+        out_key = map_key(self.name, open_gen.index, open_gen.emitted, open_gen.inputs)
+        open_gen.emitted += 1
         attach_restore_key(value, out_key)
         return value, out_key
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> StageState:
         pending = None
-        if self._pending is not None:
-            _, in_key, sample_index, emitted = self._pending
-            pending = [in_key, sample_index, emitted]
-        return {"inputs": self._inputs, "pending": pending, "skipped": self.policy.skipped}
+        if self._open is not None:
+            pending = [self._open.inputs, self._open.index, self._open.emitted]
+        return {"inputs": self._inputs, "pending": pending, **self.counters()}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: StageState) -> None:
         self._inputs = int(state["inputs"])
-        self.policy.skipped = int(state.get("skipped", 0))
-        self._pending = None
+        self.restore_counters(state)
+        self._open = None
         if state.get("pending") is not None:
             in_key, sample_index, emitted = state["pending"]
             in_key = as_key(in_key)
-            gen = self._call(self.upstream.rebuild(in_key), sample_index)
+            gen = _call_hook(self.fn, sample_index, self.upstream.rebuild(in_key))
             for _ in range(emitted):
-                self._advance(gen, sample_index)
-            self._pending = (gen, in_key, sample_index, emitted)
+                _call_hook(next, sample_index, gen)
+            self._open = _OpenGenerator(gen, sample_index, sample_index, in_key, emitted)
 
-    def rebuild(self, key: tuple) -> Any:
-        _, _, sample_index, sub, in_key = key
-        result = self._call(self.upstream.rebuild(in_key), sample_index)
+    def rebuild(self, key: Key) -> Value:
+        sample_index, sub, in_key = map_parts(key)
+        result = _call_hook(self.fn, sample_index, self.upstream.rebuild(in_key))
         if inspect.isgenerator(result):
             for _ in range(sub):
-                self._advance(result, sample_index)
-            result = self._advance(result, sample_index)
+                _call_hook(next, sample_index, result)
+            result = _call_hook(next, sample_index, result)
         attach_restore_key(result, key)
         return result
 
 
-class BatchStage:
+class BatchStage(Stage):
     """Collects consecutive items into batches (sizes from a schedule) and calls the batcher."""
 
     def __init__(
         self,
-        upstream: Any,
+        upstream: Stage,
         sizes: Callable[[int], int],
-        batcher: Callable[[list], Any],
+        batcher: Batcher,
         policy: ErrorPolicy,
         *,
         drop_last: bool = False,
-        max_batches: int | None = None,
     ) -> None:
         self.upstream = upstream
         self.sizes = sizes
         self.batcher = batcher
         self.policy = policy
         self.drop_last = drop_last
-        self.max_batches = max_batches
         self._batches = 0
 
-    def __iter__(self) -> Iterator[Item]:
-        return self
-
-    def __next__(self) -> Item:
+    def next(self) -> Item:
         while True:
-            if self.max_batches is not None and self._batches >= self.max_batches:
-                raise StopIteration
             size = self.sizes(self._batches)
             values, keys = [], []
-            for value, key in self.upstream:
+            while True:
+                try:
+                    value, key = self.upstream.next()
+                except StopIteration:
+                    break
                 values.append(value)
                 keys.append(key)
                 if len(values) >= size:
                     break
             if not values or (self.drop_last and len(values) < size):
                 raise StopIteration
-            key = ("Batch", self._batches, tuple(keys))
+            key = batch_key(self._batches, tuple(keys))
             self._batches += 1
             try:
                 batch = self.batcher(values)
@@ -383,25 +265,18 @@ class BatchStage:
             attach_restore_key(batch, key)
             return batch, key
 
-    def state(self) -> dict[str, Any]:
-        return {"batches": self._batches, "skipped": self.policy.skipped}
+    def state(self) -> StageState:
+        return {"batches": self._batches, **self.counters()}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: StageState) -> None:
         self._batches = int(state["batches"])
-        self.policy.skipped = int(state.get("skipped", 0))
+        self.restore_counters(state)
 
-    def rebuild(self, key: tuple) -> Any:
+    def rebuild(self, key: Key) -> Value:
         return _rebuild_batch(self.upstream, self.batcher, key)
 
 
-def _key_data(key: Any) -> Any:
-    """A hashable group key as JSON-able data (tuples become lists)."""
-    if isinstance(key, tuple):
-        return [_key_data(k) for k in key]
-    return key
-
-
-class PackStage:
+class PackStage(Stage):
     """Sequence packing: a buffer of encoded samples is split into groups by
     ``select_samples_to_pack``; each group becomes one sample via ``pack_selected_samples``.
 
@@ -411,11 +286,11 @@ class PackStage:
 
     def __init__(
         self,
-        upstream: Any,
+        upstream: Stage,
         buffer_size: int,
-        select: Callable[[list], list[list]],
-        pack: Callable[[list], Any],
-        postencode: Callable[[Any], Any] | None,
+        select: Callable[[list[Value]], list[list[Value]]],
+        pack: Batcher,
+        postencode: Hook | None,
         policy: ErrorPolicy,
         *,
         stream: int,
@@ -436,16 +311,13 @@ class PackStage:
         self._packs = 0
         self._rounds = 0
         self._exhausted = False
-        self._open: tuple[Iterator, int, tuple, int] | None = None
+        self._open: _OpenGenerator | None = None
 
-    def __iter__(self) -> Iterator[Item]:
-        return self
-
-    def __next__(self) -> Item:
+    def next(self) -> Item:
         empty_rounds = 0
         while True:
             if self._open is not None:
-                packed = self._next_open()
+                packed = self._next_open(self._open)
                 if packed is not None:
                     return packed
                 continue
@@ -474,7 +346,7 @@ class PackStage:
     def _fill(self) -> None:
         while not self._exhausted and len(self._reading) < self.buffer_size:
             try:
-                self._reading.append(next(self.upstream))
+                self._reading.append(self.upstream.next())
             except StopIteration:
                 self._exhausted = True
 
@@ -507,6 +379,9 @@ class PackStage:
         self._pending = pending
         return bool(pending)
 
+    def _hook_index(self, pack_index: int) -> int:
+        return pack_index * self.num_streams + self.stream
+
     def _pack_group(self, group: list[Item]) -> Item | None:
         """Start packing a group; a generator packer may emit several packed samples."""
         members = tuple(k for _, k in group)
@@ -520,17 +395,16 @@ class PackStage:
             self.policy.failed(e, None)
             return None
         if inspect.isgenerator(result):
-            self._open = (result, index, members, 0)
-            return self._next_open()
+            self._open = _OpenGenerator(result, self._hook_index(index), index, members)
+            return self._next_open(self._open)
         self.policy.succeeded()
-        key = ("Pack", index, 0, members)
+        key = pack_key(index, 0, members)
         attach_restore_key(result, key)
         return result, key
 
-    def _next_open(self) -> Item | None:
-        gen, index, members, emitted = self._open  # type: ignore[misc]
+    def _next_open(self, open_gen: _OpenGenerator) -> Item | None:
         try:
-            value = _call_hook(next, index * self.num_streams + self.stream, gen)
+            value = _call_hook(next, open_gen.hook_index, open_gen.gen)
         except StopIteration:
             self._open = None
             self.policy.succeeded()
@@ -539,22 +413,21 @@ class PackStage:
             self._open = None
             self.policy.failed(e, None)
             return None
-        self._open = (gen, index, members, emitted + 1)
-        key = ("Pack", index, emitted, members)
+        key = pack_key(open_gen.index, open_gen.emitted, open_gen.inputs)
+        open_gen.emitted += 1
         attach_restore_key(value, key)
         return value, key
 
-    def _pack_values(self, index: int, values: list[Any]) -> Any:
-        hook_index = index * self.num_streams + self.stream
+    def _pack_values(self, index: int, values: list[Value]) -> Value:
+        hook_index = self._hook_index(index)
         if self.postencode is not None:
             values = [_call_hook(self.postencode, hook_index, v) for v in values]
         return _call_hook(self.pack, hook_index, values)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> StageState:
         open_pack = None
         if self._open is not None:
-            _, index, members, emitted = self._open
-            open_pack = [index, emitted, list(members)]
+            open_pack = [self._open.index, self._open.emitted, list(self._open.inputs)]
         return {
             "reading": [k for _, k in self._reading],
             "pending": [[k for _, k in group] for group in self._pending],
@@ -562,49 +435,66 @@ class PackStage:
             "packs": self._packs,
             "rounds": self._rounds,
             "exhausted": self._exhausted,
-            "skipped": self.policy.skipped,
+            **self.counters(),
         }
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: StageState) -> None:
         self._reading = _rebuild_items(self.upstream, state["reading"])
         self._pending = [_rebuild_items(self.upstream, keys) for keys in state["pending"]]
         self._packs = int(state["packs"])
         self._rounds = int(state["rounds"])
         self._exhausted = bool(state["exhausted"])
-        self.policy.skipped = int(state.get("skipped", 0))
+        self.restore_counters(state)
         self._open = None
         if state.get("open") is not None:
             index, emitted, members = state["open"]
             members = tuple(map(as_key, members))
-            self._open = (self._replay(index, members, emitted), index, members, emitted)
+            gen = self._replay(index, members, emitted)
+            self._open = _OpenGenerator(gen, self._hook_index(index), index, members, emitted)
 
-    def _replay(self, index: int, members: tuple, skip: int) -> Any:
+    def _replay(self, index: int, members: tuple[Key, ...], skip: int) -> Value:
         """Re-run the packer on the members (regenerated from their keys), skipping ``skip``
         outputs of a generator packer."""
         result = self._pack_values(index, [self.upstream.rebuild(k) for k in members])
         if inspect.isgenerator(result):
             for _ in range(skip):
-                _call_hook(next, index * self.num_streams + self.stream, result)
+                _call_hook(next, self._hook_index(index), result)
         return result
 
-    def rebuild(self, key: tuple) -> Any:
-        _, index, sub, members = key
+    def rebuild(self, key: Key) -> Value:
+        index, sub, members = pack_parts(key)
         result = self._replay(index, members, sub)
         if inspect.isgenerator(result):
-            result = _call_hook(next, index * self.num_streams + self.stream, result)
+            result = _call_hook(next, self._hook_index(index), result)
         attach_restore_key(result, key)
         return result
 
 
-class GroupBatchStage:
+def _key_data(key: Hashable) -> Any:
+    """A hashable group key as JSON-able data (tuples become lists)."""
+    if isinstance(key, tuple):
+        return [_key_data(k) for k in key]
+    return key
+
+
+@dataclasses.dataclass(slots=True)
+class _Bucket:
+    """Items of one group waiting for their batch."""
+
+    size: int  # the group's batch size
+    since: int  # inputs seen when the bucket opened
+    items: list[Item] = dataclasses.field(default_factory=list)
+
+
+class GroupBatchStage(Stage):
     """Batches of samples that share a group key (``batch_group_criterion``), each group with its
     own batch size. A bucket whose oldest sample has waited ``max_wait`` samples is flushed early."""
 
     def __init__(
         self,
-        upstream: Any,
-        criterion: Callable[[Any], tuple[Any, int | None]],
-        batcher: Callable[[list], Any],
+        upstream: Stage,
+        criterion: Callable[[Value], tuple[Hashable, int | None]],
+        batcher: Batcher,
         policy: ErrorPolicy,
         *,
         batch_size: int | None,
@@ -622,15 +512,12 @@ class GroupBatchStage:
         self.max_wait = max_wait
         self.stream = stream
         self.num_streams = num_streams
-        self._buckets: dict[Any, dict[str, Any]] = {}
+        self._buckets: dict[Hashable, _Bucket] = {}
         self._ready: list[list[Item]] = []
         self._seen = 0
         self._batches = 0
 
-    def __iter__(self) -> Iterator[Item]:
-        return self
-
-    def __next__(self) -> Item:
+    def next(self) -> Item:
         while True:
             if self._ready:
                 batch = self._make_batch(self._ready.pop(0))
@@ -638,7 +525,7 @@ class GroupBatchStage:
                     return batch
                 continue
             try:
-                value, key = next(self.upstream)
+                value, key = self.upstream.next()
             except StopIteration:
                 self._flush_all()
                 if not self._ready:
@@ -646,7 +533,7 @@ class GroupBatchStage:
                 continue
             self._add(value, key)
 
-    def _add(self, value: Any, key: tuple) -> None:
+    def _add(self, value: Value, key: Key) -> None:
         index = self._seen * self.num_streams + self.stream
         self._seen += 1
         try:
@@ -661,32 +548,30 @@ class GroupBatchStage:
             )
         size = size or self.batch_size
         group = as_key(_key_data(group))
-        bucket = self._buckets.setdefault(group, {"size": size, "items": [], "since": self._seen})
-        if bucket["size"] != size:
-            raise ValueError(
-                f"group {group!r} changed its batch size from {bucket['size']} to {size}"
-            )
-        bucket["items"].append((value, key))
-        if len(bucket["items"]) >= size:
-            self._ready.append(self._buckets.pop(group)["items"])
+        bucket = self._buckets.get(group)
+        if bucket is None:
+            bucket = self._buckets[group] = _Bucket(size, self._seen)
+        elif bucket.size != size:
+            raise ValueError(f"group {group!r} changed its batch size from {bucket.size} to {size}")
+        bucket.items.append((value, key))
+        if len(bucket.items) >= size:
+            self._ready.append(self._buckets.pop(group).items)
         self._flush_stale()
 
     def _flush_stale(self) -> None:
         if self.max_wait is None:
             return
-        for group in [
-            g for g, b in self._buckets.items() if self._seen - b["since"] >= self.max_wait
-        ]:
-            self._ready.append(self._buckets.pop(group)["items"])
+        for group in [g for g, b in self._buckets.items() if self._seen - b.since >= self.max_wait]:
+            self._ready.append(self._buckets.pop(group).items)
 
     def _flush_all(self) -> None:
         for group in list(self._buckets):
-            items = self._buckets.pop(group)["items"]
+            items = self._buckets.pop(group).items
             if not self.drop_last:
                 self._ready.append(items)
 
     def _make_batch(self, items: list[Item]) -> Item | None:
-        key = ("Batch", self._batches, tuple(k for _, k in items))
+        key = batch_key(self._batches, tuple(k for _, k in items))
         self._batches += 1
         try:
             batch = self.batcher([v for v, _ in items])
@@ -697,27 +582,27 @@ class GroupBatchStage:
         attach_restore_key(batch, key)
         return batch, key
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> StageState:
         return {
             "buckets": [
-                [_key_data(g), b["size"], b["since"], [k for _, k in b["items"]]]
+                [_key_data(g), b.size, b.since, [k for _, k in b.items]]
                 for g, b in self._buckets.items()
             ],
             "ready": [[k for _, k in items] for items in self._ready],
             "seen": self._seen,
             "batches": self._batches,
-            "skipped": self.policy.skipped,
+            **self.counters(),
         }
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: StageState) -> None:
         self._buckets = {}
         for group, size, since, keys in state["buckets"]:
             items = _rebuild_items(self.upstream, keys)
-            self._buckets[as_key(group)] = {"size": size, "items": items, "since": since}
+            self._buckets[as_key(group)] = _Bucket(size, since, items)
         self._ready = [_rebuild_items(self.upstream, keys) for keys in state["ready"]]
         self._seen = int(state["seen"])
         self._batches = int(state["batches"])
-        self.policy.skipped = int(state.get("skipped", 0))
+        self.restore_counters(state)
 
-    def rebuild(self, key: tuple) -> Any:
+    def rebuild(self, key: Key) -> Value:
         return _rebuild_batch(self.upstream, self.batcher, key)

@@ -1,36 +1,51 @@
-"""One logical stream: its stage chain, its output counter and its snapshot."""
+"""One logical stream: its stage chain, its output counter and its snapshot.
+
+``build_stream`` puts the pointer stages (:mod:`energon.pipeline.pointers`) first and the stages
+that read and transform data (:mod:`energon.pipeline.stages`) behind them. It is also where the plan
+meets I/O: remote leaves get a :class:`PrefetchObserver` on their readers.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from energon.errors import ErrorPolicy, log_exception
+from energon.pipeline.keys import Key
+from energon.pipeline.pointers import build_pointer_stages
+from energon.pipeline.snapshot import StreamSnapshot, emitted, make_snapshot, stage_states
 from energon.pipeline.spec import PipelineSpec
+from energon.pipeline.stage import Item, Stage, Value
 from energon.pipeline.stages import (
     BatchStage,
     GroupBatchStage,
+    Hook,
     LoadStage,
     MapStage,
     PackStage,
-    PointerSource,
-    ShuffleBuffer,
 )
-from energon.plan.mixing import QuotaSchedule, WeightedSchedule
-from energon.plan.reader import SliceReader
-from energon.plan.rng import CounterRng, stable_seed
-from energon.plan.sharding import slice_bounds, stream_ranges
-from energon.task_encoder.base import hook_context
+from energon.plan.reader import ReadObserver
+from energon.source.file_store import (
+    DecodeFileStore,
+    FileStore,
+    PrimaryFileStore,
+    WebdatasetFileStore,
+    open_file_store,
+)
+from energon.task_encoder.base import DefaultTaskEncoder, TaskEncoder, hook_context
 from energon.task_encoder.cooking import select_cooker
 
-DEFAULT_PARALLEL_SLICES = 16
+if TYPE_CHECKING:
+    from energon.metadataset.resolve import Source
 
 
-class Stream:
-    """Emits the items (micro-batches) of one logical stream in order; snapshot after each one."""
+class Stream(Stage):
+    """Emits the items (micro-batches) of one logical stream in order; its state after each item is
+    the stream's snapshot (:mod:`energon.pipeline.snapshot`)."""
 
     def __init__(
-        self, stream_id: int, spec: PipelineSpec, stages: list[Any], max_items: int | None
-    ):
+        self, stream_id: int, spec: PipelineSpec, stages: list[Stage], max_items: int | None
+    ) -> None:
         self.stream_id = stream_id
         self.spec = spec
         self.stages = stages
@@ -38,31 +53,52 @@ class Stream:
         self.emitted = 0
 
     @property
-    def sink(self) -> Any:
+    def sink(self) -> Stage:
         return self.stages[-1]
 
-    def next_item(self) -> Any:
+    def next(self) -> Item:
         """The next item; ``StopIteration`` at the end of a finite (validation) pass."""
         if self.max_items is not None and self.emitted >= self.max_items:
             raise StopIteration
         hook_context.batch_index = self.emitted * self.spec.num_streams + self.stream_id
         hook_context.seed = self.spec.seed
-        value, key = next(self.sink)
+        item = self.sink.next()
         self.emitted += 1
-        return value, key
+        return item
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"emitted": self.emitted, "stages": [stage.state() for stage in self.stages]}
+    def state(self) -> StreamSnapshot:
+        return make_snapshot(self.emitted, [stage.state() for stage in self.stages])
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
+    def restore(self, state: StreamSnapshot) -> None:  # type: ignore[override]
         hook_context.seed = self.spec.seed
-        for stage, state in zip(self.stages, snapshot["stages"]):
-            stage.restore(state)
-        self.emitted = int(snapshot["emitted"])
+        for stage, stage_state in zip(self.stages, stage_states(state)):
+            stage.restore(stage_state)
+        self.emitted = emitted(state)
 
-    def rebuild(self, key: tuple) -> Any:
+    def rebuild(self, key: Key) -> Value:
         hook_context.seed = self.spec.seed
         return self.sink.rebuild(key)
+
+
+class PrefetchObserver:
+    """Forwards a reader's upcoming sample ranges to a remote leaf's prefetcher (a
+    :class:`~energon.plan.reader.ReadObserver`)."""
+
+    __slots__ = ("leaf",)
+
+    def __init__(self, leaf: Any) -> None:
+        self.leaf = leaf
+
+    def will_read(self, first: int, end: int, later: bool) -> None:
+        self.leaf.prefetch(first, end, later)
+
+
+def prefetch_observers(spec: PipelineSpec) -> list[ReadObserver | None]:
+    """One observer per source whose leaf lives in object storage (local reads need no hints)."""
+    return [
+        PrefetchObserver(source.leaf) if getattr(source.leaf, "remote", False) else None
+        for source in spec.sources
+    ]
 
 
 def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
@@ -71,7 +107,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     te = spec.task_encoder
     handler = spec.error_handler or log_exception
 
-    def policy(name: str, fn: Any = None) -> ErrorPolicy:
+    def policy(name: str, fn: Callable[..., Any] | None = None) -> ErrorPolicy:
         tolerance = getattr(fn, "__failure_tolerance__", spec.failure_tolerance)
         return ErrorPolicy(name, handler, tolerance)
 
@@ -88,11 +124,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             )
         )
 
-    pointers, padding = _pointer_source(spec, stream_id)
-    stages: list[Any] = [pointers]
-    if spec.training and spec.shuffle_buffer_size and spec.shuffle_buffer_size > 1:
-        rng = CounterRng(stable_seed(spec.seed, "shuffle-buffer", stream_id))
-        stages.append(ShuffleBuffer(stages[-1], spec.shuffle_buffer_size, rng))
+    stages = build_pointer_stages(spec, stream_id, prefetch_observers(spec))
     cooks = [_cook_function(spec, source) for source in spec.sources]
     stages.append(LoadStage(stages[-1], spec.leaves, spec.decoder, policy("load_sample"), cooks))
     if te.is_active("preencode_sample"):
@@ -134,7 +166,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             )
         )
     elif spec.batch_size is not None:
-        sizes = _batch_sizes(spec, stream_id, padding)
+        sizes = _batch_sizes(spec, stream_id)
         stages.append(
             BatchStage(
                 stages[-1],
@@ -154,14 +186,12 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     return Stream(stream_id, spec, stages, max_items)
 
 
-def _user_defined(te: Any, hook: str) -> bool:
+def _user_defined(te: TaskEncoder, hook: str) -> bool:
     """Overridden by the user (not just by DefaultTaskEncoder's identity version)."""
-    from energon.task_encoder.base import DefaultTaskEncoder
-
     return te.is_active(hook) and getattr(type(te), hook) is not getattr(DefaultTaskEncoder, hook)
 
 
-def _cook_function(spec: PipelineSpec, source: Any) -> Any:
+def _cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
     """For crude sources with a matching cooker: sample -> cooked sample (aux stores attached)."""
     if getattr(source.leaf.builder, "kind", None) != "crude":
         if source.aux:
@@ -172,24 +202,20 @@ def _cook_function(spec: PipelineSpec, source: Any) -> Any:
     selected = select_cooker(spec.task_encoder, source.leaf.subflavors)
     if selected is None:
         return None
-    from energon.source.file_store import DecodeFileStore, PrimaryFileStore, open_file_store
-
     decoder = spec.decoder
 
-    def wrap(store: Any) -> Any:
+    def wrap(store: FileStore) -> FileStore:
         return DecodeFileStore(store, decoder=decoder) if decoder is not None else store
 
     stores = {name: wrap(open_file_store(ref)) for name, ref in source.aux.items()}
     primary = None
     if selected.need_primary:
-        from energon.source.file_store import WebdatasetFileStore
-
         try:
             primary = wrap(WebdatasetFileStore(source.leaf.root))
         except Exception as e:
             raise SystemError(f"cannot open the primary store of {source.leaf.root}: {e}") from e
 
-    def cook(sample: Any) -> Any:
+    def cook(sample: dict[str, Any]) -> Value:
         extra = dict(stores)
         if primary is not None:
             extra["primary"] = PrimaryFileStore(primary, sample["__key__"])
@@ -198,69 +224,13 @@ def _cook_function(spec: PipelineSpec, source: Any) -> Any:
     return cook
 
 
-def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, int]:
-    """One reader per source over this stream's range, mixed as the spec's mode says.
-
-    Validation streams that are short of the common batch count get padding (see docs/ordering.md).
-    """
-    readers = []
-    stream_total = 0
-    mixing = spec.training and spec.mode in ("weight", "repetitions")
-    for i, (source, rotation) in enumerate(zip(spec.sources, spec.source_rotations())):
-        start, end = stream_ranges(source.start, source.end, spec.num_streams, rotation)[stream_id]
-        stream_total += end - start
-        bounds = slice_bounds(start, end, source.leaf.shard_starts, spec.max_samples_per_sequence)
-        parallel = spec.parallel_shard_iters
-        if parallel is None:
-            parallel = DEFAULT_PARALLEL_SLICES if spec.training else 1
-        if spec.training and spec.mode == "weight":
-            # a blend keeps about as many slices open in total as a single dataset would
-            parallel = max(1, round(parallel * source.weight))
-        readers.append(
-            SliceReader(
-                bounds,
-                seed=stable_seed(spec.seed, "reader", i, stream_id),
-                shuffle=spec.training,
-                shuffle_over_epochs=source.shuffle_over_epochs if spec.training else None,
-                parallel_slices=parallel,
-                repeat=spec.repeat or mixing,
-                excluded=source.leaf.excluded,
-                hint=source.leaf.prefetch if getattr(source.leaf, "remote", False) else None,
-            )
-        )
-    schedule = None
-    if spec.training and spec.mode == "weight":
-        weights = [s.weight if r.num_samples else 0.0 for s, r in zip(spec.sources, readers)]
-        schedule = WeightedSchedule(weights, phase=(stream_id * 0.6180339887498949) % 1.0)
-    elif spec.training and spec.mode == "repetitions":
-        schedule = QuotaSchedule([q[stream_id] for q in spec.source_stream_quotas()])
-    padding = 0
-    if (
-        not spec.training
-        and not spec.repeat
-        and spec.even_ranks
-        and not spec.batch_drop_last
-        and not spec.data_dependent_counts
-    ):
-        padding = max(0, spec.val_batches_per_stream() - stream_total)
-    if padding and readers:
-        target = next((r for r in readers if r.num_samples), None)
-        if target is None:
-            target = readers[0]
-            target.pad_index = spec.sources[0].start
-        else:
-            target.pad_index = int(target.bounds[0])
-        target.padding = padding
-    return PointerSource(readers, schedule, repeat=spec.repeat), padding
-
-
-def _batch_sizes(spec: PipelineSpec, stream_id: int, padding: int):
+def _batch_sizes(spec: PipelineSpec, stream_id: int) -> Callable[[int], int]:
     """Training: constant. Validation: full batches first, then smaller ones, so that every stream
     emits the same number of batches (see docs/ordering.md)."""
     bs = spec.batch_size
     if spec.training or spec.batch_drop_last or spec.data_dependent_counts or not spec.even_ranks:
         return lambda i: bs
-    total = spec.stream_sample_counts()[stream_id] + padding
+    total = spec.stream_sample_counts()[stream_id] + spec.stream_padding(stream_id)
     batches = spec.val_batches_per_stream()
     if bs <= 1 or batches == 0:
         return lambda i: bs

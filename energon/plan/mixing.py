@@ -1,30 +1,86 @@
-"""Which source a stream reads next when it mixes several (blends).
+"""Which source a stream reads next when it mixes several (blends): the :class:`Schedule` contract.
 
-Both schedules are deterministic "largest deficit" rules rather than random draws: after ``t`` picks,
-source ``i`` has been picked ``round(w_i * t)`` times give or take one, so over any window the realised
-mix matches the weights to within a couple of samples (random draws would be off by about
+A schedule is a small cursor over source numbers. :class:`~energon.pipeline.pointers.PointerSource`
+asks it ``next()`` for every sample pointer and saves its ``state()`` with the stream; nothing else
+about mixing lives anywhere else. A new way to mix (weights that change over training steps, online
+reweighting) is a new class here that keeps the protocol: a pure function of its constructor
+arguments and its state, so the order stays explainable and restorable.
+
+Both schedules below are deterministic "largest deficit" rules rather than random draws: after ``t``
+picks, source ``i`` has been picked ``round(w_i * t)`` times give or take one, so over any window the
+realised mix matches the weights to within a couple of samples (random draws would be off by about
 ``sqrt(t w (1-w))``). Their state is a few integers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol, TypedDict, runtime_checkable
 
 
-class WeightedSchedule:
+class ScheduleState(TypedDict):
+    picks: int
+    counts: list[int]  # picks per source
+
+
+@runtime_checkable
+class Schedule(Protocol):
+    """Picks the source of each next sample of a stream.
+
+    ``finite`` schedules end a pass (``done``) after a fixed number of picks; ``reset()`` starts the
+    next pass. Infinite schedules are never ``done``.
+    """
+
+    finite: bool
+
+    @property
+    def done(self) -> bool: ...
+
+    def next(self) -> int:
+        """The source to read the next sample from."""
+        ...
+
+    def reset(self) -> None:
+        """Start the next pass."""
+        ...
+
+    def state(self) -> ScheduleState: ...
+
+    def restore(self, state: ScheduleState) -> None: ...
+
+
+class _DeficitCounts:
+    """Picks made so far, per source: the state both schedules share."""
+
+    def __init__(self, sources: int) -> None:
+        self.picks = 0
+        self.counts = [0] * sources
+
+    def reset(self) -> None:
+        self.picks = 0
+        self.counts = [0] * len(self.counts)
+
+    def state(self) -> ScheduleState:
+        return {"picks": self.picks, "counts": list(self.counts)}
+
+    def restore(self, state: ScheduleState) -> None:
+        self.picks = int(state["picks"])
+        self.counts = [int(c) for c in state["counts"]]
+
+
+class WeightedSchedule(_DeficitCounts):
     """Infinite mix by weight; ``phase`` (in [0, 1)) staggers streams so their errors do not align."""
 
     finite = False
+    done = False
 
     def __init__(self, weights: Sequence[float], phase: float = 0.0) -> None:
         total = sum(weights)
         if total <= 0:
             raise ValueError("a blend needs at least one source with a positive weight")
+        super().__init__(len(weights))
         self.weights = [w / total for w in weights]
         self.phase = phase
-        self.picks = 0
-        self.counts = [0] * len(weights)
 
     def next(self) -> int:
         t = self.picks + 1 + self.phase
@@ -39,24 +95,16 @@ class WeightedSchedule:
         self.counts[best] += 1
         return best
 
-    def state(self) -> dict[str, Any]:
-        return {"picks": self.picks, "counts": list(self.counts)}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.picks = int(state["picks"])
-        self.counts = [int(c) for c in state["counts"]]
-
-
-class QuotaSchedule:
+class QuotaSchedule(_DeficitCounts):
     """One pass that picks source ``i`` exactly ``quotas[i]`` times, interleaved proportionally."""
 
     finite = True
 
     def __init__(self, quotas: Sequence[int]) -> None:
+        super().__init__(len(quotas))
         self.quotas = [int(q) for q in quotas]
         self.total = sum(self.quotas)
-        self.picks = 0
-        self.counts = [0] * len(self.quotas)
 
     @property
     def done(self) -> bool:
@@ -76,14 +124,3 @@ class QuotaSchedule:
         self.picks += 1
         self.counts[best] += 1
         return best
-
-    def reset(self) -> None:
-        self.picks = 0
-        self.counts = [0] * len(self.quotas)
-
-    def state(self) -> dict[str, Any]:
-        return {"picks": self.picks, "counts": list(self.counts)}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.picks = int(state["picks"])
-        self.counts = [int(c) for c in state["counts"]]

@@ -4,27 +4,55 @@ Training: the stream's slices are visited in a fresh random order every epoch; u
 ``parallel_slices`` slices are open at once and the next sample is drawn from one of them with
 probability proportional to what is left in it. Validation: slices in order, one at a time, once.
 
-The reader yields plain sample indices. Its whole state is a few integers (epoch, position in the
-epoch's slice order, the open slices' cursors, an RNG counter): the slice order itself is recomputed
-from the seed on restore, so no per-epoch lists are stored.
+The reader hands out plain sample indices (``next()``). Its whole state is a few integers (epoch,
+position in the epoch's slice order, the open slices' cursors, an RNG counter): the slice order itself
+is recomputed from the seed on restore, so no per-epoch lists are stored. It reads no data; an
+optional :class:`ReadObserver` hears which index ranges come next (remote prefetching).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable
-from typing import Any
+from typing import Protocol, TypedDict
 
 import numpy as np
 
 from energon.plan.rng import CounterRng, permutation, random_indices, stable_seed
 
-HINT_AHEAD = 8  # slices hinted beyond the open ones
+LOOK_AHEAD = 8  # slices announced to the observer beyond the open ones
+
+
+class ReadObserver(Protocol):
+    """Told which samples a reader will hand out soon, so that someone else may fetch them early.
+
+    The reader itself does no I/O; ``pipeline/stream.py`` passes an observer that forwards the
+    ranges to a remote leaf's prefetcher. Observations only affect speed, never the order or the
+    state.
+    """
+
+    def will_read(self, first: int, end: int, later: bool) -> None:
+        """Samples ``[first, end)`` come soon (``later``: after the ranges observed without it)."""
+
+
+class ReaderState(TypedDict):
+    """A :class:`SliceReader`'s whole state (plain JSON data)."""
+
+    epoch: int
+    pos: int  # slices of the epoch's order opened so far
+    active: list[list[int]]  # open slices: [slice number, cursor]
+    rng: int  # counter of the open-slice draw
+    padded: int  # padding indices handed out in this pass
+    yielded: int  # indices handed out so far, all epochs
+    started: bool
 
 
 class SliceReader:
-    """Sample indices of one (stream, leaf) pair, epoch after epoch."""
+    """Sample indices of one (stream, leaf) pair, epoch after epoch.
+
+    Validation streams that are short of the common batch count hand out ``pad_index``
+    ``padding`` times at the end of a pass (see docs/ordering.md).
+    """
 
     def __init__(
         self,
@@ -38,7 +66,7 @@ class SliceReader:
         excluded: frozenset[int] = frozenset(),
         padding: int = 0,
         pad_index: int = 0,
-        hint: Callable[[int, int, bool], None] | None = None,
+        observer: ReadObserver | None = None,
     ) -> None:
         self.bounds = bounds
         self.num_slices = len(bounds) - 1
@@ -59,11 +87,10 @@ class SliceReader:
         self._started = False
         self._order: np.ndarray | None = None
         self._ends = [int(b) for b in bounds[1:]]
-        # Prefetch hints (remote data): ``hint(first, end, later)`` for the open slices and the
-        # next HINT_AHEAD ones in the epoch's order (``later``: not open yet, needed after the open
-        # ones). Not part of the state: hints only affect speed.
-        self._hint = hint
-        self._hinted_until: int | None = None
+        # The observer hears of the open slices and the next LOOK_AHEAD ones in the epoch's order
+        # (``later``: not open yet, needed after the open ones). Not part of the state.
+        self._observer = observer
+        self._observed_until: int | None = None
 
     @property
     def num_samples(self) -> int:
@@ -78,7 +105,7 @@ class SliceReader:
     def epoch(self) -> int:
         return self._epoch
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> ReaderState:
         return {
             "epoch": self._epoch,
             "pos": self._pos,
@@ -89,7 +116,7 @@ class SliceReader:
             "started": self._started,
         }
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: ReaderState) -> None:
         self._epoch = int(state["epoch"])
         self._pos = int(state["pos"])
         self._active = [[int(i), int(c)] for i, c in state["active"]]
@@ -98,12 +125,10 @@ class SliceReader:
         self._yielded = int(state.get("yielded", 0))
         self._started = bool(state["started"])
         self._order = None
-        self._hinted_until = None
+        self._observed_until = None
 
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> int:
+    def next(self) -> int:
+        """The next sample index; ``StopIteration`` at the end of a pass that does not repeat."""
         while True:
             index = self._next_index()
             if index not in self.excluded:
@@ -113,8 +138,8 @@ class SliceReader:
     def _next_index(self) -> int:
         if not self._started:
             self._start_epoch()
-        elif self._hint is not None and self._hinted_until is None:
-            self._hint_restored()
+        elif self._observer is not None and self._observed_until is None:
+            self._observe_restored()
         while not self._active:
             if self._padded < self.padding:
                 self._padded += 1
@@ -137,12 +162,12 @@ class SliceReader:
         self._padded = 0
         self._order = None
         self._active = []
-        self._hinted_until = None  # no hints while the first slices open: all at once below
+        self._observed_until = None  # quiet while the first slices open: all at once below
         while len(self._active) < self.parallel and self._pos < self.num_slices:
             self._open_next_slice()
-        if self._hint is not None:
-            self._hinted_until = 0
-            self._hint_ahead()
+        if self._observer is not None:
+            self._observed_until = 0
+            self._observe_ahead()
 
     def _pick_slot(self) -> int:
         """An open slice, with probability proportional to the samples left in it."""
@@ -164,8 +189,8 @@ class SliceReader:
     def _open_next_slice(self, at: int | None = None) -> None:
         slice_index = int(self._slice_order()[self._pos])
         self._pos += 1
-        if self._hint is not None and self._hinted_until is not None:
-            self._hint_ahead()
+        if self._observer is not None and self._observed_until is not None:
+            self._observe_ahead()
         entry = [slice_index, int(self.bounds[slice_index])]
         if entry[1] >= self.bounds[slice_index + 1]:
             return
@@ -174,22 +199,22 @@ class SliceReader:
         else:
             self._active.insert(at, entry)
 
-    def _hint_ahead(self) -> None:
-        """Hint the slices up to HINT_AHEAD positions past the last opened one."""
+    def _observe_ahead(self) -> None:
+        """Tell the observer of the slices up to LOOK_AHEAD positions past the last opened one."""
         order = self._slice_order()
-        stop = min(self.num_slices, self._pos + HINT_AHEAD)
-        for pos in range(self._hinted_until or 0, stop):
+        stop = min(self.num_slices, self._pos + LOOK_AHEAD)
+        for pos in range(self._observed_until or 0, stop):
             s = int(order[pos])
-            self._hint(int(self.bounds[s]), int(self.bounds[s + 1]), pos >= self._pos)
-        self._hinted_until = max(self._hinted_until or 0, stop)
+            self._observer.will_read(int(self.bounds[s]), int(self.bounds[s + 1]), pos >= self._pos)
+        self._observed_until = max(self._observed_until or 0, stop)
 
-    def _hint_restored(self) -> None:
-        """After a restore: hint what is left of the open slices, then the slices ahead."""
+    def _observe_restored(self) -> None:
+        """After a restore: what is left of the open slices, then the slices ahead."""
         for slice_index, cursor in self._active:
-            self._hint(cursor, self._ends[slice_index], False)
-        self._hinted_until = self._pos
+            self._observer.will_read(cursor, self._ends[slice_index], False)
+        self._observed_until = self._pos
         if self._pos < self.num_slices:
-            self._hint_ahead()
+            self._observe_ahead()
 
     def _slice_order(self) -> np.ndarray:
         if self._order is None:

@@ -1,0 +1,121 @@
+"""Restore keys: the small tuples that say how to regenerate one item of a stream.
+
+Buffers and saved states hold keys, never decoded data, and every sample or batch a loader yields
+carries its key in ``__restore_key__``. This module is the only place that knows their shapes:
+
+===========================================  =========================================================
+``(kind, source, index)``                    sample ``index`` of source ``source`` of the stream, a
+                                             leaf of kind ``kind`` (``"webdataset"``, ``"jsonl"``,
+                                             ``"tokens"``, ``"join"``): a pointer
+``("Map", hook, sample_index, sub, input)``  output ``sub`` (0 unless the hook is a generator) of
+                                             ``hook`` called on the item that key ``input`` names
+``("Pack", pack_index, sub, members)``       output ``sub`` of the packer called on ``members``
+``("Batch", batch_index, members)``          the batch of the items that the keys ``members`` name
+``("Stream", stream_id, key)``               the loader-level key of a yielded item: ``key`` in
+                                             logical stream ``stream_id``
+===========================================  =========================================================
+
+Keys are plain data. JSON turns their tuples into lists; :func:`as_key` turns them back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+Key: TypeAlias = tuple  # nested tuples of str and int, shaped as the table above says
+
+MAP, PACK, BATCH, STREAM = "Map", "Pack", "Batch", "Stream"
+LEGACY_POINTER_KIND = "Webdataset"  # loader state version 1 tagged every pointer so
+
+
+def pointer_key(kind: str, source: int, index: int) -> Key:
+    return (kind, source, index)
+
+
+def map_key(hook: str, sample_index: int, sub: int, input_key: Key) -> Key:
+    return (MAP, hook, sample_index, sub, input_key)
+
+
+def pack_key(pack_index: int, sub: int, members: tuple[Key, ...]) -> Key:
+    return (PACK, pack_index, sub, members)
+
+
+def batch_key(batch_index: int, members: tuple[Key, ...]) -> Key:
+    return (BATCH, batch_index, members)
+
+
+def stream_key(stream_id: int, key: Key) -> Key:
+    return (STREAM, stream_id, key)
+
+
+def pointer_target(key: Key) -> tuple[int, int]:
+    """(source, index) of a pointer key."""
+    _, source, index = key
+    return source, index
+
+
+def map_parts(key: Key) -> tuple[int, int, Key]:
+    """(sample_index, sub, input key) of a map key."""
+    _, _, sample_index, sub, input_key = key
+    return sample_index, sub, input_key
+
+
+def pack_parts(key: Key) -> tuple[int, int, tuple[Key, ...]]:
+    """(pack_index, sub, member keys) of a pack key."""
+    _, pack_index, sub, members = key
+    return pack_index, sub, members
+
+
+def batch_members(key: Key) -> tuple[Key, ...]:
+    return key[2]
+
+
+def parse_stream_key(data: Any) -> tuple[int, Key]:
+    """(stream_id, key inside the stream) of a loader-level key, also one that went through JSON."""
+    key = as_key(data)
+    if not (
+        isinstance(key, tuple)
+        and len(key) == 3
+        and key[0] == STREAM
+        and isinstance(key[1], int)
+        and isinstance(key[2], tuple)
+    ):
+        raise ValueError(f"not a restore key of this loader: {data!r}")
+    return key[1], key[2]
+
+
+def as_key(data: Any) -> Any:
+    """Keys come back from JSON as lists; turn them into tuples again, recursively."""
+    if isinstance(data, list | tuple):
+        return tuple(as_key(x) for x in data)
+    return data
+
+
+def retag_legacy_pointers(data: Any, kinds: list[str]) -> Any:
+    """Saved keys (JSON data) with every version-1 pointer ``["Webdataset", source, index]`` tagged
+    with the real kind of its source."""
+    if isinstance(data, dict):
+        return {name: retag_legacy_pointers(value, kinds) for name, value in data.items()}
+    if not isinstance(data, list | tuple):
+        return data
+    if (
+        len(data) == 3
+        and data[0] == LEGACY_POINTER_KIND
+        and isinstance(data[1], int)
+        and isinstance(data[2], int)
+        and 0 <= data[1] < len(kinds)
+    ):
+        return [kinds[data[1]], data[1], data[2]]
+    return [retag_legacy_pointers(x, kinds) for x in data]
+
+
+def attach_restore_key(value: Any, key: Key) -> None:
+    """Record ``key`` on samples/batches that carry a ``__restore_key__``."""
+    if isinstance(value, dict):
+        if "__restore_key__" in value:
+            value["__restore_key__"] = key
+    elif hasattr(value, "__restore_key__"):
+        try:
+            value.__restore_key__ = key
+        except (AttributeError, TypeError):
+            pass

@@ -1,0 +1,70 @@
+"""The snapshot of one logical stream: the one module that knows its layout.
+
+A snapshot is plain data, taken after every item a stream emits, carried with the item to the main
+process and saved in the loader state::
+
+    {"emitted": <items the stream emitted so far>,
+     "stages": [<state() of each stage, in chain order>]}
+
+The first stage of every stream is its pointer source (:mod:`energon.pipeline.pointers`), whose state
+holds the schedule's state and one :class:`~energon.plan.reader.ReaderState` per source. Code outside
+the pipeline reads snapshots only through the functions here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from energon.plan.mixing import ScheduleState
+from energon.plan.reader import ReaderState
+
+POINTER_STAGE = 0  # the pointer source is the first stage of every stream
+
+
+class PointerState(TypedDict):
+    current: int  # the source being read, without a schedule (one source after the other)
+    passes: int  # passes completed by a finite schedule
+    schedule: ScheduleState | None
+    readers: list[ReaderState]  # one per source
+
+
+class StreamSnapshot(TypedDict):
+    emitted: int
+    stages: list[dict[str, Any]]
+
+
+def make_snapshot(emitted: int, stage_states: list[dict[str, Any]]) -> StreamSnapshot:
+    return {"emitted": emitted, "stages": stage_states}
+
+
+def emitted(snapshot: StreamSnapshot) -> int:
+    """Items the stream had emitted when the snapshot was taken."""
+    return int(snapshot["emitted"])
+
+
+def stage_states(snapshot: StreamSnapshot) -> list[dict[str, Any]]:
+    return snapshot["stages"]
+
+
+def pointer_state(snapshot: StreamSnapshot) -> PointerState:
+    return snapshot["stages"][POINTER_STAGE]  # type: ignore[return-value]
+
+
+def reader_states(snapshot: StreamSnapshot) -> list[ReaderState]:
+    """One reader state per source of the stream."""
+    return pointer_state(snapshot)["readers"]
+
+
+def samples_read(snapshot: StreamSnapshot) -> list[int]:
+    """Sample indices each source's reader handed out (samples in shuffle buffers count as read)."""
+    return [int(reader.get("yielded", 0)) for reader in reader_states(snapshot)]
+
+
+def reader_epochs(snapshot: StreamSnapshot) -> list[int]:
+    """The epoch each source's reader is in."""
+    return [int(reader["epoch"]) for reader in reader_states(snapshot)]
+
+
+def latest(snapshots: list[StreamSnapshot]) -> StreamSnapshot:
+    """Of several snapshots of one stream (saved by different ranks), the one furthest ahead."""
+    return max(snapshots, key=emitted)

@@ -1,0 +1,68 @@
+"""The stage contract: every step of a logical stream is a :class:`Stage`.
+
+A stage turns the items of its upstream stage into its own items. An item is ``(value, key)``: a
+value (a sample pointer, a sample, a packed sample, a batch) and its restore key
+(:mod:`energon.pipeline.keys`), from which the chain can regenerate the value. A stage has four
+methods and nothing else is asked of it:
+
+- ``next()``: the next item; ``StopIteration`` at the end of a finite (validation) pass.
+- ``state()``: plain JSON-able data (counters, cursors, the keys of buffered items; never values).
+- ``restore(state)``: continue exactly as the stage that saved ``state`` would have. The upstream
+  is restored first; buffered items are regenerated through ``upstream.rebuild``.
+- ``rebuild(key)``: the value ``key`` names (used to refill buffers on restore and by
+  ``Loader.restore_sample``).
+
+Stages call ``upstream.next()`` directly; ``for`` loops and ``next(stage)`` work too.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any, TypeAlias
+
+from energon.errors import ErrorPolicy
+from energon.pipeline.keys import Key
+
+Value: TypeAlias = Any  # whatever the stage makes: a pointer key, a sample, a batch (user types)
+Item: TypeAlias = tuple[Value, Key]
+StageState: TypeAlias = dict[str, Any]  # plain JSON data
+
+
+class Stage(ABC):
+    """Base of all stages. ``policy`` is the stage's error policy, if it has one: its counters are
+    saved with the stage's state by :meth:`counters` and :meth:`restore_counters`."""
+
+    policy: ErrorPolicy | None = None
+
+    @abstractmethod
+    def next(self) -> Item:
+        """The next item (``StopIteration`` when a finite pass ends)."""
+
+    @abstractmethod
+    def state(self) -> StageState:
+        """Plain data from which :meth:`restore` continues exactly here."""
+
+    @abstractmethod
+    def restore(self, state: StageState) -> None:
+        """Continue as the stage that saved ``state`` would have (after the upstream's restore)."""
+
+    @abstractmethod
+    def rebuild(self, key: Key) -> Value:
+        """The value that ``key`` names."""
+
+    def __iter__(self) -> Iterator[Item]:
+        return self
+
+    def __next__(self) -> Item:
+        return self.next()
+
+    def counters(self) -> dict[str, int]:
+        """The error policy's counters, to be merged into :meth:`state`."""
+        if self.policy is None:
+            return {}
+        return {"skipped": self.policy.skipped}
+
+    def restore_counters(self, state: StageState) -> None:
+        if self.policy is not None:
+            self.policy.skipped = int(state.get("skipped", 0))
