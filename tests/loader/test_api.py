@@ -19,6 +19,7 @@ from energon import (
     load_state_file,
     save_state_file,
 )
+from energon.pipeline.snapshot import reader_states
 from tests.helpers.datasets import make_text_dataset
 
 WC = WorkerConfig(rank=0, world_size=1, num_workers=0)
@@ -127,7 +128,7 @@ def test_state_files_round_trip_and_damage_is_reported(text_ds, tmp_path):
     with pytest.raises(StateError, match="cannot read"):
         load_state_file(torch_file)
     edited = json.loads(path.read_text())
-    edited["streams"][0][1]["stages"][0]["readers"][0]["epoch"] = "zero"
+    reader_states(edited["streams"][0][1])[0]["epoch"] = "zero"
     with pytest.raises((StateError, ValueError)):
         again2 = loader()
         again2.restore_state_rank(edited)

@@ -203,3 +203,57 @@ def test_restore_sample_regenerates_batches(captioning_ds):
         again = loader.restore_sample(batch.__restore_key__)
         assert again.__key__ == batch.__key__
         assert torch.equal(again.image, batch.image)
+
+
+def _pointer_tags(data):
+    """The tags of every pointer key ``[kind, source, index]`` in saved data."""
+    if isinstance(data, dict):
+        return set().union(*map(_pointer_tags, data.values())) if data else set()
+    if isinstance(data, list | tuple):
+        if len(data) == 3 and isinstance(data[0], str) and all(type(x) is int for x in data[1:]):
+            return {data[0]}
+        return set().union(*map(_pointer_tags, data)) if data else set()
+    return set()
+
+
+def _as_version_1(data):
+    """A state as energon wrote it with state version 1 (every pointer tagged "Webdataset")."""
+    if isinstance(data, dict):
+        return {k: _as_version_1(v) for k, v in data.items()}
+    if isinstance(data, list):
+        if len(data) == 3 and data[0] == "webdataset" and all(type(x) is int for x in data[1:]):
+            return ["Webdataset", *data[1:]]
+        return [_as_version_1(x) for x in data]
+    return data
+
+
+def test_pointer_keys_name_their_kind_and_version_1_states_are_translated(text_ds):
+    loader = make_loader(text_ds, max_samples_per_sequence=5, shuffle_buffer_size=9)
+    it = iter(loader)
+    batch = take(it, 3)[-1]
+    assert _pointer_tags(batch.__restore_key__) == {"webdataset"}
+    state = loader.save_state_rank()
+    assert state["version"] == 2
+    assert _pointer_tags(state["streams"]) == {"webdataset"}, "the shuffle buffer holds pointers"
+    expected = keys(take(it, 6))
+
+    old = _as_version_1(dict(state, version=1))
+    assert _pointer_tags(old["streams"]) == {"Webdataset"}
+    restored = make_loader(text_ds, max_samples_per_sequence=5, shuffle_buffer_size=9)
+    restored.restore_state_rank(old)
+    batches = take(iter(restored), 6)
+    assert keys(batches) == expected
+    assert all(_pointer_tags(b.__restore_key__) == {"webdataset"} for b in batches)
+    again = restored.save_state_rank()
+    assert again["version"] == 2 and _pointer_tags(again["streams"]) == {"webdataset"}
+
+    with pytest.raises(StateError, match="unsupported loader state version 99"):
+        make_loader(text_ds).restore_state_rank(dict(state, version=99))
+
+
+def test_redistribution_keeps_the_version_of_its_states(text_ds):
+    _, states = run_ranks(text_ds, 2, 0, 3)
+    old = [_as_version_1(dict(s, version=1)) for s in states]
+    assert {s["version"] for s in redistribute_states(old, 3)} == {1}
+    with pytest.raises(StateError, match="disagree on version"):
+        redistribute_states([old[0], states[1]], 1)

@@ -21,6 +21,7 @@ from energon import (
     redistribute_states,
     stateless,
 )
+from energon.pipeline.snapshot import stage_states
 from energon.task_encoder.packing import PackingTaskEncoder, SequencePacker
 
 
@@ -72,7 +73,7 @@ def test_packs_fit_and_restore_exactly_mid_buffer(text_ds, num_workers):
         assert batch.tokens.shape[1] <= 96
         assert all(int(c[-1]) <= 96 for c in batch.cu_seqlens)
         state = loader.save_state_rank()
-        packing = [snap["stages"][4] for _, snap in state["streams"]]
+        packing = [stage_states(snap)[4] for _, snap in state["streams"]]
         if any(p["reading"] or p["pending"] for p in packing):
             break
     else:
