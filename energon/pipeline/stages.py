@@ -117,7 +117,7 @@ class _OpenGenerator:
     gen: Generator
     hook_index: int  # current_sample_index while it runs
     index: int  # the sample index (map) or pack index (pack) of its outputs' keys
-    inputs: Any  # the input key (map) or the member keys (pack)
+    inputs: Key  # the input key (map) or the tuple of member keys (pack)
     emitted: int = 0
 
 

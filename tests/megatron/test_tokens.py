@@ -269,7 +269,7 @@ def test_token_leaf_errors_are_sample_errors(tmp_path, corpus):
     leaf = TokenLeaf.from_blend([corpus[0]], config=config(tmp_path), num_samples=10)
     os.truncate(corpus[0] + ".bin", 4)
     with pytest.raises(SampleException, match="window 0"):
-        leaf.load(0, None, ("Webdataset", 0, 0))
+        leaf.load(0, None, ("tokens", 0, 0))
 
 
 # -- through the public loading API -----------------------------------------------------------------
