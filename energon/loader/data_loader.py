@@ -23,7 +23,6 @@ from energon.errors import StateError
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
 from energon.pipeline.stages import as_key
-from energon.pipeline.stream import build_stream
 from energon.state import (
     check_compatible,
     check_state_shape,
@@ -31,6 +30,7 @@ from energon.state import (
     redistribute_states,
     stream_snapshots,
 )
+from energon.task_encoder.base import hook_context
 from energon.worker import WorkerConfig
 
 
@@ -77,6 +77,7 @@ class Loader:
         self.worker_config = dataset.worker_config
         self.prefetch_factor = prefetch_factor or self.worker_config.prefetch_factor
         self._compat_kwargs = compat_kwargs
+        self.cache_pool = compat_kwargs.get("cache_pool")
         self._origin = 0
         self._consumed = 0
         self._pass_offset = 0
@@ -129,6 +130,7 @@ class Loader:
 
     def _open_source(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         wc = self.worker_config
+        hook_context.cache_pool = self.cache_pool  # workers inherit it through fork
         self.dataset.resume = ResumePoint(
             base=self._origin + self._consumed * wc.world_size,
             snapshots=dict(self._snapshots),
@@ -281,20 +283,18 @@ class Loader:
 
     # -- debugging ---------------------------------------------------------------------------
     def can_restore_sample(self) -> bool:
-        te = self.dataset.spec.task_encoder
-        for hook in ("encode_sample", "encode_batch"):
-            if te.is_active(hook) and not getattr(getattr(te, hook), "__stateless__", False):
-                return False
-        return True
+        return self.dataset.can_restore_sample()
 
     def restore_sample(self, restore_key: Any) -> Any:
         """Regenerate a yielded item from its ``__restore_key__`` (pure hooks only)."""
         if not self.can_restore_sample():
-            raise RuntimeError("restore_sample needs @stateless encode_sample / encode_batch hooks")
+            raise RuntimeError(
+                "restore_sample needs @stateless hooks (encode_sample, encode_batch, map functions)"
+            )
         key = as_key(restore_key)
         if not (isinstance(key, tuple) and len(key) == 3 and key[0] == "Stream"):
             raise ValueError(f"not a restore key of this loader: {restore_key!r}")
-        stream = build_stream(self.dataset.spec, key[1])
+        stream = self.dataset.build_stream(key[1])
         value = stream.rebuild(key[2])
         from energon.pipeline.stages import attach_restore_key
 

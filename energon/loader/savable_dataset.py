@@ -17,6 +17,7 @@ import torch.utils.data
 from energon.memory.batch_arena import BatchArena
 from energon.pipeline.executor import Executor
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
+from energon.pipeline.stream import Stream, build_stream
 from energon.worker import Layout, WorkerConfig
 
 
@@ -112,12 +113,25 @@ class SavableDataset(torch.utils.data.IterableDataset):
         ]
         return spec.num_streams * max(per_stream)
 
+    def build_stream(self, stream_id: int) -> Stream:
+        """The stage chain of one logical stream (datasets composed otherwise override this)."""
+        return build_stream(self.spec, stream_id)
+
+    def can_restore_sample(self) -> bool:
+        """Whether ``restore_sample`` can regenerate items: every active hook is ``@stateless``."""
+        te = self.spec.task_encoder
+        for hook in ("encode_sample", "encode_batch"):
+            if te.is_active(hook) and not getattr(getattr(te, hook), "__stateless__", False):
+                return False
+        return True
+
     def executor(self, worker: int) -> Executor:
         return Executor(
             self.spec,
             self.layout(worker, self.resume.base),
             self.resume.snapshots,
             end=self.pass_end(),
+            build=self.build_stream,
         )
 
     def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
