@@ -27,6 +27,19 @@ class MegatronEnergonInstalledError(RuntimeError):
     """A real megatron-energon is installed; the alias would shadow it."""
 
 
+class _KeepBindingsModule(types.ModuleType):
+    """Python binds an imported submodule as an attribute of its parent. Under the alias a parent
+    is an energon module whose names must stay what they are (``megatron.energon.epathlib.epath``
+    must not replace the ``epath`` that ``energon.compat.epathlib`` uses), so an existing binding
+    is never replaced by a module."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and name in self.__dict__:
+            if self.__dict__[name] is not value:
+                return
+        super().__setattr__(name, value)
+
+
 class _AliasLoader(importlib.abc.Loader):
     """Hands out the already imported energon module instead of creating a new one."""
 
@@ -34,7 +47,10 @@ class _AliasLoader(importlib.abc.Loader):
         self.target = target
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return importlib.import_module(self.target)
+        module = importlib.import_module(self.target)
+        if type(module) is types.ModuleType:
+            module.__class__ = _KeepBindingsModule
+        return module
 
     def exec_module(self, module: types.ModuleType) -> None:
         """Nothing to run: the energon module is complete."""
@@ -46,9 +62,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: object = None, target: object = None):
         module_name = energon_module_for(fullname)
         if module_name is None:
-            if fullname.startswith("megatron.energon."):
-                return None  # an unmapped path: the usual ModuleNotFoundError follows
-            return None
+            return None  # not ours, or an unmapped path (the usual ModuleNotFoundError follows)
         spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(module_name))
         target_module = sys.modules.get(module_name)
         if target_module is not None and hasattr(target_module, "__path__"):

@@ -68,7 +68,9 @@ class PipelineHooks:
     def cache(self) -> Any:
         """The loader's cache pool (``get_loader(..., cache_pool=...)``), inside loader hooks."""
         if hook_context.cache_pool is None:
-            raise RuntimeError("no cache pool: pass cache_pool=... to get_loader / get_savable_loader")
+            raise RuntimeError(
+                "no cache pool: pass cache_pool=... to get_loader / get_savable_loader"
+            )
         return hook_context.cache_pool
 
     # -- when energon's own pipeline is replaced ---------------------------------------------
@@ -108,9 +110,7 @@ class PipelineHooks:
     def _load_dataset(self, dataset: Any, worker_rotation_offset: int, worker_config: Any) -> Any:
         """A loaded dataset's samples: the factory's dataset, cooked if it is crude."""
         built = dataset.dataset.build(worker_rotation_offset=worker_rotation_offset)
-        if getattr(dataset.dataset, "__sample_type__", None) is dict or getattr(
-            dataset.dataset, "is_crude", False
-        ):
+        if getattr(dataset.dataset, "is_crude", False):
             from energon.compat.cache import aux_file_stores
 
             built = self.build_cook_crude_sample(
@@ -281,12 +281,16 @@ class PipelineHooks:
                 if reps != 1:
                     ds = RepeatDataset(ds, repeats=reps, worker_config=worker_config)
                 parts.append((ds, len(d.dataset) * reps))
-            dataset = BlendDataset(*parts, worker_config=worker_config) if len(parts) > 1 else parts[0][0]
+            dataset = (
+                BlendDataset(*parts, worker_config=worker_config) if len(parts) > 1 else parts[0][0]
+            )
             if repeat:
                 dataset = RepeatDataset(dataset, worker_config=worker_config)
         else:
             if not repeat and len(loaded) > 1:
-                raise ValueError("a weighted blend is infinite: use repeat=True (or blend_epochized)")
+                raise ValueError(
+                    "a weighted blend is infinite: use repeat=True (or blend_epochized)"
+                )
             wrapped = [
                 RepeatDataset(ds, worker_config=worker_config) if repeat else ds for ds in loaded
             ]
