@@ -62,7 +62,6 @@ _EXPORTS = {
     "get_savable_loader": "energon.loader",
     "get_train_dataset": "energon.loader",
     "get_val_dataset": "energon.loader",
-    "get_val_datasets": "energon.loader",
     "homogeneous_concat_mix": "energon.samples.collate",
     "load_state_file": "energon.state",
     "log_exception": "energon.errors",
@@ -108,7 +107,7 @@ _EXPORTS = {
     },
     **{
         name: "energon.compat.task_encoder"
-        for name in ("AugmentTaskEncoder", "DefaultTaskEncoder", "TaskEncoder")
+        for name in ("AugmentTaskEncoder", "DefaultTaskEncoder", "TaskEncoder", "get_val_datasets")
     },
 }  # fmt: skip
 

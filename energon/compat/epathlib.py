@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,32 @@ def _canonical(path: str) -> str:
     if path == local_msc or path.startswith(local_msc + "/"):
         path = path[len(local_msc) :] or "/"
     return epath.normalize(path)
+
+
+def _glob_regex(pattern: str) -> str:
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
+            end = pattern.index("]", i + 1)
+            body = pattern[i + 1 : end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
 
 
 class _UploadOnClose(io.BytesIO):
@@ -83,17 +110,16 @@ class EPath:
     def __setstate__(self, state: str) -> None:
         self._path = state
 
-    @property
     def is_local(self) -> bool:
         return not epath.is_remote(self._path)
 
     @property
     def profile(self) -> str:
-        return DEFAULT_PROFILE_NAME if self.is_local else epath.split_remote(self._path)[0]
+        return DEFAULT_PROFILE_NAME if self.is_local() else epath.split_remote(self._path)[0]
 
     @property
     def internal_path(self) -> str:
-        return self._path if self.is_local else "/" + epath.split_remote(self._path)[1]
+        return self._path if self.is_local() else "/" + epath.split_remote(self._path)[1]
 
     @property
     def url(self) -> str:
@@ -104,7 +130,7 @@ class EPath:
         return self._path
 
     def local_path(self) -> Path:
-        if not self.is_local:
+        if not self.is_local():
             raise ValueError(f"{self} is not a local path")
         return Path(self._path)
 
@@ -142,7 +168,7 @@ class EPath:
 
     def stat(self) -> Any:
         size, etag = epath.stat(self._path)
-        last_modified = os.stat(self._path).st_mtime if self.is_local else None
+        last_modified = os.stat(self._path).st_mtime if self.is_local() else None
         return type(
             "ObjectMetadata",
             (),
@@ -150,8 +176,13 @@ class EPath:
         )()
 
     def glob(self, pattern: str) -> Iterator[EPath]:
-        for found in epath.glob(self._path, pattern):
-            yield EPath(found)
+        """Files below this folder matching ``pattern`` (``*`` stays within one folder level,
+        ``**`` spans any number)."""
+        regex = re.compile(_glob_regex(pattern))
+        base = self._path.rstrip("/") + "/"
+        for found in epath.walk(self._path):
+            if regex.fullmatch(found[len(base) :]):
+                yield EPath(found)
 
     def walk(self) -> Iterator[EPath]:
         for found in epath.walk(self._path):
@@ -161,7 +192,7 @@ class EPath:
     def open(self, mode: str = "r", block_size: int | None = None) -> IO:
         if mode not in ("r", "rb", "w", "wb"):
             raise ValueError(f"EPath.open: mode {mode!r} is not supported (r, rb, w, wb)")
-        if self.is_local:
+        if self.is_local():
             if "w" in mode:
                 os.makedirs(os.path.dirname(self._path), exist_ok=True)
             return open(self._path, mode)  # noqa: SIM115 - the caller closes it
@@ -179,7 +210,7 @@ class EPath:
         return epath.read_text(self._path)
 
     def write_bytes(self, data: bytes) -> None:
-        if self.is_local:
+        if self.is_local():
             os.makedirs(os.path.dirname(self._path), exist_ok=True)
         epath.write_bytes(self._path, data)
 
@@ -188,7 +219,7 @@ class EPath:
 
     def mkdir(self, exist_ok: bool = True, parents: bool = True) -> None:
         """Local folders are created; object stores have no folders (nothing to do)."""
-        if self.is_local:
+        if self.is_local():
             os.makedirs(self._path, exist_ok=exist_ok)
 
     def copy(self, target: EPath | str) -> None:
@@ -200,7 +231,7 @@ class EPath:
         target.write_bytes(self.read_bytes())
 
     def unlink(self) -> None:
-        if self.is_local:
+        if self.is_local():
             os.unlink(self._path)
             return
         epath._store(self._path).delete(self._path)  # noqa: SLF001

@@ -115,6 +115,9 @@ class DatasetSubset:
         return start, end
 
 
+_KEEP: Any = object()
+
+
 class BaseCoreDatasetFactory(Generic[T_sample]):
     """One dataset split and how to read it; ``build()`` makes the dataset of its samples."""
 
@@ -130,7 +133,7 @@ class BaseCoreDatasetFactory(Generic[T_sample]):
         *,
         training: bool,
         worker_config: WorkerConfig,
-        shuffle_over_epochs: int | None = 1,
+        shuffle_over_epochs: Any = _KEEP,
         parallel_shard_iters: int | None = None,
         max_samples_per_sequence: int | None = None,
         decoder: Any = None,
@@ -140,11 +143,14 @@ class BaseCoreDatasetFactory(Generic[T_sample]):
         self.source = source
         self.training = training
         self.worker_config = worker_config
+        if shuffle_over_epochs is _KEEP:  # a resolved source already says how it shuffles
+            shuffle_over_epochs = source.shuffle_over_epochs
+        else:
+            source.shuffle_over_epochs = shuffle_over_epochs if training else None
         self.shuffle_over_epochs = shuffle_over_epochs
         self.parallel_shard_iters = parallel_shard_iters
         self.max_samples_per_sequence = max_samples_per_sequence
         self.decoder = decoder
-        source.shuffle_over_epochs = shuffle_over_epochs if training else None
 
     @classmethod
     def from_source(cls, source: Source, **options: Any) -> BaseCoreDatasetFactory:

@@ -113,7 +113,6 @@ def loaded_datasets_for(spec: Any, worker_config: WorkerConfig) -> LoadedDataset
         parallel_shard_iters=spec.parallel_shard_iters,
         max_samples_per_sequence=spec.max_samples_per_sequence,
         decoder=spec.decoder,
-        shuffle_over_epochs=None,  # keep what the resolver put on each source
     )
 
 
@@ -159,7 +158,6 @@ class DatasetLoaderInterface:
             parallel_shard_iters=kwargs.pop("parallel_shard_iters", None),
             max_samples_per_sequence=kwargs.pop("max_samples_per_sequence", None),
             decoder=kwargs.pop("decoder", None),
-            shuffle_over_epochs=None,
         )
 
     def prepare(self, split_part: str | None = None) -> Sequence[Any]:

@@ -108,7 +108,6 @@ REFERENCE_MODULES: dict[str, str] = {
     "tools.preview": "energon.cli.preview",
     "tools.checkpoint": "energon.cli.checkpoint",
     "tools.analyze_debug": "energon.cli.analyze_debug",
-    "transforms": "energon.compat.transforms",
     "worker": "energon.worker",
     "wrappers": "energon.compat.wrappers",
     **{path: "energon.compat.wrappers" for path in _WRAPPER_MODULES},

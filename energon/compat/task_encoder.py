@@ -10,10 +10,12 @@ methods describe (``compose_dataset`` is the hook ``get_train_dataset`` asks).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from energon.loader.build import get_train_dataset, get_val_dataset, get_val_datasets
+from energon.loader import build as core_build
+from energon.loader.build import get_train_dataset, get_val_dataset
 from energon.samples import Batch
 from energon.samples.collate import batch_list, batch_pad_stack, batch_stack, generic_batch
 from energon.task_encoder import base as core
@@ -50,6 +52,25 @@ _BUILDERS = (
     "build_cook_crude_sample",
     "_load_dataset",
 )
+
+
+@functools.wraps(core_build.get_val_datasets)
+def get_val_datasets(path: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
+    """One validation dataset per leaf, each with the reference's factory describing the leaf."""
+    from energon.compat.flavors import factory_for_source
+
+    return [
+        (
+            dataset,
+            factory_for_source(
+                source,
+                training=False,
+                worker_config=dataset.worker_config,
+                decoder=dataset.spec.decoder,
+            ),
+        )
+        for dataset, source in core_build.get_val_datasets(path, **kwargs)
+    ]
 
 
 def get_stateless(fn: Callable) -> bool:
