@@ -463,7 +463,19 @@ class JoinedWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
     """Joined datasets. energon builds joins from a metadataset ``join:`` (prepared with
     ``energon prepare`` on the metadataset); that is how instances of this class come about."""
 
-    def __init__(self, inner_datasets: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        inner_datasets: Any,
+        *,
+        training: bool,
+        worker_config: WorkerConfig,
+        shuffle_over_epochs: int | None = 1,
+        parallel_shard_iters: int | None = None,
+        max_samples_per_sequence: int | None = None,
+        subset: DatasetSubset | None = None,
+        join_index: Any,
+        joiner: Any,
+    ) -> None:
         raise NotImplementedError(
             "JoinedWebdatasetFactory(...) cannot be constructed directly in energon: describe the "
             "join in a metadataset (join: / joiner:) and load it with get_train_dataset or "

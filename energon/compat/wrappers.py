@@ -191,7 +191,7 @@ class BaseWrapperDataset(SavableDataset):
         *,
         worker_config: WorkerConfig,
     ) -> None:
-        if isinstance(datasets, SavableDataset):
+        if not isinstance(datasets, (list, tuple)):
             datasets = [datasets]
         self.datasets = tuple(datasets)
         if not isinstance(worker_config, WorkerConfig):
@@ -301,12 +301,28 @@ class BaseWrapperDataset(SavableDataset):
 
     def config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": type(self).__name__, **self._own_config()}
-        if "dataset_weights" not in out and "datasets" not in out:
+        if isinstance(self, BlendDataset):
+            out["dataset_weights"] = [[_describe(d), w] for d, w in self.dataset_weights]
+        elif len(self.datasets) > 1 or isinstance(self, ConcatDataset):
+            out["datasets"] = [_describe(d) for d in self.datasets]
+        else:
             out["dataset"] = _describe(self.dataset)
         return out
 
+    def _fingerprint_tree(self) -> dict[str, Any]:
+        """What a saved state depends on: the composition and its leaves' data and options,
+        not the process layout (ranks, workers), which a restore may change."""
+        return {
+            "type": type(self).__name__,
+            **self._own_config(),
+            "children": [
+                d._fingerprint_tree() if isinstance(d, BaseWrapperDataset) else d.spec.fingerprint()
+                for d in self.datasets
+            ],
+        }
+
     def fingerprint(self) -> tuple[dict[str, Any], str]:
-        fp = {"composed": self.config(), "num_streams": self.spec.num_streams}
+        fp = {"composed": self._fingerprint_tree()}
         fp = json.loads(json.dumps(fp, default=str))  # function configs may hold any object
         return fp, fingerprint_digest(fp)
 
@@ -400,7 +416,6 @@ class MapDataset(BaseWrapperDataset):
     def _own_config(self) -> dict[str, Any]:
         cfg = self.map_fn_config() if callable(self.map_fn_config) else self.map_fn_config
         return {
-            "dataset": _describe(self.dataset),
             "map_fn": _function_name(self.map_fn),
             **({"map_fn_config": cfg} if cfg else {}),
             "map_fn_stateless": self.stateless_map_fn,
@@ -460,7 +475,7 @@ class FilterDataset(BaseWrapperDataset):
         return _FilterStage(open_stage(self.dataset, ctx.child(0)), self.filter_fn, ctx)
 
     def _own_config(self) -> dict[str, Any]:
-        return {"dataset": _describe(self.dataset), "filter_fn": _function_name(self.filter_fn)}
+        return {"filter_fn": _function_name(self.filter_fn)}
 
 
 class _IterMapStage:
@@ -559,7 +574,6 @@ class IterMapDataset(BaseWrapperDataset):
 
     def _own_config(self) -> dict[str, Any]:
         return {
-            "dataset": _describe(self.dataset),
             "iter_map_fn": _function_name(self.iter_map_fn),
             "len_map_fn": _function_name(self.len_map_fn),
         }
@@ -623,7 +637,7 @@ class ShuffleBufferDataset(BaseWrapperDataset):
         return _ShuffleStage(open_stage(self.dataset, ctx.child(0)), self.size, ctx.rng("shuffle"))
 
     def _own_config(self) -> dict[str, Any]:
-        return {"dataset": _describe(self.dataset), "size": self.size}
+        return {"size": self.size}
 
 
 class _StageChain:
@@ -698,7 +712,6 @@ class BatchDataset(BaseWrapperDataset):
             "batcher": _function_name(self.batcher),
             "batcher_stateless": self.batcher_stateless,
             "drop_last": self.drop_last,
-            "dataset": _describe(self.dataset),
         }
 
 
@@ -750,7 +763,6 @@ class GroupBatchDataset(BaseWrapperDataset):
             "sample_group_key": _function_name(self.sample_group_key),
             "batcher": _function_name(self.batcher),
             "drop_last": self.drop_last,
-            "dataset": _describe(self.dataset),
         }
 
 
@@ -811,7 +823,6 @@ class PackingDataset(BaseWrapperDataset):
             "pre_packer": _function_name(self.pre_packer),
             "final_packer": _function_name(self.final_packer),
             "sample_encoder": _function_name(self.sample_encoder) if self.sample_encoder else None,
-            "dataset": _describe(self.dataset),
         }
 
 
@@ -888,9 +899,7 @@ class BlendDataset(BaseWrapperDataset):
         return sum(stream_length(d, stream, num_streams) for d in self.datasets)
 
     def _own_config(self) -> dict[str, Any]:
-        return {
-            "dataset_weights": [[_describe(d), w] for d, w in self.dataset_weights],
-        }
+        return {"weights": list(self.weights)}
 
 
 class _ConcatStage:
@@ -941,7 +950,7 @@ class ConcatDataset(BaseWrapperDataset):
         return sum(stream_length(d, stream, num_streams) for d in self.datasets)
 
     def _own_config(self) -> dict[str, Any]:
-        return {"datasets": [_describe(d) for d in self.datasets]}
+        return {}
 
 
 class MixBatchDataset(BatchDataset):
@@ -1053,7 +1062,7 @@ class RepeatDataset(BaseWrapperDataset):
         return True, 0, None  # infinite or a fixed number of passes: continue across loops
 
     def _own_config(self) -> dict[str, Any]:
-        return {"dataset": _describe(self.dataset), "repeats": self.repeats}
+        return {"repeats": self.repeats}
 
 
 class _PassThrough(BaseWrapperDataset):
@@ -1082,7 +1091,6 @@ class EpochizeDataset(_PassThrough):
         return {
             "type": "EpochizeDataset",
             "length": self.length,
-            "dataset": _describe(self.dataset),
         }
 
 
@@ -1116,7 +1124,6 @@ class LimitDataset(_PassThrough):
             "type": "LimitDataset",
             "length": self.length,
             "reset_after_epoch": self.reset_after_epoch,
-            "dataset": _describe(self.dataset),
         }
 
 
