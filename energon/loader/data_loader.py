@@ -45,6 +45,16 @@ def _collate(
     return value, meta
 
 
+class _WorkerItems(torch.utils.data.IterableDataset):
+    """What a loader worker iterates: its share of the rank's items, with their stream snapshots."""
+
+    def __init__(self, dataset: SavableDataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        return self.dataset.worker_items()
+
+
 class Loader:
     """Iterates a :class:`SavableDataset` for this rank and tracks its exact position.
 
@@ -143,7 +153,7 @@ class Loader:
         generator = torch.Generator()
         generator.manual_seed(0)  # torch draws worker base seeds from it, not from the global RNG
         loader = torch.utils.data.DataLoader(
-            self.dataset,
+            _WorkerItems(self.dataset),
             batch_size=None,
             num_workers=wc.num_workers,
             collate_fn=functools.partial(_collate, self._arena),

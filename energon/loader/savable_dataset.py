@@ -134,9 +134,24 @@ class SavableDataset(torch.utils.data.IterableDataset):
             build=self.build_stream,
         )
 
-    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+    def worker_items(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """In a loader worker (or the main process): that worker's ``(item, meta)`` pairs."""
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
         if self.arena is not None:
             self.arena.activate(worker)
         return iter(self.executor(worker))
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterating a dataset without a loader (as the reference allows) yields this rank's items
+        in order, computed in this process: one pass, ``virtual_epoch_length`` / ``limit`` items,
+        or forever (training)."""
+        spec = self.spec
+        length = spec.virtual_epoch_length if spec.training else spec.limit
+        wc = self.worker_config
+        layout = Layout(num_streams=spec.num_streams, world_size=wc.world_size, rank=wc.rank)
+        executor = Executor(spec, layout, {}, end=self.pass_end(), build=self.build_stream)
+        for count, (value, _meta) in enumerate(executor):
+            if length and count >= length:
+                return
+            yield value

@@ -386,3 +386,76 @@ ds = WatchdogDataset(f.build(), worker_config=w, timeout_seconds=30)
 return [s.__key__ for s in get_loader(ds)]
 """
 )
+
+program("default_task_encoder_val_batches")(
+    """
+ds = get_val_dataset(data["a"], split_part="val", batch_size=4, worker_config=wc(), task_encoder=DefaultTaskEncoder())
+loader = get_savable_loader(ds)
+out = [[type(b).__name__, keys(b), b.text] for b in loader]
+return {"len": len(loader), "batches": out, "config_type": loader.config()["type"]}
+"""
+)
+
+program("savable_loader_resume_reference_api")(
+    """
+w = wc(workers=1)
+def make():
+    return get_savable_loader(get_train_dataset(data["a"], batch_size=3, shuffle_buffer_size=5,
+                              max_samples_per_sequence=5, worker_config=w))
+loader = make()
+it = iter(loader)
+for _ in range(4):
+    next(it)
+state = loader.save_state_rank()
+expected = [keys(next(it)) for _ in range(4)]
+resumed = make()
+resumed.restore_state_rank(state)
+it2 = iter(resumed)
+return [keys(next(it2)) for _ in range(4)] == expected
+"""
+)
+
+program("standard_factory_direct")(
+    """
+from megatron.energon.epathlib import EPath
+f = StandardWebdatasetFactory(EPath(data["b"]), split_part="train", training=False, worker_config=wc(),
+                              sample_type=TextSample, field_map={"text": "txt"}, subflavors={"x": 1})
+samples = list(get_loader(f.build()))
+return {"len": len(f), "first": [samples[0].__key__, samples[0].text, samples[0].__subflavors__],
+        "n": len(samples), "isinstance": isinstance(f, BaseCoreDatasetFactory)}
+"""
+)
+
+program("crude_factory_direct")(
+    """
+from megatron.energon.epathlib import EPath
+f = CrudeWebdataset(EPath(data["crude"]), split_part="train", training=False, worker_config=wc())
+s = next(iter(get_loader(f.build())))
+return {"keys": sorted(k for k in s if not k.startswith("__restore")), "txt": s["txt"], "key": s["__key__"]}
+"""
+)
+
+program("av_probe_index")(
+    """
+import io, av, numpy as np
+from megatron.energon.av.av_reader import AVProbeIndex
+buf = io.BytesIO()
+out = av.open(buf, "w", format="mp4")
+stream = out.add_stream("mpeg4", rate=10)
+stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+stream.gop_size = 5
+for i in range(23):
+    frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), i * 7, np.uint8), format="rgb24")
+    for packet in stream.encode(frame):
+        out.mux(packet)
+for packet in stream.encode():
+    out.mux(packet)
+out.close()
+buf.seek(0)
+index = AVProbeIndex(av.open(buf), 0)
+entries = [[index[i].timestamp, index[i].is_keyframe] for i in range(len(index))]
+return {"len": len(index), "entries": entries,
+        "search": [index.search_timestamp(3000), index.search_timestamp(3000, backward=False),
+                   index.search_timestamp(3000, any_frame=True)]}
+"""
+)

@@ -241,3 +241,23 @@ def test_clear_errors_for_what_cannot_be_composed(two_datasets):
         warnings.simplefilter("always")
         MapDataset(inner, upper, worker_config=wc)
     assert any("virtual_epoch_length" in str(w.message) for w in caught)
+
+
+def test_iterating_a_dataset_without_a_loader(two_datasets):
+    """``for item in dataset`` yields what a loader without workers yields (plain items)."""
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    a = get_dataset_from_config(two_datasets[0], training=False, worker_config=wc)
+    composed = BatchDataset(a.build(), 4, keys_of, worker_config=wc)
+    assert list(composed) == list(get_savable_loader(composed))
+    train = get_train_dataset(
+        two_datasets[1],
+        batch_size=2,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        virtual_epoch_length=6,
+        worker_config=wc,
+    )
+    direct = list(train)
+    assert len(direct) == 6 and [b.__key__ for b in direct] == [
+        b.__key__ for b in list(get_savable_loader(train))
+    ]
