@@ -10,8 +10,6 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 _EXPORTS = {
-    "LimitDataset": "energon.loader.wrappers",
-    "RepeatDataset": "energon.loader.wrappers",
     "remote_stats": "energon.remote",
     "EpochIndex": "energon.megatron.epoch_index",
     "GPTConfig": "energon.megatron.gpt_dataset",
@@ -28,12 +26,10 @@ _EXPORTS = {
     "cooker": "energon.task_encoder",
     "prepare_metadataset": "energon.metadataset.join",
     "traverse_metadataset": "energon.metadataset.resolve",
-    "AugmentTaskEncoder": "energon.task_encoder",
     "BasicDataLoader": "energon.loader",
     "Batch": "energon.samples",
     "CaptioningSample": "energon.samples",
     "CrudeSample": "energon.samples",
-    "DefaultTaskEncoder": "energon.task_encoder",
     "EmptyDatasetError": "energon.errors",
     "FatalSampleError": "energon.errors",
     "ImageClassificationSample": "energon.samples",
@@ -50,7 +46,6 @@ _EXPORTS = {
     "SkipSample": "energon.errors",
     "SourceInfo": "energon.samples",
     "StateError": "energon.errors",
-    "TaskEncoder": "energon.task_encoder",
     "TextSample": "energon.samples",
     "VQAOCRSample": "energon.samples",
     "VQASample": "energon.samples",
@@ -67,7 +62,6 @@ _EXPORTS = {
     "get_savable_loader": "energon.loader",
     "get_train_dataset": "energon.loader",
     "get_val_dataset": "energon.loader",
-    "get_val_datasets": "energon.loader",
     "homogeneous_concat_mix": "energon.samples.collate",
     "load_state_file": "energon.state",
     "log_exception": "energon.errors",
@@ -75,7 +69,47 @@ _EXPORTS = {
     "reraise_exception": "energon.errors",
     "save_state_file": "energon.state",
     "stateless": "energon.task_encoder",
-}
+    # the reference-shaped surface (energon.compat): wrappers, factories, loaders, cache pools
+    **{
+        name: "energon.compat.wrappers"
+        for name in (
+            "BatchDataset", "BlendDataset", "ConcatDataset", "EpochizeDataset", "FilterDataset",
+            "GcDataset", "GroupBatchDataset", "IterMapDataset", "LimitDataset", "LogSampleDataset",
+            "MapDataset", "MixBatchDataset", "PackingDataset", "RepeatDataset",
+            "ShuffleBufferDataset",
+        )
+    },
+    **{
+        name: "energon.compat.flavors"
+        for name in (
+            "BaseCoreDatasetFactory", "BaseWebdatasetFactory", "CaptioningWebdataset",
+            "CrudeJsonlDatasetFactory", "CrudeWebdataset", "DefaultCrudeJsonlDatasetFactory",
+            "DefaultDecoderWebdatasetFactory", "DefaultGenericWebdatasetFactory",
+            "ImageClassificationWebdataset", "ImageWebdataset", "InterleavedWebdataset",
+            "JoinedWebdatasetFactory", "MultiChoiceVQAWebdataset", "OCRWebdataset",
+            "SimilarityInterleavedWebdataset", "StandardWebdatasetFactory", "TextWebdataset",
+            "VQAOCRWebdataset", "VQAWebdataset", "VidQAWebdataset",
+        )
+    },
+    **{
+        name: "energon.compat.metadataset"
+        for name in (
+            "DatasetLoader", "DatasetLoaderInterface", "Metadataset", "MetadatasetV2",
+            "load_dataset",
+        )
+    },
+    **{
+        name: "energon.compat.cache"
+        for name in (
+            "CachePool", "DirectLazy", "FileCacheLazy", "FileStoreCachePool", "FileStoreDecoder",
+            "Lazy", "MockLazy", "NoCachePool",
+        )
+    },
+    **{
+        name: "energon.compat.task_encoder"
+        for name in ("AugmentTaskEncoder", "DefaultTaskEncoder", "TaskEncoder", "get_val_datasets")
+    },
+}  # fmt: skip
 
 try:
     __version__ = version("energon-loader")

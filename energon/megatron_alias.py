@@ -1,39 +1,77 @@
-"""Opt-in: make ``import megatron.energon`` use this package (one line, before Megatron imports it).
+"""Opt-in: make ``import megatron.energon`` (and its submodules) use this package. One line, before
+anything imports Megatron-Energon:
 
     import energon.megatron_alias  # noqa: F401
 
-Megatron-LM's multimodal data provider, task encoders and V1 metadatasets then run on energon
-unchanged. A real megatron-energon install is never shadowed: if one is importable, this refuses with
-an error saying so.
+Code written for the reference then runs unchanged: ``from megatron.energon import X`` and
+``import megatron.energon.<module path>`` give energon's objects. Each reference module path maps to
+exactly one energon module (``energon.compat.modules.REFERENCE_MODULES``), imported on first use, so
+``megatron.energon.wrappers is energon.compat.wrappers`` and ``isinstance`` works across both names.
+A real megatron-energon install is never shadowed: if one is importable, this refuses with an error
+saying so.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import types
 
-# Module paths Megatron-LM imports from, mapped onto ours.
-_SUBMODULES = {
-    "megatron.energon": "energon",
-    "megatron.energon.task_encoder": "energon.task_encoder",
-    "megatron.energon.task_encoder.base": "energon.task_encoder",
-    "megatron.energon.errors": "energon.errors",
-    "megatron.energon.av": "energon.av",
-    "megatron.energon.media": "energon.media",
-    "megatron.energon.epathlib": "energon.epath",
-}
+from energon.compat.modules import energon_module_for
 
 
 class MegatronEnergonInstalledError(RuntimeError):
     """A real megatron-energon is installed; the alias would shadow it."""
 
 
+class _KeepBindingsModule(types.ModuleType):
+    """Python binds an imported submodule as an attribute of its parent. Under the alias a parent
+    is an energon module whose names must stay what they are (``megatron.energon.epathlib.epath``
+    must not replace the ``epath`` that ``energon.compat.epathlib`` uses), so an existing binding
+    is never replaced by a module."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and name in self.__dict__:
+            if self.__dict__[name] is not value:
+                return
+        super().__setattr__(name, value)
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Hands out the already imported energon module instead of creating a new one."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = importlib.import_module(self.target)
+        if type(module) is types.ModuleType:
+            module.__class__ = _KeepBindingsModule
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing to run: the energon module is complete."""
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    """Resolves ``megatron.energon[.X]`` through the module map (first on ``sys.meta_path``)."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None):
+        module_name = energon_module_for(fullname)
+        if module_name is None:
+            return None  # not ours, or an unmapped path (the usual ModuleNotFoundError follows)
+        spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(module_name))
+        target_module = sys.modules.get(module_name)
+        if target_module is not None and hasattr(target_module, "__path__"):
+            spec.submodule_search_locations = list(target_module.__path__)
+        return spec
+
+
 def _real_megatron_energon() -> str | None:
-    if isinstance(sys.modules.get("megatron.energon"), types.ModuleType) and getattr(
-        sys.modules["megatron.energon"], "__energon_alias__", False
-    ):
+    if any(isinstance(f, _AliasFinder) for f in sys.meta_path):
         return None
     try:
         spec = importlib.util.find_spec("megatron.energon")
@@ -43,23 +81,23 @@ def _real_megatron_energon() -> str | None:
 
 
 def install() -> None:
-    """Register the aliases (idempotent)."""
+    """Register the alias (idempotent)."""
     origin = _real_megatron_energon()
     if origin is not None:
         raise MegatronEnergonInstalledError(
             f"megatron-energon is installed ({origin}); energon will not shadow it. Uninstall it "
             "(pip uninstall megatron-energon) or import energon directly."
         )
+    if any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+        return
     try:
         parent = importlib.import_module("megatron")
     except ImportError:
         parent = types.ModuleType("megatron")
         parent.__path__ = []  # a namespace for the alias only
         sys.modules["megatron"] = parent
-    for alias, target in _SUBMODULES.items():
-        module = importlib.import_module(target)
-        sys.modules[alias] = module
-    energon = importlib.import_module("energon")
+    sys.meta_path.insert(0, _AliasFinder())
+    energon = importlib.import_module("megatron.energon")
     energon.__energon_alias__ = True
     parent.energon = energon
 

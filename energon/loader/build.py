@@ -124,6 +124,11 @@ def _build(
         even_ranks=worker_config.world_size > 1,
     )
     _check_streams_have_samples(spec)
+    compose = getattr(task_encoder, "compose_dataset", None)
+    if compose is not None:  # a task encoder that builds its own pipeline from the spec
+        composed = compose(spec, worker_config)
+        if composed is not None:
+            return composed
     return SavableDataset(spec, worker_config)
 
 

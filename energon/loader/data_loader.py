@@ -27,7 +27,6 @@ from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, attach_restore_key, parse_stream_key, stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.stage import Value
-from energon.pipeline.stream import build_stream
 from energon.state import (
     check_compatible,
     check_state_shape,
@@ -36,6 +35,7 @@ from energon.state import (
     stream_snapshots,
     upgrade_state,
 )
+from energon.task_encoder.base import hook_context
 from energon.worker import WorkerConfig
 
 
@@ -46,6 +46,16 @@ def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Va
     if arena is not None:
         value, meta.arena = arena.export(value)
     return value, meta
+
+
+class _WorkerItems(torch.utils.data.IterableDataset):
+    """What a loader worker iterates: its share of the rank's items, with their stream snapshots."""
+
+    def __init__(self, dataset: SavableDataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        return self.dataset.worker_items()
 
 
 class Loader:
@@ -80,6 +90,7 @@ class Loader:
         self.worker_config = dataset.worker_config
         self.prefetch_factor = prefetch_factor or self.worker_config.prefetch_factor
         self._compat_kwargs = compat_kwargs
+        self.cache_pool = compat_kwargs.get("cache_pool")
         self._origin = 0
         self._consumed = 0
         self._pass_offset = 0
@@ -132,6 +143,7 @@ class Loader:
 
     def _open_source(self) -> Iterator[tuple[Value, ItemMeta]]:
         wc = self.worker_config
+        hook_context.cache_pool = self.cache_pool  # workers inherit it through fork
         self.dataset.resume = ResumePoint(
             base=self._origin + self._consumed * wc.world_size,
             snapshots=dict(self._snapshots),
@@ -144,7 +156,7 @@ class Loader:
         generator = torch.Generator()
         generator.manual_seed(0)  # torch draws worker base seeds from it, not from the global RNG
         loader = torch.utils.data.DataLoader(
-            self.dataset,
+            _WorkerItems(self.dataset),
             batch_size=None,
             num_workers=wc.num_workers,
             collate_fn=functools.partial(_collate, self._arena),
@@ -285,23 +297,21 @@ class Loader:
 
     # -- debugging ---------------------------------------------------------------------------
     def can_restore_sample(self) -> bool:
-        te = self.dataset.spec.task_encoder
-        for hook in ("encode_sample", "encode_batch"):
-            if te.is_active(hook) and not getattr(getattr(te, hook), "__stateless__", False):
-                return False
-        return True
+        return self.dataset.can_restore_sample()
 
     def restore_sample(self, restore_key: Key) -> Value:
         """Regenerate a yielded item from its ``__restore_key__`` (pure hooks only)."""
         if not self.can_restore_sample():
-            raise RuntimeError("restore_sample needs @stateless encode_sample / encode_batch hooks")
+            raise RuntimeError(
+                "restore_sample needs @stateless hooks (encode_sample, encode_batch, map functions)"
+            )
         stream_id, key = parse_stream_key(restore_key)
         if not 0 <= stream_id < self.dataset.spec.num_streams:
             raise ValueError(
                 f"restore key {restore_key!r} names stream {stream_id}, but this loader has "
                 f"{self.dataset.spec.num_streams} logical streams"
             )
-        value = build_stream(self.dataset.spec, stream_id).rebuild(key)
+        value = self.dataset.build_stream(stream_id).rebuild(key)
         attach_restore_key(value, stream_key(stream_id, key))
         return value
 

@@ -20,6 +20,7 @@ from energon.pipeline.executor import Executor, ItemMeta
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.pipeline.stage import Value
+from energon.pipeline.stream import Stream, build_stream
 from energon.worker import Layout, WorkerConfig
 
 
@@ -115,17 +116,45 @@ class SavableDataset(torch.utils.data.IterableDataset):
         ]
         return spec.num_streams * max(per_stream)
 
+    def build_stream(self, stream_id: int) -> Stream:
+        """The stage chain of one logical stream (datasets composed otherwise override this)."""
+        return build_stream(self.spec, stream_id)
+
+    def can_restore_sample(self) -> bool:
+        """Whether ``restore_sample`` can regenerate items: every active hook is ``@stateless``."""
+        te = self.spec.task_encoder
+        for hook in ("encode_sample", "encode_batch"):
+            if te.is_active(hook) and not getattr(getattr(te, hook), "__stateless__", False):
+                return False
+        return True
+
     def executor(self, worker: int) -> Executor:
         return Executor(
             self.spec,
             self.layout(worker, self.resume.base),
             self.resume.snapshots,
             end=self.pass_end(),
+            build=self.build_stream,
         )
 
-    def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
+    def worker_items(self) -> Iterator[tuple[Value, ItemMeta]]:
+        """In a loader worker (or the main process): that worker's ``(item, meta)`` pairs."""
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
         if self.arena is not None:
             self.arena.activate(worker)
         return iter(self.executor(worker))
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterating a dataset without a loader (as the reference allows) yields this rank's items
+        in order, computed in this process: one pass, ``virtual_epoch_length`` / ``limit`` items,
+        or forever (training)."""
+        spec = self.spec
+        length = spec.virtual_epoch_length if spec.training else spec.limit
+        wc = self.worker_config
+        layout = Layout(num_streams=spec.num_streams, world_size=wc.world_size, rank=wc.rank)
+        executor = Executor(spec, layout, {}, end=self.pass_end(), build=self.build_stream)
+        for count, (value, _meta) in enumerate(executor):
+            if length and count >= length:
+                return
+            yield value

@@ -9,7 +9,7 @@ them, and each keeps only its own batches: correct, just slower. A stream alread
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from energon.pipeline.keys import attach_restore_key, stream_key
 from energon.pipeline.snapshot import StreamSnapshot
@@ -42,17 +42,19 @@ class Executor:
         layout: Layout,
         snapshots: dict[int, StreamSnapshot] | None = None,
         end: int | None = None,
+        build: Callable[[int], Stream] | None = None,
     ) -> None:
         self.spec = spec
         self.layout = layout
         self.snapshots = snapshots or {}
         self.end = end
+        self.build = build if build is not None else (lambda s: build_stream(self.spec, s))
         self.streams: dict[int, Stream] = {}
 
     def stream(self, stream_id: int) -> Stream:
         stream = self.streams.get(stream_id)
         if stream is None:
-            stream = build_stream(self.spec, stream_id)
+            stream = self.build(stream_id)
             snapshot = self.snapshots.get(stream_id)
             if snapshot is not None:
                 stream.restore(snapshot)

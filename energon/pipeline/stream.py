@@ -219,6 +219,13 @@ def _cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
         extra = dict(stores)
         if primary is not None:
             extra["primary"] = PrimaryFileStore(primary, sample["__key__"])
+        if selected.need_cache:
+            if hook_context.cache_pool is None:
+                raise SystemError(
+                    "this cooker needs a cache pool (@cooker(need_cache=True)): pass "
+                    "cache_pool=... to get_loader / get_savable_loader"
+                )
+            extra["cache"] = hook_context.cache_pool
         return spec.task_encoder.cook_crude_sample(sample, selected, extra)
 
     return cook

@@ -37,12 +37,13 @@ __all__ = [
 class _HookContext:
     """Where in the stream the hook being called is (set by the pipeline around every call)."""
 
-    __slots__ = ("sample_index", "batch_index", "seed")
+    __slots__ = ("sample_index", "batch_index", "seed", "cache_pool")
 
     def __init__(self) -> None:
         self.sample_index: int | None = None
         self.batch_index: int | None = None
         self.seed: int = 0
+        self.cache_pool: Any = None  # the loader's ``cache_pool=`` (cookers with need_cache get it)
 
 
 hook_context = _HookContext()

@@ -47,6 +47,8 @@ def _create_reference_venv() -> str | None:
         # CPU torch first, so that megatron-energon does not pull CUDA wheels
         [str(REF_PYTHON), "-m", "pip", "install", "-q", "torch==2.13.0"],
         [str(REF_PYTHON), "-m", "pip", "install", "-q", "megatron-energon>=7,<8"],
+        # PyAV: the reference's av.* modules (AVProbeIndex, AVDecoder) import it
+        [str(REF_PYTHON), "-m", "pip", "install", "-q", "av>=12"],
     ]
     for step in steps:
         proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)

@@ -1,0 +1,507 @@
+"""``megatron.energon.flavors``: the reference's dataset factories over energon's leaves.
+
+A factory describes one dataset split with its reading options (training or not, shuffling over
+epochs, parallel slices, subset); ``build()`` gives the dataset of its samples, one pass per loader
+pass, as energon's pipeline loads it (sliced per logical stream, decoded with ``decoder``). All
+factories are one class underneath: they differ only in how the sample builder is chosen
+(``dataset.yaml``, a sample type with a field map or sample loader, crude dicts, JSONL, a join).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from energon import epath
+from energon.av import AVData, AVDecoder
+from energon.decode import SampleDecoder
+from energon.errors import EmptyDatasetError
+from energon.loader.savable_dataset import SavableDataset
+from energon.metadataset.resolve import Source
+from energon.pipeline.spec import PipelineSpec
+from energon.samples import (
+    Batch,
+    CaptioningSample,
+    CrudeSample,
+    ImageClassificationSample,
+    ImageSample,
+    InterleavedSample,
+    MultiChoiceVQASample,
+    OCRSample,
+    PinMemoryMixin,
+    Sample,
+    SimilarityInterleavedSample,
+    TextSample,
+    VidQASample,
+    VQAOCRSample,
+    VQASample,
+)
+from energon.source.dataset_config import SampleBuilder, load_sample_builder
+from energon.task_encoder import base as core_task_encoder
+from energon.worker import WorkerConfig
+
+__path__: list[str] = []  # a package for the alias: flavors.* and flavors.webdataset.* map here
+
+T_sample = TypeVar("T_sample", covariant=True)
+
+__all__ = [
+    "AVData",
+    "AVDecoder",
+    "BaseCoreDatasetFactory",
+    "BaseWebdatasetFactory",
+    "Batch",
+    "CaptioningSample",
+    "CaptioningWebdataset",
+    "CrudeJsonlDatasetFactory",
+    "CrudeSample",
+    "CrudeWebdataset",
+    "DatasetSubset",
+    "DefaultCrudeJsonlDatasetFactory",
+    "DefaultDecoderWebdatasetFactory",
+    "DefaultGenericWebdatasetFactory",
+    "EmptyDatasetError",
+    "ImageClassificationSample",
+    "ImageClassificationWebdataset",
+    "ImageSample",
+    "ImageWebdataset",
+    "InterleavedSample",
+    "InterleavedWebdataset",
+    "JoinedWebdatasetFactory",
+    "MultiChoiceVQASample",
+    "MultiChoiceVQAWebdataset",
+    "OCRSample",
+    "OCRWebdataset",
+    "PinMemoryMixin",
+    "Sample",
+    "SampleDecoder",
+    "SavableDataset",
+    "SimilarityInterleavedSample",
+    "SimilarityInterleavedWebdataset",
+    "StandardWebdatasetFactory",
+    "TextSample",
+    "TextWebdataset",
+    "VQAOCRSample",
+    "VQAOCRWebdataset",
+    "VQASample",
+    "VQAWebdataset",
+    "VidQASample",
+    "VidQAWebdataset",
+]
+
+
+class DatasetSubset:
+    """A window of a split: ``absolute_range=(start, end)`` samples (end None: to the end), then
+    ``range=(from, to)`` as fractions of that window."""
+
+    def __init__(
+        self,
+        *,
+        range: tuple[float, float] | None = None,  # noqa: A002 - the reference's name
+        absolute_range: tuple[int, int | None] | None = None,
+    ) -> None:
+        self.range = range
+        self.absolute_range = absolute_range
+
+    def compute_subset(self, total: int) -> tuple[int, int]:
+        start, end = 0, total
+        if self.absolute_range is not None:
+            a, b = self.absolute_range
+            start, end = max(0, a), total if b is None else min(total, b)
+        if self.range is not None:
+            lo, hi = self.range
+            length = end - start
+            start, end = start + int(lo * length), start + int(hi * length)
+        return start, end
+
+
+_KEEP: Any = object()
+
+
+class BaseCoreDatasetFactory(Generic[T_sample]):
+    """One dataset split and how to read it; ``build()`` makes the dataset of its samples."""
+
+    __sample_type__: type | None = None
+
+    source: Source
+    training: bool
+    worker_config: WorkerConfig
+
+    def _setup(
+        self,
+        source: Source,
+        *,
+        training: bool,
+        worker_config: WorkerConfig,
+        shuffle_over_epochs: Any = _KEEP,
+        parallel_shard_iters: int | None = None,
+        max_samples_per_sequence: int | None = None,
+        decoder: Any = None,
+    ) -> None:
+        if not isinstance(worker_config, WorkerConfig):
+            raise TypeError("worker_config must be an energon WorkerConfig")
+        self.source = source
+        self.training = training
+        self.worker_config = worker_config
+        if shuffle_over_epochs is _KEEP:  # a resolved source already says how it shuffles
+            shuffle_over_epochs = source.shuffle_over_epochs
+        else:
+            source.shuffle_over_epochs = shuffle_over_epochs if training else None
+        self.shuffle_over_epochs = shuffle_over_epochs
+        self.parallel_shard_iters = parallel_shard_iters
+        self.max_samples_per_sequence = max_samples_per_sequence
+        self.decoder = decoder
+
+    @classmethod
+    def from_source(cls, source: Source, **options: Any) -> BaseCoreDatasetFactory:
+        """A factory for a source resolved by energon (metadataset entries)."""
+        factory = cls.__new__(cls)
+        factory._setup(source, **options)
+        return factory
+
+    @property
+    def path(self) -> Any:
+        from energon.compat.epathlib import EPath
+
+        return EPath(self.source.leaf.root if hasattr(self.source.leaf, "root") else "")
+
+    @property
+    def paths(self) -> list[Any]:
+        return [self.path]
+
+    @property
+    def subflavors(self) -> dict[str, Any]:
+        """The leaf's subflavors (updating this dict changes what its samples carry)."""
+        return self.source.leaf.subflavors
+
+    @subflavors.setter
+    def subflavors(self, value: dict[str, Any]) -> None:
+        self.source.leaf.subflavors = dict(value or {})
+
+    @property
+    def is_crude(self) -> bool:
+        return getattr(getattr(self.source.leaf, "builder", None), "kind", None) == "crude"
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def build(self, worker_rotation_offset: int = 0) -> SavableDataset:
+        """The dataset of this split's samples (unbatched, one pass per loader pass).
+
+        ``worker_rotation_offset`` is accepted; energon balances remainders across sources itself
+        when they are blended by a metadataset."""
+        wc = self.worker_config
+        spec = PipelineSpec(
+            sources=[self.source],
+            mode="none",
+            training=self.training,
+            seed=wc.seed_offset,
+            num_streams=wc.default_num_streams,
+            batch_size=None,
+            max_samples_per_sequence=self.max_samples_per_sequence if self.training else None,
+            parallel_shard_iters=self.parallel_shard_iters,
+            repeat=False,
+            task_encoder=core_task_encoder.TaskEncoder(),
+            decoder=self.decoder,
+            error_handler=wc.global_error_handler,
+            even_ranks=False,
+        )
+        return SavableDataset(spec, wc)
+
+    def as_file_store(self) -> Any:
+        from energon.source.file_store import WebdatasetFileStore
+
+        return WebdatasetFileStore(self.source.leaf.root)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__qualname__,
+            "training": self.training,
+            "_path": str(self.path),
+            "shuffle_over_epochs": self.shuffle_over_epochs,
+            "parallel_shard_iters": self.parallel_shard_iters,
+            "max_samples_per_sequence": self.max_samples_per_sequence,
+            **self.source.config(),
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!s}, {len(self)} samples)"
+
+
+def _open_webdataset_source(
+    path: Any,
+    *,
+    split_part: str,
+    builder: SampleBuilder,
+    split_config: str | None,
+    subset: DatasetSubset | None,
+) -> Source:
+    from energon.source.leaf import WebdatasetLeaf
+
+    root = epath.normalize(os.fspath(path))
+    leaf = WebdatasetLeaf.open(
+        root, split_part=split_part, split_config=split_config, builder=builder
+    )
+    start, end = (subset or DatasetSubset()).compute_subset(len(leaf))
+    if start >= end:
+        raise EmptyDatasetError(f"{root}: the subset of split {split_part!r} is empty")
+    return Source(leaf=leaf, start=start, end=end)
+
+
+class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
+    """A prepared WebDataset split; subclasses say how parts become samples."""
+
+    def __init__(
+        self,
+        path: Any,
+        *,
+        split_part: str,
+        training: bool,
+        worker_config: WorkerConfig,
+        shuffle_over_epochs: int | None = 1,
+        parallel_shard_iters: int | None = None,
+        max_samples_per_sequence: int | None = None,
+        subset: DatasetSubset | None = None,
+        split_config: str | None = None,
+        part_filter: Callable[[str], bool] | None = None,
+        decoder: Any = None,
+    ) -> None:
+        source = _open_webdataset_source(
+            path,
+            split_part=split_part,
+            builder=self._sample_builder(path, part_filter),
+            split_config=split_config,
+            subset=subset,
+        )
+        self.split_part = split_part
+        self._setup(
+            source,
+            training=training,
+            worker_config=worker_config,
+            shuffle_over_epochs=shuffle_over_epochs,
+            parallel_shard_iters=parallel_shard_iters,
+            max_samples_per_sequence=max_samples_per_sequence,
+            decoder=decoder,
+        )
+
+    def _sample_builder(self, path: Any, part_filter: Any) -> SampleBuilder:
+        return load_sample_builder(epath.normalize(os.fspath(path)))
+
+
+def _part_filter(part_filter: str | list[str] | Callable[[str], bool] | None) -> Any:
+    if part_filter is None or callable(part_filter):
+        return part_filter
+    allowed = {part_filter} if isinstance(part_filter, str) else set(part_filter)
+    return lambda part: part in allowed
+
+
+class DefaultGenericWebdatasetFactory(BaseWebdatasetFactory[T_sample]):
+    """Samples of ``__sample_type__`` from a ``field_map`` or a ``sample_loader``."""
+
+    def __init__(
+        self,
+        path: Any,
+        *,
+        subflavors: dict[str, Any] | None = None,
+        field_map: dict[str, str] | None = None,
+        sample_loader: str | Callable[[dict], dict] | None = None,
+        part_filter: str | list[str] | Callable[[str], bool] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._field_map = field_map
+        self._sample_loader = sample_loader
+        self._subflavors = dict(subflavors or {})
+        super().__init__(path, part_filter=part_filter, **kwargs)
+
+    def _sample_builder(self, path: Any, part_filter: Any) -> SampleBuilder:
+        sample_type = self.__sample_type__
+        if self._field_map is None and self._sample_loader is None:
+            builder = load_sample_builder(epath.normalize(os.fspath(path)))
+            builder.subflavors = {**builder.subflavors, **self._subflavors}
+            return builder
+        if self._sample_loader is not None:
+            loader = self._sample_loader
+            if isinstance(loader, str):
+                from energon.source.sample_loader import load_sample_loader
+
+                loader = load_sample_loader(epath.join(os.fspath(path), ".nv-meta"), loader)
+            return SampleBuilder(
+                "sample_loader",
+                sample_type=sample_type,
+                sample_loader=loader,
+                part_filter=_part_filter(part_filter),
+                subflavors=self._subflavors,
+            )
+        from energon.source.fieldmap import resolve_field_map
+
+        return SampleBuilder(
+            "field_map",
+            sample_type=sample_type,
+            field_map=resolve_field_map(self._field_map, sample_type),
+            subflavors=self._subflavors,
+        )
+
+
+class DefaultDecoderWebdatasetFactory(DefaultGenericWebdatasetFactory[T_sample]):
+    """Parts are decoded (``decoder``, by file extension) before samples are built."""
+
+    def __init__(self, path: Any, *, decoder: Any = None, **kwargs: Any) -> None:
+        super().__init__(
+            path, decoder=decoder if decoder is not None else SampleDecoder(), **kwargs
+        )
+
+
+class StandardWebdatasetFactory(DefaultDecoderWebdatasetFactory[T_sample]):
+    """Samples of the given ``sample_type``."""
+
+    def __init__(self, path: Any, *, sample_type: type, **kwargs: Any) -> None:
+        self.__sample_type__ = sample_type
+        super().__init__(path, **kwargs)
+
+
+class CrudeWebdataset(DefaultDecoderWebdatasetFactory[CrudeSample]):
+    """Crude samples: dicts of all (decoded) parts, cooked later by the task encoder's cookers."""
+
+    __sample_type__ = CrudeSample
+
+    def __init__(
+        self,
+        path: Any,
+        *,
+        subflavors: dict[str, Any] | None = None,
+        part_filter: str | list[str] | Callable[[str], bool] = lambda _: True,
+        **kwargs: Any,
+    ) -> None:
+        if "sample_loader" in kwargs or "field_map" in kwargs:
+            raise TypeError("CrudeWebdataset takes neither sample_loader nor field_map")
+        self._crude_filter = _part_filter(part_filter)
+        self._crude_subflavors = dict(subflavors or {})
+        BaseWebdatasetFactory.__init__(
+            self, path, decoder=kwargs.pop("decoder", None) or SampleDecoder(), **kwargs
+        )
+
+    def _sample_builder(self, path: Any, part_filter: Any) -> SampleBuilder:
+        return SampleBuilder(
+            "crude", part_filter=self._crude_filter, subflavors=self._crude_subflavors
+        )
+
+
+def _flavor(name: str, sample_type: type) -> type:
+    doc = f"Deprecated flavor: ``StandardWebdatasetFactory`` of ``{sample_type.__name__}``."
+    return type(
+        name,
+        (DefaultDecoderWebdatasetFactory,),
+        {"__sample_type__": sample_type, "__doc__": doc, "__module__": __name__},
+    )
+
+
+CaptioningWebdataset = _flavor("CaptioningWebdataset", CaptioningSample)
+ImageWebdataset = _flavor("ImageWebdataset", ImageSample)
+ImageClassificationWebdataset = _flavor("ImageClassificationWebdataset", ImageClassificationSample)
+InterleavedWebdataset = _flavor("InterleavedWebdataset", InterleavedSample)
+MultiChoiceVQAWebdataset = _flavor("MultiChoiceVQAWebdataset", MultiChoiceVQASample)
+OCRWebdataset = _flavor("OCRWebdataset", OCRSample)
+SimilarityInterleavedWebdataset = _flavor(
+    "SimilarityInterleavedWebdataset", SimilarityInterleavedSample
+)
+TextWebdataset = _flavor("TextWebdataset", TextSample)
+VidQAWebdataset = _flavor("VidQAWebdataset", VidQASample)
+VQAOCRWebdataset = _flavor("VQAOCRWebdataset", VQAOCRSample)
+VQAWebdataset = _flavor("VQAWebdataset", VQASample)
+
+
+class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
+    """A JSONL file as crude samples (one dict per line)."""
+
+    __sample_type__ = CrudeSample
+
+    def __init__(
+        self,
+        path: Any,
+        *,
+        training: bool,
+        worker_config: WorkerConfig,
+        shuffle_over_epochs: int | None = 1,
+        parallel_shard_iters: int | None = None,
+        max_samples_per_sequence: int | None = None,
+        subset: DatasetSubset | None = None,
+        part_filter: Callable[[str], bool] | None = None,
+        subflavors: dict[str, Any] | None = None,
+    ) -> None:
+        from energon.source.jsonl import JsonlLeaf
+
+        leaf = JsonlLeaf.open(epath.normalize(os.fspath(path)), subflavors=subflavors)
+        start, end = (subset or DatasetSubset()).compute_subset(len(leaf))
+        self._setup(
+            Source(leaf=leaf, start=start, end=end),
+            training=training,
+            worker_config=worker_config,
+            shuffle_over_epochs=shuffle_over_epochs,
+            parallel_shard_iters=parallel_shard_iters,
+            max_samples_per_sequence=max_samples_per_sequence,
+        )
+
+    @property
+    def is_crude(self) -> bool:
+        return True
+
+    def as_file_store(self) -> Any:
+        raise NotImplementedError("a JSONL dataset has no file store of its own")
+
+
+class DefaultCrudeJsonlDatasetFactory(CrudeJsonlDatasetFactory):
+    """``CrudeJsonlDatasetFactory`` with subflavors (a ``decoder`` argument is ignored)."""
+
+    def __init__(
+        self, path: Any, *, subflavors: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        kwargs.pop("decoder", None)
+        super().__init__(path, subflavors=subflavors, **kwargs)
+
+
+class JoinedWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
+    """Joined datasets. energon builds joins from a metadataset ``join:`` (prepared with
+    ``energon prepare`` on the metadataset); that is how instances of this class come about."""
+
+    def __init__(
+        self,
+        inner_datasets: Any,
+        *,
+        training: bool,
+        worker_config: WorkerConfig,
+        shuffle_over_epochs: int | None = 1,
+        parallel_shard_iters: int | None = None,
+        max_samples_per_sequence: int | None = None,
+        subset: DatasetSubset | None = None,
+        join_index: Any,
+        joiner: Any,
+    ) -> None:
+        raise NotImplementedError(
+            "JoinedWebdatasetFactory(...) cannot be constructed directly in energon: describe the "
+            "join in a metadataset (join: / joiner:) and load it with get_train_dataset or "
+            "load_dataset (see docs/migrating.md)"
+        )
+
+    @property
+    def is_crude(self) -> bool:
+        return False
+
+    def as_file_store(self) -> Any:
+        raise NotImplementedError("a joined dataset has no single file store")
+
+
+def factory_for_source(source: Source, **options: Any) -> BaseCoreDatasetFactory:
+    """The factory class the reference would use for an energon source, wrapping it."""
+    leaf = source.leaf
+    kind = getattr(getattr(leaf, "builder", None), "kind", None)
+    leaf_type = type(leaf).__name__
+    if leaf_type == "JsonlLeaf":
+        options.pop("decoder", None)
+        return DefaultCrudeJsonlDatasetFactory.from_source(source, **options)
+    if leaf_type == "JoinLeaf":
+        return JoinedWebdatasetFactory.from_source(source, **options)
+    if kind == "crude":
+        return CrudeWebdataset.from_source(source, **options)
+    factory = StandardWebdatasetFactory.from_source(source, **options)
+    factory.__sample_type__ = getattr(getattr(leaf, "builder", None), "sample_type", None)
+    return factory

@@ -1,0 +1,124 @@
+"""Where each of Megatron-Energon's module paths lives in energon.
+
+``REFERENCE_MODULES`` maps a module path below ``megatron.energon`` (``""`` is the package itself) to
+the ONE energon module that plays its part, so ``import megatron.energon.X`` (through
+``energon.megatron_alias``) gives that very module object and ``isinstance`` checks agree. Paths that
+are just the core point into the core; paths that need the reference's own objects point into
+``energon.compat``. ``megatron.energon`` itself is ``energon.compat.megatron_energon``, which serves
+energon's public names (so submodule imports never rebind a name of ``energon``). Several reference paths may share one energon module (the reference splits its
+wrappers over 18 files; here they are one module).
+"""
+
+from __future__ import annotations
+
+_FLAVOR_MODULES = (
+    "flavors.base_dataset",
+    "flavors.captioning",
+    "flavors.crude",
+    "flavors.image",
+    "flavors.image_classification",
+    "flavors.interleaved",
+    "flavors.multichoice_vqa",
+    "flavors.ocr",
+    "flavors.similarity_interleaved",
+    "flavors.text",
+    "flavors.vid_qa",
+    "flavors.vqa",
+    "flavors.vqa_and_ocr",
+    "flavors.jsonl",
+    "flavors.jsonl.crude_jsonl_dataset",
+    "flavors.webdataset",
+    "flavors.webdataset.base_webdataset",
+    "flavors.webdataset.default_decoder_webdataset",
+    "flavors.webdataset.default_generic_webdataset",
+    "flavors.webdataset.standard_webdataset",
+    "flavors.webdataset.joined_webdataset",
+    "flavors.webdataset.structs",
+)
+
+_WRAPPER_MODULES = (
+    "wrappers.base",
+    "wrappers.batch_dataset",
+    "wrappers.blend_dataset",
+    "wrappers.concat_dataset",
+    "wrappers.epochize_dataset",
+    "wrappers.filter_dataset",
+    "wrappers.gc_dataset",
+    "wrappers.group_batch_dataset",
+    "wrappers.iter_map_dataset",
+    "wrappers.limit_dataset",
+    "wrappers.log_sample_dataset",
+    "wrappers.map_dataset",
+    "wrappers.mix_batch_dataset",
+    "wrappers.packing_dataset",
+    "wrappers.repeat_dataset",
+    "wrappers.shuffle_buffer_dataset",
+    "wrappers.skip",
+    "wrappers.watchdog_dataset",
+)
+
+REFERENCE_MODULES: dict[str, str] = {
+    "": "energon.compat.megatron_energon",
+    "av": "energon.av",
+    "av.av_data": "energon.av",
+    "av.av_decoder": "energon.av",
+    "av.utils": "energon.av",
+    "av.av_reader": "energon.compat.av_reader",
+    "cache": "energon.compat.cache",
+    "cache.base": "energon.compat.cache",
+    "cache.file_store": "energon.compat.cache",
+    "cache.no_cache": "energon.compat.cache",
+    "cache.file_cache_pool": "energon.compat.cache",
+    "cli": "energon.cli",
+    "cli.main": "energon.cli.main",
+    "dataset_config": "energon.compat.dataset_config",
+    "edataclass": "energon.samples.edataclass",
+    "epathlib": "energon.compat.epathlib",
+    "epathlib.epath": "energon.compat.epathlib",
+    "errors": "energon.compat.errors",
+    "flavors": "energon.compat.flavors",
+    **{path: "energon.compat.flavors" for path in _FLAVOR_MODULES},
+    "flavors.webdataset.config": "energon.compat.webdataset_config",
+    "flavors.webdataset.sample_decoder": "energon.decode",
+    "flavors.webdataset.indexing": "energon.format.sqlite_index",
+    "flavors.webdataset.empty_dataset_error": "energon.errors",
+    "loader": "energon.loader",
+    "media": "energon.media",
+    "media.metadata": "energon.media.metadata",
+    "media.extractor": "energon.media.extract",
+    "media.filesystem_prepare": "energon.compat.filesystem_prepare",
+    "metadataset": "energon.compat.metadataset",
+    "metadataset.loader": "energon.compat.metadataset",
+    "metadataset.loader_interface": "energon.compat.metadataset",
+    "metadataset.metadataset": "energon.compat.metadataset",
+    "metadataset.metadataset_v2": "energon.compat.metadataset",
+    "metadataset.dataset_loader": "energon.compat.metadataset",
+    "sample_utils": "energon.samples.render",
+    "savable_loader": "energon.loader.data_loader",
+    "source_info": "energon.samples.source_info",
+    "task_encoder": "energon.compat.task_encoder",
+    "task_encoder.base": "energon.compat.task_encoder",
+    "task_encoder.cooking": "energon.compat.task_encoder",
+    "task_encoder.loader": "energon.compat.task_encoder",
+    "tools": "energon.cli",
+    "tools.prepare": "energon.cli.prepare",
+    "tools.prepare_media": "energon.cli.prepare_media",
+    "tools.info": "energon.cli.info",
+    "tools.lint": "energon.cli.lint",
+    "tools.preview": "energon.cli.preview",
+    "tools.checkpoint": "energon.cli.checkpoint",
+    "tools.analyze_debug": "energon.cli.analyze_debug",
+    "worker": "energon.worker",
+    "wrappers": "energon.compat.wrappers",
+    **{path: "energon.compat.wrappers" for path in _WRAPPER_MODULES},
+}
+
+
+def energon_module_for(reference_name: str) -> str | None:
+    """``megatron.energon.wrappers.map_dataset`` -> ``energon.compat.wrappers`` (None if unmapped)."""
+    if reference_name == "megatron.energon":
+        return REFERENCE_MODULES[""]
+    prefix = "megatron.energon."
+    if not reference_name.startswith(prefix):
+        return None
+    return REFERENCE_MODULES.get(reference_name[len(prefix) :])
