@@ -163,7 +163,7 @@ def _user_defined(te: Any, hook: str) -> bool:
 
 def _cook_function(spec: PipelineSpec, source: Any) -> Any:
     """For crude sources with a matching cooker: sample -> cooked sample (aux stores attached)."""
-    if getattr(source.leaf.builder, "kind", None) != "crude":
+    if source.leaf.builder.kind != "crude":
         if source.aux:
             raise ValueError(
                 f"{source.leaf.root}: aux data sources are only allowed for crude datasets"
@@ -225,7 +225,7 @@ def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, 
                 parallel_slices=parallel,
                 repeat=spec.repeat or mixing,
                 excluded=source.leaf.excluded,
-                hint=source.leaf.prefetch if getattr(source.leaf, "remote", False) else None,
+                hint=source.leaf.prefetch if source.leaf.remote else None,
             )
         )
     schedule = None
