@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from energon.format.layout import atomic_write_bytes, temp_name_for
 from energon.remote import RemoteNotFoundError, msc, s3
 from energon.remote import cache as remote_cache
-from energon.remote.store import RemoteStore, split_url
+from energon.remote.store import RemoteStore
 
 REMOTE_SCHEMES = ("s3://", "msc://")
 
@@ -34,9 +34,6 @@ def is_remote(path: str | os.PathLike) -> bool:
 def _store(path: str) -> RemoteStore:
     """The store that speaks ``path``'s scheme."""
     return msc if path.startswith("msc://") else s3
-
-
-split_remote = split_url  # ``s3://bucket/a/b`` -> ``("bucket", "a/b")``
 
 
 def is_absolute(path: str) -> bool:

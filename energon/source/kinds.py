@@ -17,6 +17,7 @@ from energon.format.layout import (
     INFO_YAML_FILENAME,
     MAIN_FOLDER_NAME,
 )
+from energon.megatron.gpt_dataset import GPTConfig
 from energon.source.join import JoinLeaf, JoinSpec
 from energon.source.jsonl import JsonlLeaf
 from energon.source.leaf import LeafDataset
@@ -67,19 +68,18 @@ def open_leaf(
     subflavors: dict[str, Any] | None = None,
     dataset_config: str | None = None,
     split_config: str | None = None,
-    token_config: Any = None,
+    token_config: GPTConfig | None = None,
 ) -> LeafDataset:
     """The leaf dataset of ``target``, opened as its kind.
 
     ``kind``: the result of an earlier :func:`detect_kind` (saves probing the path again).
     ``dataset_config``/``split_config`` are for WebDatasets, ``token_config`` (an
-    :class:`energon.megatron.GPTConfig`) is required for token prefixes.
+    :class:`~energon.megatron.gpt_dataset.GPTConfig`) is required for token prefixes.
     """
-    kind = kind or detect_kind(target)
-    if kind == "join":
-        assert isinstance(target, JoinSpec)
+    if isinstance(target, JoinSpec):
         return JoinLeaf(target, subflavors=dict(subflavors or {}))
     path = os.fspath(target)
+    kind = kind or detect_kind(path)
     if kind == "jsonl":
         return JsonlLeaf.open(path, subflavors=subflavors)
     if kind == "tokens":
@@ -96,4 +96,4 @@ def open_leaf(
             dataset_config=dataset_config or DATASET_YAML_FILENAME,
             subflavors=subflavors,
         )
-    raise ValueError(f"{path}: unknown leaf kind {kind!r}")
+    raise ValueError(f"{path}: cannot open a leaf of kind {kind!r} from a path")
