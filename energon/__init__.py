@@ -24,7 +24,7 @@ _EXPORTS = {
     "WebdatasetFileStore": "energon.source.file_store",
     "basic_sample_keys": "energon.task_encoder",
     "cooker": "energon.task_encoder",
-    "prepare_metadataset": "energon.metadataset.join",
+    "prepare_metadataset": "energon.format.join_index",
     "traverse_metadataset": "energon.metadataset.resolve",
     "BasicDataLoader": "energon.loader",
     "Batch": "energon.samples",

@@ -5,7 +5,9 @@ Paths are plain strings so that everything holding one stays picklable and cheap
 processes; the functions here dispatch on the scheme. Local paths are made absolute; remote paths
 are normalised (``.``/``..`` removed) with POSIX rules, because ``os.path`` would mangle the ``//``
 of a URL. Remote access (clients, retries, caching) lives in :mod:`energon.remote`: one module per
-scheme (``s3``, ``msc``) with the same functions, picked by :func:`_store`.
+scheme (``s3``, ``msc``) implementing :class:`~energon.remote.store.RemoteStore`, picked by
+:func:`_store` (the one place that dispatches on the scheme). The remote modules import their client
+libraries (boto3, multi-storage-client) only on first use.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
+import shutil
 from collections.abc import Iterator
+
+from energon.format.layout import atomic_write_bytes, temp_name_for
+from energon.remote import RemoteNotFoundError, msc, s3
+from energon.remote import cache as remote_cache
+from energon.remote.store import RemoteStore
 
 REMOTE_SCHEMES = ("s3://", "msc://")
 
@@ -23,25 +31,9 @@ def is_remote(path: str | os.PathLike) -> bool:
     return isinstance(path, str) and path.startswith(REMOTE_SCHEMES)
 
 
-def _store(path: str):
-    """The module that speaks ``path``'s scheme (imported on first use: boto3 / msc are optional)."""
-    if path.startswith("msc://"):
-        from energon.remote import msc
-
-        return msc
-    from energon.remote import s3
-
-    return s3
-
-
-def split_remote(url: str) -> tuple[str, str]:
-    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``; ``msc://profile/a/b`` -> ``("profile", "a/b")``."""
-    scheme, _, rest = url.partition("://")
-    root, _, key = rest.partition("/")
-    if not root:
-        what = "profile" if scheme == "msc" else "bucket"
-        raise ValueError(f"{url}: a {scheme} URL needs a {what} ({scheme}://{what}/key)")
-    return root, key
+def _store(path: str) -> RemoteStore:
+    """The store that speaks ``path``'s scheme."""
+    return msc if path.startswith("msc://") else s3
 
 
 def is_absolute(path: str) -> bool:
@@ -113,8 +105,6 @@ def exists(path: str) -> bool:
 def is_file(path: str) -> bool:
     if not is_remote(path):
         return os.path.isfile(normalize(path))
-    from energon.remote import RemoteNotFoundError
-
     try:
         _store(path).head(path)
         return True
@@ -158,8 +148,6 @@ def stat(path: str) -> tuple[int, str]:
 def write_bytes(path: str, data: bytes) -> None:
     """Write atomically: temporary file + rename, or temporary object + copy + delete."""
     if not is_remote(path):
-        from energon.format.layout import atomic_write_bytes
-
         atomic_write_bytes(normalize(path), data)
         return
     _store(path).write_bytes(path, data)
@@ -168,10 +156,6 @@ def write_bytes(path: str, data: bytes) -> None:
 def upload(local: str, path: str) -> None:
     """Copy the local file ``local`` to ``path`` atomically, streamed (never whole in memory)."""
     if not is_remote(path):
-        import shutil
-
-        from energon.format.layout import temp_name_for
-
         tmp = temp_name_for(normalize(path))
         shutil.copyfile(local, tmp)
         os.replace(tmp, normalize(path))
@@ -198,8 +182,6 @@ def glob(root: str, pattern: str) -> list[str]:
 def download(path: str, target: str) -> int:
     """Copy ``path`` into the local file ``target`` (streamed for remote objects); returns its size."""
     if not is_remote(path):
-        import shutil
-
         shutil.copyfile(normalize(path), target)
         return os.path.getsize(target)
     return _store(path).download(path, target)
@@ -216,6 +198,4 @@ def local_copy(path: str) -> str:
     """A local file with the content of ``path`` (remote objects go through the cache)."""
     if not is_remote(path):
         return normalize(path)
-    from energon.remote.cache import local_copy as cached
-
-    return cached(path)
+    return remote_cache.local_copy(path, _store(path))

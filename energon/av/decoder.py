@@ -38,6 +38,7 @@ from energon.av.index import AVProbeIndex
 from energon.av.wav import PcmWav, parse_pcm_wav
 from energon.decode.deadline import DecodeTimeoutError, check_deadline, deadline
 from energon.errors import SYSTEM_EXCEPTIONS
+from energon.media.metadata import AVMetadata
 
 __all__ = ["AVDecoder"]
 
@@ -797,8 +798,6 @@ class AVDecoder:
         """An ``energon.media.AVMetadata`` with what was asked for (header values where the
         container has them; durations and frame counts by demuxing otherwise; the audio sample
         count decodes the whole audio stream unless it is PCM WAV)."""
-        from energon.media.metadata import AVMetadata
-
         metadata = AVMetadata()
         header = self._facts()
         if get_video and header.video is not None:

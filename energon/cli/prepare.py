@@ -365,12 +365,12 @@ def _prepare_file(path: Path | str, progress: bool) -> None:
     """A JSONL file (local or remote) gets its ``.jsonl.idx``; a metadataset gets the join indices
     of its joins."""
     if str(path).endswith(".jsonl"):
-        from energon.source.jsonl import prepare_jsonl
+        from energon.format.jsonl import prepare_jsonl
 
         count = prepare_jsonl(path)
         click.echo(f"Done. Found {count} samples.")
         return
-    from energon.metadataset.join import prepare_metadataset
+    from energon.format.join_index import prepare_metadataset
 
     for line in prepare_metadataset(path, progress=progress):
         click.echo(line)

@@ -180,7 +180,7 @@ class BaseCoreDatasetFactory(Generic[T_sample]):
 
     @property
     def is_crude(self) -> bool:
-        return getattr(getattr(self.source.leaf, "builder", None), "kind", None) == "crude"
+        return self.source.leaf.builder.kind == "crude"
 
     def __len__(self) -> int:
         return len(self.source)
@@ -236,7 +236,7 @@ def _open_webdataset_source(
     split_config: str | None,
     subset: DatasetSubset | None,
 ) -> Source:
-    from energon.source.leaf import WebdatasetLeaf
+    from energon.source.webdataset import WebdatasetLeaf
 
     root = epath.normalize(os.fspath(path))
     leaf = WebdatasetLeaf.open(
@@ -493,7 +493,7 @@ class JoinedWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
 def factory_for_source(source: Source, **options: Any) -> BaseCoreDatasetFactory:
     """The factory class the reference would use for an energon source, wrapping it."""
     leaf = source.leaf
-    kind = getattr(getattr(leaf, "builder", None), "kind", None)
+    kind = leaf.builder.kind
     leaf_type = type(leaf).__name__
     if leaf_type == "JsonlLeaf":
         options.pop("decoder", None)
@@ -503,5 +503,5 @@ def factory_for_source(source: Source, **options: Any) -> BaseCoreDatasetFactory
     if kind == "crude":
         return CrudeWebdataset.from_source(source, **options)
     factory = StandardWebdatasetFactory.from_source(source, **options)
-    factory.__sample_type__ = getattr(getattr(leaf, "builder", None), "sample_type", None)
+    factory.__sample_type__ = leaf.builder.sample_type
     return factory

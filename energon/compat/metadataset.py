@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from energon import epath
-from energon.metadataset.join import prepare_metadataset
+from energon.format.join_index import prepare_metadataset
 from energon.metadataset.resolve import resolve_dataset
 from energon.metadataset.resolve import traverse_metadataset as _traverse
 from energon.worker import WorkerConfig

@@ -11,21 +11,17 @@ marker) is written last. An interrupted or failed run leaves the previous metada
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import re
 import shutil
-import sys
 import tempfile
-import threading
 import uuid
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -51,13 +47,13 @@ from energon.format.layout import (
     remove_quietly,
     temp_name_for,
 )
+from energon.format.processes import process_context
 from energon.format.split import expand_all, expand_braces, write_split
 from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid
 from energon.format.tar import scan_tar
 from energon.format.tar_index import encode_offsets, tar_index_path
-
-if TYPE_CHECKING:
-    from energon.media.extract import MediaFilterConfig
+from energon.media.extract import MediaFilterConfig
+from energon.media.prepare import media_rows_for_samples
 
 SHARD_SUFFIXES = (".tar", ".tgz")
 MAX_PART_NAMES = 50
@@ -250,8 +246,6 @@ def _scan_local_shard(task: _ShardTask, local_path: str) -> ShardScanResult:
     result = _compact_result(task.shard_id, scan.samples, offsets)
     if task.media_filter is not None:
         # same worker, same pass over the shard: the payloads are read while the file is hot
-        from energon.media.prepare import media_rows_for_samples
-
         with open(local_path, "rb") as f:
             result.media_rows = media_rows_for_samples(f, scan.samples, task.media_filter)
     return result
@@ -281,30 +275,6 @@ def _compact_result(shard_id: int, samples: list, offsets: array) -> ShardScanRe
     )
 
 
-def _fork_is_safe() -> bool:
-    """Forking a process that runs other threads can deadlock the child on a lock one of them held.
-
-    tqdm's monitor thread only sleeps on its own event, which the child never touches; any other
-    thread makes us use a fresh server process instead.
-    """
-    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
-    return all(type(t).__name__ == "TMonitor" for t in others)
-
-
-def _process_context(remote: bool = False) -> multiprocessing.context.BaseContext:
-    """Fork when it is safe (fast start, nothing re-imported), else a clean server process.
-
-    Remote scans use ``spawn`` instead of a fork server: a fork server started earlier would hand
-    its workers the environment (endpoint, credentials) of that time, not the current one.
-    """
-    methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and sys.platform != "darwin" and _fork_is_safe():
-        return multiprocessing.get_context("fork")
-    if "forkserver" in methods and not remote:
-        return multiprocessing.get_context("forkserver")
-    return multiprocessing.get_context("spawn")
-
-
 def _iter_scans_in_order(tasks: list[_ShardTask], num_workers: int) -> Iterator[ShardScanResult]:
     """Scan shards in parallel and yield results in task order (buffering early finishers).
 
@@ -314,7 +284,7 @@ def _iter_scans_in_order(tasks: list[_ShardTask], num_workers: int) -> Iterator[
     if num_workers <= 1 or len(tasks) <= 1:
         return (_scan_shard(task) for task in tasks)
     remote = any(epath.is_remote(t.tar_path) for t in tasks)
-    pool = _process_context(remote).Pool(min(num_workers, len(tasks)))
+    pool = process_context(remote).Pool(min(num_workers, len(tasks)))
     return _ordered_results(pool, tasks)
 
 

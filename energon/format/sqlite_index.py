@@ -18,6 +18,7 @@ from pathlib import Path
 
 from energon.errors import EnergonError
 from energon.format.layout import INDEX_UUID_FILENAME, PathLike, atomic_write_text, nv_meta_dir
+from energon.media.store import record_media_filter, replace_media_rows
 
 SAMPLE_SCHEMA = (
     """CREATE TABLE samples (
@@ -174,8 +175,6 @@ class SqliteIndexWriter:
 
     def add_media_rows(self, rows: Sequence[tuple[str, str, str]]) -> None:
         """Media metadata rows ``(entry_key, metadata_type, metadata_json)`` (INSERT OR REPLACE)."""
-        from energon.media.store import replace_media_rows
-
         self._db.execute("SAVEPOINT media")
         replace_media_rows(self._db, rows)
         self._db.execute("RELEASE media")
@@ -183,8 +182,6 @@ class SqliteIndexWriter:
 
     def add_media_filter(self, strategy: str, patterns: str) -> None:
         """Record the filter the media metadata was computed with."""
-        from energon.media.store import record_media_filter
-
         record_media_filter(self._db, strategy, patterns)
 
     def close(self) -> None:

@@ -13,12 +13,12 @@ import os
 import sys
 from typing import Any
 
+import energon
+
 ENERGON_MODULE_ALIASES = ("megatron.energon", "energon")
 
 
 def _energon_namespace() -> Any:
-    import energon
-
     return energon
 
 

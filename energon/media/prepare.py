@@ -26,6 +26,8 @@ from energon.format.layout import (
     remove_quietly,
     temp_name_for,
 )
+from energon.format.processes import process_context
+from energon.format.sqlite_index import MEDIA_SCHEMA, write_index_uuid
 from energon.format.tar import scan_tar
 from energon.media.extract import MediaFilterConfig, extract_media_metadata
 from energon.media.metadata import serialize_media_metadata
@@ -116,9 +118,7 @@ def _run_tasks(
     """
     if num_workers <= 1 or len(tasks) <= 1:
         return _with_progress(map(function, tasks), None, progress, unit, weights)
-    from energon.format.prepare import _process_context
-
-    pool = _process_context().Pool(min(num_workers, len(tasks)))
+    pool = process_context().Pool(min(num_workers, len(tasks)))
     return _with_progress(pool.imap(function, tasks), pool, progress, unit, weights)
 
 
@@ -143,8 +143,6 @@ def _write_media_index(
     db_path: Path, rows: Iterator[list[MediaRow]], config: MediaFilterConfig, *, fresh: bool
 ) -> int:
     """Fill the media tables of a copy of ``db_path`` (or a new database) and rename it into place."""
-    from energon.format.sqlite_index import MEDIA_SCHEMA, write_index_uuid
-
     tmp = temp_name_for(db_path)
     try:
         if not fresh:

@@ -15,6 +15,7 @@ barrier; each opens exactly the files of the samples it touches.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -22,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from energon import epath
 from energon.megatron import gpt_indices as gi
-from energon.megatron.indexed import IndexedTokens, bin_path
+from energon.megatron.indexed import IndexedTokens, RangeReader, bin_path
+from energon.remote.cache import cache_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +76,7 @@ class MockTokens:
 
     size = 100_000
     max_sequence_length = 4096
+    remote = False
 
     def __init__(self, vocab_size: int = 100, eod_token: int = 0) -> None:
         self.vocab_size = vocab_size
@@ -82,6 +86,9 @@ class MockTokens:
             1, self.max_sequence_length, size=self.size, dtype=np.int32
         )
         self.prefix = None
+
+    def use_range_reader(self, read_range: RangeReader) -> None:
+        """Nothing is read: the corpus is computed."""
 
     def __len__(self) -> int:
         return self.size
@@ -232,13 +239,7 @@ class GPTTokenDataset:
             return self.config.path_to_cache
         if self.config.mock or self.dataset_path is None:
             return None
-        from energon import epath
-
         if epath.is_remote(self.dataset_path):  # index files are built and mapped locally
-            import hashlib
-
-            from energon.remote.cache import cache_dir
-
             digest = hashlib.sha256(self.dataset_path.encode()).hexdigest()[:16]
             return str(cache_dir() / "megatron" / digest / f"{self.class_name}_indices")
         return os.path.join(self.dataset_path, "cache", f"{self.class_name}_indices")
@@ -306,7 +307,11 @@ class GPTTokenDataset:
     @property
     def remote(self) -> bool:
         """The tokens are in object storage (reads benefit from :meth:`byte_spans` hints)."""
-        return bool(getattr(self.tokens, "remote", False))
+        return self.tokens.remote
+
+    def use_range_reader(self, read_range: RangeReader) -> None:
+        """Read remote token bytes with ``read_range`` (see :class:`IndexedTokens`)."""
+        self.tokens.use_range_reader(read_range)
 
     def byte_spans(self, k: int) -> list[tuple[str, int, int]]:
         """(token file, start, end) of the byte ranges window ``k`` reads."""
@@ -455,6 +460,11 @@ class BlendedTokenDataset:
     @property
     def remote(self) -> bool:
         return any(d.remote for d in self.datasets)
+
+    def use_range_reader(self, read_range: RangeReader) -> None:
+        """Read remote token bytes of every blended dataset with ``read_range``."""
+        for dataset in self.datasets:
+            dataset.use_range_reader(read_range)
 
     def byte_spans(self, k: int) -> list[tuple[str, int, int]]:
         d, j = self.locate(k)

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from energon.megatron import blend_native
+
 SPLIT_NAMES = ("train", "valid", "test")
 SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 INT32_MAX = np.iinfo(np.int32).max
@@ -230,8 +232,6 @@ def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndar
     size = int(size)
     if len(w) == 0:
         raise ValueError("a blend needs at least one weight")
-    from energon.megatron import blend_native
-
     lib = blend_native.load()
     if lib is not None:
         return blend_native.blend(lib, w, size)
@@ -243,8 +243,6 @@ def build_exhaustive_blending_indices(sizes: Sequence[int]) -> tuple[np.ndarray,
     sizes_arr = np.asarray(sizes, dtype=np.int64)
     total = int(sizes_arr.sum())
     w = sizes_arr / float(total)
-    from energon.megatron import blend_native
-
     lib = blend_native.load()
     if lib is not None:
         return blend_native.blend_exhaustive(lib, w, sizes_arr)

@@ -18,12 +18,16 @@ import mmap
 import os
 import shutil
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from energon import epath
 from energon.errors import EnergonError
+from energon.remote import RemoteNotFoundError
+
+RangeReader = Callable[[str, int, int], bytes]  # (url, start, end) -> bytes [start, end) of url
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -239,10 +243,23 @@ class IndexedTokens:
         self.prefix = os.fspath(prefix)
         self._known = (num_sequences, num_documents_plus_one, dtype)
         self._arrays: dict[str, Any] | None = None
+        self._read_range: RangeReader = epath.read_range
 
-    # -- pickling: only paths and known sizes travel into workers ----------------------------------
+    def use_range_reader(self, read_range: RangeReader) -> None:
+        """Read a remote ``.bin`` with ``read_range`` (e.g. through a cache of prefetched chunks)
+        instead of one plain ranged GET per slice; it must pickle (a module-level function)."""
+        self._read_range = read_range
+        if self._arrays is not None:
+            self._arrays["bin"] = None
+
+    # -- pickling: only paths, known sizes and the reader travel into workers ---------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "_known": self._known, "_arrays": None}
+        return {
+            "prefix": self.prefix,
+            "_known": self._known,
+            "_arrays": None,
+            "_read_range": self._read_range,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -258,16 +275,12 @@ class IndexedTokens:
     def remote(self) -> bool:
         """The prefix is in object storage: ``.idx`` through the local cache, ``.bin`` by ranged
         reads (see :class:`RemoteTokenFile`)."""
-        from energon import epath
-
         return epath.is_remote(self.prefix)
 
     def _open(self) -> dict[str, Any]:
         path = idx_path(self.prefix)
         try:
             if self.remote:
-                from energon import epath
-
                 path = epath.local_copy(path)
             with open(path, "rb") as f:
                 buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -348,7 +361,7 @@ class IndexedTokens:
             if size == 0:
                 arrays["bin"] = np.zeros(0, dtype=arrays["dtype"])
             elif self.remote:
-                arrays["bin"] = RemoteTokenFile(path, arrays["dtype"])
+                arrays["bin"] = RemoteTokenFile(path, arrays["dtype"], self._read_range)
             else:
                 arrays["bin"] = np.memmap(path, dtype=arrays["dtype"], mode="r")
         return arrays["bin"]
@@ -414,11 +427,7 @@ class IndexedTokens:
 
 
 def _file_size(path: str) -> int | None:
-    from energon import epath
-
     if epath.is_remote(path):
-        from energon.remote import RemoteNotFoundError
-
         try:
             return epath.stat(path)[0]
         except RemoteNotFoundError:
@@ -428,17 +437,17 @@ def _file_size(path: str) -> int | None:
 
 class RemoteTokenFile:
     """A ``.bin`` in object storage that slices like the memory map it stands in for: ``f[a:b]``
-    is one ranged read (through the process's chunk cache, so hinted windows are prefetched)."""
+    is one ranged read through ``read_range`` (a token leaf passes its chunk cache, so hinted
+    windows are prefetched)."""
 
-    def __init__(self, url: str, dtype: np.dtype) -> None:
+    def __init__(self, url: str, dtype: np.dtype, read_range: RangeReader = epath.read_range):
         self.url = url
         self.dtype = np.dtype(dtype)
+        self.read_range = read_range
 
     def __getitem__(self, window: slice) -> np.ndarray:
-        from energon.source.shard_reader import shard_reader
-
         size = self.dtype.itemsize
-        data = shard_reader().read(self.url, window.start * size, window.stop * size)
+        data = self.read_range(self.url, window.start * size, window.stop * size)
         return np.frombuffer(data, dtype=self.dtype)
 
 

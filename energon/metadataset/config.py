@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from energon.format.typeref import ENERGON_MODULE_ALIASES
+from energon.megatron.gpt_indices import parse_split
 
 
 class MetadatasetError(ValueError):
@@ -429,8 +430,6 @@ def _check_split_string(value: Any) -> bool:
         return True
     if not isinstance(value, str):
         return False
-    from energon.megatron.gpt_indices import parse_split
-
     try:
         parse_split(value)
     except ValueError:

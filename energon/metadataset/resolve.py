@@ -14,7 +14,12 @@ import os
 import warnings
 from typing import Any
 
+import yaml
+
 from energon import epath
+from energon.format.join_index import cache_dir, join_index_name, resolve_join_member
+from energon.format.typeref import resolve_class
+from energon.megatron.gpt_dataset import GPTConfig
 from energon.metadataset.config import (
     TOKEN_CONFIG_PATHS,
     Blend,
@@ -26,6 +31,9 @@ from energon.metadataset.config import (
     parse_metadataset,
     parse_token_config,
 )
+from energon.source.join import JoinSpec
+from energon.source.kinds import detect_kind, open_leaf
+from energon.source.leaf import LeafDataset
 
 TINY_WEIGHT = 1e-3
 
@@ -34,7 +42,7 @@ TINY_WEIGHT = 1e-3
 class Source:
     """One leaf dataset as the plan sees it: which samples, with what weight or repetitions."""
 
-    leaf: Any
+    leaf: LeafDataset
     start: int
     end: int
     weight: float = 1.0
@@ -202,9 +210,7 @@ def _resolve_node(node: Any, ctx: _Context) -> Resolved:
     if isinstance(node, Blend):
         return _resolve_blend(node, ctx)
     if isinstance(node, Join):
-        from energon.metadataset.join import resolve_join
-
-        return Resolved([resolve_join(node, ctx)], "none")
+        return Resolved([_resolve_join(node, ctx)], "none")
     return _resolve_reference(node, ctx)
 
 
@@ -292,77 +298,36 @@ def _resolve_reference(ref: Reference, ctx: _Context) -> Resolved:
     return Resolved([source], "none")
 
 
-def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any:
-    if path.endswith(".jsonl"):
-        from energon.source.jsonl import JsonlLeaf
-
-        return JsonlLeaf.open(path, subflavors=ctx.subflavors)
-    if _is_token_prefix(path):
-        return _open_token_leaf(path, split_part, ctx, ref.where)
-    if ref.token_config:
+def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> LeafDataset:
+    kind = detect_kind(path)
+    if ref.token_config and kind != "tokens":
         raise MetadatasetError(
             f"{ref.where}: token_config is only for Megatron token prefixes (<prefix>.bin and "
             f"<prefix>.idx), but {path} is not one"
         )
-    if not epath.exists(path):
-        raise FileNotFoundError(f"dataset {path} does not exist")
-    nv_meta = epath.join(path, ".nv-meta")
-    if not (
-        epath.is_file(epath.join(nv_meta, ".info.json"))
-        or epath.is_file(epath.join(nv_meta, ".info.yaml"))
-    ):
-        raise FileNotFoundError(
-            f"{path} is not a prepared dataset (no .nv-meta/.info.json): run `energon prepare {path}`"
-        )
-    from energon.source.leaf import WebdatasetLeaf
-
-    return WebdatasetLeaf.open(
-        path,
-        split_part=split_part,
-        split_config=ref.split_config or ctx.split_config,
-        dataset_config=ref.dataset_config or ctx.dataset_config or "dataset.yaml",
-        subflavors=ctx.subflavors,
-    )
-
-
-def _is_token_prefix(path: str) -> bool:
-    """``<path>.idx`` and ``<path>.bin`` exist (locally, or as remote objects)."""
-    if epath.is_remote(path):
-        return path.rsplit("/", 1)[-1] != "" and epath.is_file(path + ".idx")
-    return os.path.exists(path + ".idx") and os.path.exists(path + ".bin")
-
-
-_MEGATRON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "test": "test"}
-
-
-def _open_token_leaf(prefix: str, split_part: str, ctx: _Context, where: str = "") -> Any:
-    """A Megatron ``.bin/.idx`` prefix: GPT windows of megatron-core's sample index for the split.
-
-    The settings are the ``token_config=`` argument (a GPTConfig or mapping) overridden field by
-    field by the YAML's ``token_config`` mappings (metadataset top level, blends, the entry itself).
-    """
-    where = f"{where} ({prefix})" if where else prefix
-    if split_part not in _MEGATRON_SPLITS:
-        raise MetadatasetError(
-            f"{where}: token datasets have splits train, val and test, not {split_part!r}"
-        )
-    config = _token_config(ctx, where)
-    from energon.megatron.token_leaf import TokenLeaf
-
-    try:
-        return TokenLeaf.from_blend(
-            [prefix],
-            config=config,
-            split=_MEGATRON_SPLITS[split_part],
+    if kind != "tokens":
+        return open_leaf(
+            path,
+            kind=kind,
+            split_part=split_part,
             subflavors=ctx.subflavors,
+            split_config=ref.split_config or ctx.split_config,
+            dataset_config=ref.dataset_config or ctx.dataset_config,
+        )
+    # a Megatron .bin/.idx prefix: GPT windows of megatron-core's sample index for the split
+    where = f"{ref.where} ({path})" if ref.where else path
+    config = _token_config(ctx, where)
+    try:
+        return open_leaf(
+            path, kind=kind, split_part=split_part, subflavors=ctx.subflavors, token_config=config
         )
     except ValueError as e:
         raise MetadatasetError(f"{where}: {e}") from e
 
 
-def _token_config(ctx: _Context, where: str) -> Any:
-    from energon.megatron.gpt_dataset import GPTConfig
-
+def _token_config(ctx: _Context, where: str) -> GPTConfig:
+    """The ``token_config=`` argument (a GPTConfig or mapping) overridden field by field by the
+    YAML's ``token_config`` mappings (metadataset top level, blends, the entry itself)."""
     base = ctx.token_config
     if isinstance(base, dict):
         base = parse_token_config(base, "token_config argument")
@@ -391,6 +356,33 @@ def _token_config(ctx: _Context, where: str) -> Any:
     return GPTConfig(**merged)
 
 
+def _resolve_join(node: Join, ctx: _Context) -> Source:
+    """A source over the prepared join index of ``node`` (built by ``energon prepare mix.yaml``)."""
+    split_part = node.split_part or ctx.split_part
+    members = [resolve_join_member(m, ctx.base_dir, split_part) for m in node.members]
+    if not ctx.mds_path:
+        raise MetadatasetError("joins are only supported inside a metadataset YAML file")
+    index_path = os.path.join(cache_dir(ctx.mds_path), join_index_name(members))
+    joiner = None
+    if node.joiner is not None:
+        name = node.joiner.get("__class__") or node.joiner.get("__function__")
+        joiner = resolve_class(node.joiner.get("__module__", "energon"), name, where=ctx.mds_path)
+    leaf = open_leaf(
+        JoinSpec(tuple(members), index_path, joiner),
+        split_part=split_part,
+        subflavors={**node.subflavors, **ctx.subflavors},
+    )
+    start, end = _apply_subsets(0, len(leaf), node.subset, ctx.ratios)
+    return Source(
+        leaf=leaf,
+        start=start,
+        end=end,
+        weight=ctx.weight,
+        repetitions=ctx.repetitions,
+        shuffle_over_epochs=_combine_shuffle(ctx.shuffle, node.shuffle_over_epochs_multiplier),
+    )
+
+
 def _apply_subsets(
     start: int, end: int, own: Subset | None, ratios: tuple[Subset, ...]
 ) -> tuple[int, int]:
@@ -414,8 +406,6 @@ def _load_metadataset(path: str) -> Any:
     """A metadataset YAML, local or remote (a remote one resolves relative paths remotely)."""
     if not epath.is_remote(path):
         return load_metadataset(path)
-    import yaml
-
     try:
         data = yaml.safe_load(epath.read_text(path))
     except yaml.YAMLError as e:

@@ -60,7 +60,7 @@ class PipelineSpec:
 
     def pointer_kinds(self) -> list[str]:
         """The kind of each source's leaf: the tag of its pointer keys (see pipeline/keys.py)."""
-        return [getattr(source.leaf, "kind", "webdataset") for source in self.sources]
+        return [source.leaf.kind for source in self.sources]
 
     def source_rotations(self) -> list[int]:
         """Each source's remainder samples start where the previous source's stopped (balance)."""

@@ -96,8 +96,7 @@ class PrefetchObserver:
 def prefetch_observers(spec: PipelineSpec) -> list[ReadObserver | None]:
     """One observer per source whose leaf lives in object storage (local reads need no hints)."""
     return [
-        PrefetchObserver(source.leaf) if getattr(source.leaf, "remote", False) else None
-        for source in spec.sources
+        PrefetchObserver(source.leaf) if source.leaf.remote else None for source in spec.sources
     ]
 
 
@@ -193,7 +192,7 @@ def _user_defined(te: TaskEncoder, hook: str) -> bool:
 
 def _cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
     """For crude sources with a matching cooker: sample -> cooked sample (aux stores attached)."""
-    if getattr(source.leaf.builder, "kind", None) != "crude":
+    if source.leaf.builder.kind != "crude":
         if source.aux:
             raise ValueError(
                 f"{source.leaf.root}: aux data sources are only allowed for crude datasets"

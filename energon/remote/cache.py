@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from energon import epath
+from energon.remote.store import RemoteStore
 
 
 def cache_dir() -> Path:
@@ -31,19 +31,20 @@ def cache_dir() -> Path:
 _validated: dict[tuple[int, str], str] = {}  # (pid, url) -> local copy checked in this process
 
 
-def local_copy(url: str) -> str:
-    """A local file with the current content of the remote object ``url``; checked against the
-    remote size and ETag once per process (index files do not change under a running job)."""
+def local_copy(url: str, store: RemoteStore) -> str:
+    """A local file with the current content of the remote object ``url`` (read through ``store``);
+    checked against the remote size and ETag once per process (index files do not change under a
+    running job)."""
     known = _validated.get((os.getpid(), url))
     if known is not None and os.path.exists(known):
         return known
-    path = _fresh_local_copy(url)
+    path = _fresh_local_copy(url, store)
     _validated[(os.getpid(), url)] = path
     return path
 
 
-def _fresh_local_copy(url: str) -> str:
-    size, etag = epath.stat(url)
+def _fresh_local_copy(url: str, store: RemoteStore) -> str:
+    size, etag = store.head(url)
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     stem = hashlib.sha256(url.encode()).hexdigest()
@@ -51,7 +52,7 @@ def _fresh_local_copy(url: str) -> str:
     wanted = {"url": url, "size": size, "etag": etag}
     if _is_current(data_path, note_path, wanted):
         return str(data_path)
-    _atomic_write(data_path, epath.read_range(url, 0, size))
+    _atomic_write(data_path, store.read_range(url, 0, size))
     _atomic_write(note_path, json.dumps(wanted).encode())
     return str(data_path)
 

@@ -3,7 +3,8 @@
 A profile names a storage backend in the multi-storage-client configuration (the file named by
 ``MSC_CONFIG``, else msc's usual search paths): an S3-compatible bucket, a POSIX folder, GCS, Azure,
 ... The functions here mirror :mod:`energon.remote.s3` (``head``, ``read_range``, ``download``,
-``write_bytes``, ``list_keys``, ...), so :mod:`energon.epath` treats both schemes alike.
+``write_bytes``, ``list_keys``, ...): both modules implement
+:class:`energon.remote.store.RemoteStore`, so :mod:`energon.epath` treats both schemes alike.
 
 Retries: every request goes through :func:`energon.remote.retry.with_retries` and is counted in
 :data:`energon.remote.stats.STATS`. msc's own retry loop is switched off (the profile's ``retry``
@@ -28,10 +29,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from energon import epath
 from energon.remote.forksafe import ForkSafeLock
 from energon.remote.retry import RemoteError, RemoteNotFoundError, is_throttling, with_retries
 from energon.remote.stats import STATS
+from energon.remote.store import split_url
 
 T = TypeVar("T")
 
@@ -57,9 +58,6 @@ _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _lock = ForkSafeLock()
 _clients: dict[tuple[str, int], Any] = {}
 _secrets: set[str] = set()
-
-
-split_url = epath.split_remote  # msc://profile/path -> (profile, path)
 
 
 def _import_msc():

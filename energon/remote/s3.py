@@ -1,4 +1,5 @@
-"""S3 operations with retries, resumable ranged reads and counters.
+"""S3 operations with retries, resumable ranged reads and counters (a
+:class:`~energon.remote.store.RemoteStore`).
 
 The boto3 client is created lazily, once per process (keyed by pid, so a forked worker makes its
 own) and configured the usual way: ``AWS_*`` environment variables, ``AWS_ENDPOINT_URL``, profiles.
@@ -12,18 +13,15 @@ import os
 import uuid
 from collections.abc import Iterator
 
-from energon import epath
 from energon.remote import s3_fast_get
 from energon.remote.forksafe import ForkSafeLock
 from energon.remote.retry import RemoteError, with_retries
 from energon.remote.stats import STATS
+from energon.remote.store import split_url
 
 _CHUNK = 1 << 20
 _client_lock = ForkSafeLock()
 _client: tuple[int, object] | None = None
-
-
-split_url = epath.split_remote  # s3://bucket/key -> (bucket, key)
 
 
 def client():

@@ -16,7 +16,11 @@ from typing import Any
 import yaml
 
 from energon import epath
+from energon.format.layout import MAIN_FOLDER_NAME
 from energon.format.typeref import resolve_class
+from energon.samples import CrudeSample, Sample
+from energon.source.fieldmap import resolve_field_map
+from energon.source.sample_loader import load_part_filter, load_sample_loader
 
 ACCEPTED_KEYS = {
     "sample_type",
@@ -84,8 +88,6 @@ class SampleBuilder:
             parts["__key__"] = base["__key__"]
             return self.sample_type(**base, **self.field_map.apply(parts))
         if self.kind == "crude":
-            from energon.samples import CrudeSample
-
             return CrudeSample({**parts, **base, "__shard__": shard_name})
         loaded = dict(self.sample_loader({**parts, **base, "__shard__": shard_name}))
         for name in _FRAMEWORK_FIELDS:
@@ -145,8 +147,6 @@ def _resolve_sample_type(ref: Any, where: str) -> type:
             f"{where}: 'sample_type' must be a mapping with __module__ and __class__, got {ref!r}"
         )
     cls = resolve_class(ref.get("__module__", "energon"), ref["__class__"], where=where)
-    from energon.samples import Sample
-
     if not (isinstance(cls, type) and issubclass(cls, Sample)):
         raise DatasetConfigError(
             f"{where}: sample_type {ref['__class__']!r} is not a Sample subclass"
@@ -166,8 +166,6 @@ def _builder_for_sample_type(
     if has_map:
         if data.get("part_filter") is not None:
             raise DatasetConfigError(f"{where}: 'part_filter' cannot be combined with 'field_map'")
-        from energon.source.fieldmap import resolve_field_map
-
         try:
             field_map = resolve_field_map(data["field_map"], sample_type)
         except (TypeError, ValueError) as e:
@@ -179,9 +177,7 @@ def _builder_for_sample_type(
             subflavors=subflavors,
             split_config=split_config,
         )
-    from energon.source.sample_loader import load_part_filter, load_sample_loader
-
-    nv_meta = epath.join(root, ".nv-meta")
+    nv_meta = epath.join(root, MAIN_FOLDER_NAME)
     if data.get("part_filter") is None:
         raise DatasetConfigError(f"{where}: 'sample_loader' needs a 'part_filter'")
     return SampleBuilder(
@@ -203,9 +199,7 @@ def _parse_class_style(
             raise DatasetConfigError(f"{where}: CrudeWebdataset does not accept {sorted(unknown)}")
         part_filter = None
         if data.get("part_filter") is not None:
-            from energon.source.sample_loader import load_part_filter
-
-            part_filter = load_part_filter(epath.join(root, ".nv-meta"), data["part_filter"])
+            part_filter = load_part_filter(epath.join(root, MAIN_FOLDER_NAME), data["part_filter"])
         return SampleBuilder(
             "crude",
             part_filter=part_filter,

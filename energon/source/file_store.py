@@ -15,6 +15,13 @@ from typing import Any
 
 from energon import epath
 from energon.errors import SampleException
+from energon.format.info import read_info
+from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
+from energon.format.tar import split_member_name
+from energon.media import MediaMetadataReader
+from energon.samples import SourceInfo, add_source_info
+from energon.source.shard_reader import shard_reader
+from energon.source.webdataset import tar_byte_index
 
 
 class FileStore:
@@ -24,8 +31,6 @@ class FileStore:
         raise NotImplementedError
 
     def get(self, name: str, sample: Any = None) -> Any:
-        from energon.samples import add_source_info
-
         data, source = self[name]
         if sample is not None:
             add_source_info(sample, source)
@@ -40,8 +45,6 @@ class FileStore:
         readers = self.__dict__.setdefault("_media_readers", {})
         root = self.get_path()
         if root not in readers:
-            from energon.media import MediaMetadataReader
-
             readers[root] = MediaMetadataReader(root)
         return readers[root].get(key)
 
@@ -62,8 +65,6 @@ class SystemFileStore(FileStore):
         return path
 
     def __getitem__(self, name: str) -> tuple[bytes, Any]:
-        from energon.samples import SourceInfo
-
         path = self._path(name)
         try:
             data = epath.read_bytes(path)
@@ -82,14 +83,13 @@ class WebdatasetFileStore(FileStore):
 
     def __init__(self, root: str) -> None:
         self.root = epath.normalize(root)
-        db_path = epath.join(self.root, ".nv-meta", "index.sqlite")
+        db_path = epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
         if not epath.exists(db_path):
             raise FileNotFoundError(
-                f"{self.root} has no .nv-meta/index.sqlite: prepare it with `energon prepare`"
+                f"{self.root} has no {MAIN_FOLDER_NAME}/{INDEX_SQLITE_FILENAME}: prepare it with "
+                "`energon prepare`"
             )
         db_path = epath.local_copy(db_path)  # remote: a validated copy in the local cache
-        from energon.format.info import read_info
-
         self._shards = list(read_info(self.root))
         self._db_path = db_path
         self._local = threading.local()
@@ -112,10 +112,6 @@ class WebdatasetFileStore(FileStore):
         return db
 
     def __getitem__(self, name: str) -> tuple[bytes, Any]:
-        from energon.format.tar import split_member_name
-        from energon.samples import SourceInfo
-        from energon.source.shard_reader import shard_reader
-
         split = split_member_name(name)
         if split is None:
             raise SampleException(f"{name!r} is not a '<sample key>.<part>' entry name")
@@ -134,7 +130,9 @@ class WebdatasetFileStore(FileStore):
             raise SampleException(f"{self.root}: no entry {name!r}")
         shard_id, offset, size = row
         shard = self._shards[shard_id]
-        data = shard_reader().read(epath.join(self.root, shard), offset, offset + size)
+        data = shard_reader().read(
+            epath.join(self.root, shard), offset, offset + size, tar_byte_index
+        )
         return data, SourceInfo(
             dataset_path=self.root, index=name, shard_name=shard, file_names=(name,)
         )

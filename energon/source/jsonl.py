@@ -1,72 +1,28 @@
-"""Indexed JSONL datasets: one JSON object per line, random access through ``<file>.jsonl.idx``.
+"""The JSONL leaf: one indexed JSONL file, one JSON object per record, read by record index.
 
-The index is the reference's: uint64 little-endian start offsets of every record plus a final entry
-equal to the file size. Blank lines belong to the record before them. Samples are crude dicts with the
-parsed object under ``json`` (cook them with a task encoder's cookers).
+Records are located through ``<file>.jsonl.idx`` (see :mod:`energon.format.jsonl`, which also
+prepares it) and read with one pread or ranged GET each. Samples are crude dicts with the parsed
+object under ``json`` (cook them with a task encoder's cookers).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from typing import Any
 
 import numpy as np
 
 from energon import epath
 from energon.errors import SampleException
-from energon.source.shard_reader import shard_reader
+from energon.format.jsonl import JsonlFormatError, jsonl_index_path
+from energon.samples import CrudeSample, SourceInfo
+from energon.source.shard_reader import RecordOffsets, shard_reader
 
 
-class JsonlFormatError(ValueError):
-    """The JSONL file or its index is malformed (names the file and line or offset)."""
-
-
-def jsonl_index_path(path: str) -> str:
-    return path[: -len(".jsonl")] + ".jsonl.idx" if path.endswith(".jsonl") else path + ".idx"
-
-
-def prepare_jsonl(path: str | os.PathLike, *, progress: bool = False) -> int:
-    """Write ``<file>.jsonl.idx`` (atomically) and return the number of records.
-
-    A remote file is streamed into a temporary local copy once, and the index is uploaded next to
-    it (through a temporary object)."""
-    path = os.fspath(path)
-    if epath.is_remote(path):
-        with tempfile.TemporaryDirectory(prefix="energon-jsonl-") as tmp:
-            local = os.path.join(tmp, "data.jsonl")
-            epath.download(path, local)
-            offsets = _record_offsets(local, name=path)
-    else:
-        offsets = _record_offsets(path, name=path)
-    epath.write_bytes(jsonl_index_path(path), np.asarray(offsets, dtype="<u8").tobytes())
-    if progress:
-        print(f"Done. Found {len(offsets) - 1} samples.")
-    return len(offsets) - 1
-
-
-def _record_offsets(local_path: str, *, name: str) -> list[int]:
-    """Start offset of every record plus the file size (blank lines join the record before)."""
-    offsets: list[int] = []
-    position = 0
-    line_number = 0
-    with open(local_path, "rb") as f:
-        for line in f:
-            line_number += 1
-            stripped = line.strip()
-            if stripped:
-                if not (stripped.startswith(b"{") and stripped.endswith(b"}")):
-                    raise JsonlFormatError(
-                        f"{name}: line {line_number} (byte offset {position}) is not a JSON object"
-                    )
-                offsets.append(position if offsets else 0)
-            position += len(line)
-    if not offsets:
-        raise JsonlFormatError(f"{name}: no records found")
-    offsets.append(position)
-    return offsets
+def jsonl_byte_index(path: str) -> RecordOffsets:
+    """The record offsets of a JSONL file (a remote index through its local copy)."""
+    return RecordOffsets(np.memmap(epath.local_copy(jsonl_index_path(path)), dtype="<u8", mode="r"))
 
 
 @dataclasses.dataclass
@@ -78,6 +34,8 @@ class _CrudeBuilder:
 
 class JsonlLeaf:
     """A whole JSONL file as one leaf (JSONL has no splits: every split part is the whole file)."""
+
+    kind = "jsonl"
 
     def __init__(self, path: str, count: int, subflavors: dict[str, Any]) -> None:
         self.root = path
@@ -120,16 +78,14 @@ class JsonlLeaf:
 
     def prefetch(self, first: int, end: int, later: bool = False) -> None:
         """Hint that records ``[first, end)`` will be read soon (fetched in the background)."""
-        shard_reader().prefetch(self.path, first, min(end, self.count), later)
+        shard_reader().prefetch(self.path, first, min(end, self.count), jsonl_byte_index, later)
 
     def read_line(self, index: int) -> bytes:
         reader = shard_reader()
-        start, end = reader.byte_range(self.path, index)
-        return reader.read(self.path, start, end)
+        start, end = reader.byte_range(self.path, index, jsonl_byte_index)
+        return reader.read(self.path, start, end, jsonl_byte_index)
 
     def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
-        from energon.samples import CrudeSample, SourceInfo
-
         raw = self.read_line(index)
         name = epath.basename(self.path)
         try:

@@ -1,232 +1,96 @@
-"""A leaf dataset: one split of one prepared WebDataset, readable by global sample index.
+"""The leaf-dataset contract: what the plan, the pipeline, the loader and the metadataset resolver
+may use of one leaf dataset.
 
-The leaf is a small, picklable description (paths and counts); files are opened lazily in the process
-that reads. Reading a sample is: locate its shard (binary search over cumulative counts), read its byte
-range through the tar index with one ``pread``, split it into members, decode the wanted parts, build
-the sample. Errors name the dataset, shard, sample key and byte offset.
+A leaf is one readable unit of data: a split of a prepared WebDataset, a JSONL file, a join of
+prepared datasets, or the GPT windows of Megatron token files. :func:`energon.source.kinds.open_leaf`
+decides which class serves a path (once), and the object carries that decision as ``kind``.
+Leaves are small and picklable (paths and counts): they travel into worker processes and open
+their files lazily there.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
-import os
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from energon import epath
-from energon.errors import EmptyDatasetError, SampleException
-from energon.format.info import read_info
-from energon.format.split import read_split
-from energon.format.tar import split_member_name, split_sample_bytes
-from energon.samples import SourceInfo
-from energon.source.dataset_config import SampleBuilder, load_sample_builder
-from energon.source.shard_reader import cumulative_starts, shard_reader
+#: The values of ``LeafDataset.kind``.
+LEAF_KINDS = ("webdataset", "jsonl", "join", "tokens")
 
 
-class SampleReadError(SampleException):
-    """A sample's bytes could not be read, split or decoded."""
-
-
-@dataclasses.dataclass
-class WebdatasetLeaf:
-    root: str
-    split_part: str
-    shard_names: list[str]
-    shard_counts: list[int]
-    builder: SampleBuilder
-    excluded: frozenset[int] = frozenset()
-    subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.starts = cumulative_starts(self.shard_counts)
-        self._starts_list = [int(s) for s in self.starts]
-        self._shard_paths = [epath.join(self.root, name) for name in self.shard_names]
-
-    @classmethod
-    def open(
-        cls,
-        root: str | os.PathLike,
-        *,
-        split_part: str,
-        split_config: str | None = None,
-        dataset_config: str = "dataset.yaml",
-        subflavors: dict[str, Any] | None = None,
-        builder: SampleBuilder | None = None,
-    ) -> WebdatasetLeaf:
-        """Read ``.nv-meta`` once and describe the split ``split_part``."""
-        root = epath.normalize(root)
-        if builder is None:
-            builder = load_sample_builder(root, dataset_config)
-        split = read_split(root, split_config or builder.split_config or "split.yaml")
-        counts_by_shard = read_info(root)
-        shard_names = split.shards(split_part)
-        missing = [s for s in shard_names if s not in counts_by_shard]
-        if missing:
-            raise ValueError(
-                f"{root}: split {split_part!r} lists shards that are not in .nv-meta/.info.json: "
-                f"{missing[:5]} (re-run `energon prepare`)"
-            )
-        counts = [counts_by_shard[s] for s in shard_names]
-        if not shard_names or sum(counts) == 0:
-            raise EmptyDatasetError(f"{root}: split {split_part!r} has no samples")
-        leaf = cls(
-            root=root,
-            split_part=split_part,
-            shard_names=shard_names,
-            shard_counts=counts,
-            builder=builder,
-            subflavors={**builder.subflavors, **(subflavors or {})},
-        )
-        leaf.excluded = leaf._resolve_sample_excludes(split.sample_excludes())
-        return leaf
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
+@runtime_checkable
+class LeafBuilder(Protocol):
+    """How a leaf turns raw parts into samples, as far as the loader needs to know."""
 
     @property
-    def shard_starts(self) -> list[int]:
-        return self._starts_list[:-1]
+    def kind(self) -> str:
+        """``"crude"`` for plain dicts that cookers turn into samples; otherwise how samples are
+        built (``"field_map"``, ``"sample_loader"``, ``"joined"``, ``"tokens"``)."""
+        ...
 
-    def locate(self, index: int) -> tuple[int, int]:
-        """(shard number, index inside the shard) of a global sample index."""
-        if not 0 <= index < len(self):
-            raise IndexError(f"sample index {index} out of range [0, {len(self)}) in {self.root}")
-        shard = bisect.bisect_right(self._starts_list, index) - 1
-        return shard, index - self._starts_list[shard]
+    @property
+    def sample_type(self) -> type | None:
+        """The sample class every sample is an instance of, or None (dicts, joiner functions)."""
+        ...
 
-    def shard_path(self, shard: int) -> str:
-        return self._shard_paths[shard]
+
+@runtime_checkable
+class LeafDataset(Protocol):
+    """One leaf dataset, readable by global sample index ``0 <= index < len(leaf)``."""
+
+    @property
+    def kind(self) -> str:
+        """One of :data:`LEAF_KINDS`."""
+        ...
+
+    @property
+    def root(self) -> str:
+        """The dataset's path (or name, for token blends), used in messages and statistics."""
+        ...
+
+    @property
+    def split_part(self) -> str:
+        """The split this leaf reads (``""`` where the format has no splits)."""
+        ...
+
+    @property
+    def subflavors(self) -> dict[str, Any]:
+        """Merged subflavors, copied into every sample's ``__subflavors__``."""
+        ...
+
+    @property
+    def builder(self) -> LeafBuilder: ...
+
+    @property
+    def excluded(self) -> frozenset[int]:
+        """Indices the plan skips (sample excludes of the split)."""
+        ...
+
+    @property
+    def shard_starts(self) -> Sequence[int]:
+        """Start index of each shard in the leaf's index space; the plan cuts slices there."""
+        ...
 
     @property
     def remote(self) -> bool:
-        """Shards live in object storage (reads benefit from :meth:`prefetch` hints)."""
-        return epath.is_remote(self.root)
+        """Data lives in object storage: readers send :meth:`prefetch` hints."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
+        """Read, decode and build sample ``index``; per-sample problems raise
+        :class:`~energon.errors.SampleException` subclasses naming file, key and offset."""
+        ...
 
     def prefetch(self, first: int, end: int, later: bool = False) -> None:
         """Hint that samples ``[first, end)`` will be read soon (``later``: after the ranges hinted
-        without it); remote shards fetch them on background threads (:mod:`energon.source.prefetch`)."""
-        reader = shard_reader()
-        while first < end:
-            shard, inner = self.locate(first)
-            count = min(end, self._starts_list[shard + 1]) - first
-            reader.prefetch(self._shard_paths[shard], inner, inner + count, later)
-            first += count
-
-    def read_members(self, index: int) -> tuple[list[tuple[str, memoryview]], int, int]:
-        """(members, shard number, byte offset) of one sample: one pread through the tar index."""
-        shard, inner = self.locate(index)
-        path = self._shard_paths[shard]
-        reader = shard_reader()
-        start, end = reader.byte_range(path, inner)
-        members = split_sample_bytes(reader.read(path, start, end), base_offset=start, path=path)
-        if not members:
-            raise SampleReadError(
-                f"{path} at byte offset {start}: sample {inner} has no file members"
-            )
-        return members, shard, start
-
-    def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
-        """Read, decode and build sample ``index``."""
-        members, shard, offset = self.read_members(index)
-        shard_name = self.shard_names[shard]
-        key = None
-        try:
-            key, parts = self._decode_parts(members, decoder)
-            base = {
-                "__key__": key,
-                "__restore_key__": restore_key,
-                "__subflavors__": dict(self.subflavors),
-                "__sources__": (
-                    SourceInfo(
-                        dataset_path=self.root,
-                        index=index,
-                        shard_name=shard_name,
-                        file_names=tuple(name for name, _ in members),
-                    ),
-                ),
-            }
-            return self.builder.build(parts, base, shard_name)
-        except Exception as e:
-            key = key if key is not None else _first_key(members)
-            where = (
-                f"{self._shard_paths[shard]} sample {key!r} (index {index}) at byte offset {offset}"
-            )
-            if isinstance(e, SampleException):
-                raise SampleReadError(f"{where}: {e}") from e
-            raise SampleReadError(f"{where}: {type(e).__name__}: {e}") from e
-
-    def _decode_parts(
-        self, members: list[tuple[str, memoryview]], decoder: Any
-    ) -> tuple[str, dict[str, Any]]:
-        """(sample key, decoded wanted parts); all members must belong to one sample."""
-        parts: dict[str, Any] = {}
-        key = None
-        wants = self.builder.wants_part
-        for name, payload in members:
-            split = split_member_name(name)
-            if split is None:
-                continue
-            member_key, part = split
-            if key is None:
-                key = member_key
-            elif member_key != key:
-                raise SampleReadError(
-                    f"members of two samples ({key!r}, {member_key!r}) in one index entry: the "
-                    "tar index does not match the shard; re-run `energon prepare`"
-                )
-            if wants(part):
-                raw = bytes(payload)
-                parts[part] = (
-                    decoder.decode_part(part, raw, key=key) if decoder is not None else raw
-                )
-        if key is None:
-            raise SampleReadError("no sample members with a key")
-        return key, parts
-
-    def _resolve_sample_excludes(self, excludes: set[tuple[str, str]]) -> frozenset[int]:
-        """Global indices of ``<shard>/<key>`` excludes (looked up in the sqlite index once)."""
-        if not excludes:
-            return frozenset()
-        import sqlite3
-
-        wanted = [(s, k) for s, k in excludes if s in self.shard_names]
-        if not wanted:
-            return frozenset()
-        tar_ids = {name: i for i, name in enumerate(read_info(self.root))}
-        sqlite_path = epath.local_copy(epath.join(self.root, ".nv-meta", "index.sqlite"))
-        db = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
-        try:
-            found = set()
-            for shard_name, key in wanted:
-                row = db.execute(
-                    "SELECT sample_index FROM samples WHERE tar_file_id=? AND sample_key=?",
-                    (tar_ids[shard_name], key),
-                ).fetchone()
-                if row is not None:
-                    shard = self.shard_names.index(shard_name)
-                    found.add(self._starts_list[shard] + int(row[0]))
-        finally:
-            db.close()
-        return frozenset(found)
+        without it); a no-op for local data."""
+        ...
 
     def fingerprint(self) -> dict[str, Any]:
-        return {
-            "path": self.root,
-            "split_part": self.split_part,
-            "shards": [[n, c] for n, c in zip(self.shard_names, self.shard_counts)],
-        }
+        """JSON-able identity (path, split, counts); part of the loader state's fingerprint."""
+        ...
 
     def config(self) -> dict[str, Any]:
-        return {
-            **self.fingerprint(),
-            "sample": self.builder.config(),
-            "excluded": len(self.excluded),
-        }
-
-
-def _first_key(members: list[tuple[str, memoryview]]) -> str | None:
-    for name, _ in members:
-        split = split_member_name(name)
-        if split is not None:
-            return split[0]
-    return None
+        """JSON-able description for ``config()`` of datasets and loaders."""
+        ...

@@ -199,15 +199,13 @@ class RemoteChunkCache:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def read(
-        self, path: str, start: int, end: int, offsets: np.ndarray, readahead: bool = True
-    ) -> bytes:
-        """Bytes ``[start, end)`` of a sample of ``path``; ``offsets`` is the shard's tar index.
-        Without ``readahead`` an unhinted read fetches exactly its range (random access)."""
+    def read(self, path: str, start: int, end: int, offsets: np.ndarray | None) -> bytes:
+        """Bytes ``[start, end)`` of a record of ``path``; ``offsets`` are the file's record
+        boundaries. Without them an unhinted read fetches exactly its range (random access)."""
         with self._lock:
             chunk = self._find(path, start, end)
             if chunk is None and not self._overlaps(path, start, end):
-                chunk = self._on_demand(path, start, end, offsets, readahead)  # we fetch it
+                chunk = self._on_demand(path, start, end, offsets)  # we fetch it
             if chunk is not None:
                 self._chunks.move_to_end((path, chunk.start))
                 chunk.hinted = False
@@ -262,12 +260,11 @@ class RemoteChunkCache:
         """Track the typical fetch time (moving average) that sets the hedging delay."""
         self._typical_fetch_s += 0.1 * (seconds - self._typical_fetch_s)
 
-    def _on_demand(
-        self, path: str, start: int, end: int, offsets: np.ndarray, readahead: bool = True
-    ) -> _Chunk:
-        """A chunk from ``start`` to the last sample boundary within ON_DEMAND_BYTES, stopping
-        before the next cached chunk (so chunks never overlap)."""
-        if not readahead:
+    def _on_demand(self, path: str, start: int, end: int, offsets: np.ndarray | None) -> _Chunk:
+        """A chunk from ``start`` to the last record boundary within ON_DEMAND_BYTES, stopping
+        before the next cached chunk (so chunks never overlap); exactly the range without
+        ``offsets``."""
+        if offsets is None:
             self._make_room(end - start, hinted_only=False)
             return self._add(path, start, end, hinted=False)
         limit = start + max(ON_DEMAND_BYTES, end - start)

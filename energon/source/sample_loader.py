@@ -14,6 +14,8 @@ import types
 from collections.abc import Callable, Collection
 from typing import Any
 
+from energon import epath
+
 __all__ = [
     "PartNameFilter",
     "ScriptFunction",
@@ -29,8 +31,6 @@ _MODULES_LOCK = threading.Lock()
 def _read_text(path: Any) -> str:
     if hasattr(path, "read_text"):
         return path.read_text()
-    from energon import epath
-
     return epath.read_text(str(path))  # local or remote (a dataset in object storage)
 
 
@@ -87,8 +87,6 @@ def _script_function(nv_meta_dir: Any, spec: str, default_name: str) -> ScriptFu
     if hasattr(nv_meta_dir, "__truediv__"):
         script = nv_meta_dir / file_name
     else:
-        from energon import epath
-
         script = epath.join(str(nv_meta_dir), file_name)  # a remote URL stays a URL
     function = ScriptFunction(script, function_name or default_name)
     function.resolve()  # fail at dataset build time, not in the first worker

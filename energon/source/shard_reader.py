@@ -1,8 +1,10 @@
-"""Random access to the byte range of one sample in a tar shard or JSONL file (pread / ranged GET
-through the file's byte index).
+"""Random access to byte ranges of data files: pread locally, ranged GETs (with prefetched
+chunks) remotely.
 
-Open file descriptors and memory-mapped indices are cached per process with a small LRU, so a worker
-that reads from many shards keeps a bounded number of files open. Nothing here is pickled: a reader is
+The reader knows no file format. A leaf hands it, with each call, an opener of the file's byte
+index (:class:`ByteIndex`: where each record starts); the reader opens it once and keeps it.
+Open file descriptors and byte indices are cached per process with a small LRU, so a worker that
+reads from many shards keeps a bounded number of files open. Nothing here is pickled: a reader is
 created lazily in each worker process.
 """
 
@@ -10,12 +12,40 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
 from energon import epath
-from energon.format.tar_index import TarIndex, tar_index_path
 from energon.source.prefetch import RemoteChunkCache
+
+
+class ByteIndex(Protocol):
+    """Record boundaries of one file (a tar shard's samples, a JSONL file's lines)."""
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Start of every record plus the end of the last one."""
+        ...
+
+    def byte_range(self, i: int) -> tuple[int, int]:
+        """(start, end) of record ``i``."""
+        ...
+
+
+IndexOpener = Callable[[str], ByteIndex]  # file path -> its byte index
+
+
+class RecordOffsets:
+    """A :class:`ByteIndex` over an array of record offsets (plus the final end)."""
+
+    def __init__(self, offsets: np.ndarray) -> None:
+        self.offsets = offsets
+
+    def byte_range(self, i: int) -> tuple[int, int]:
+        start, end = self.offsets[i : i + 2].tolist()
+        return start, end
 
 
 class _Lru(OrderedDict):
@@ -37,36 +67,8 @@ class _Lru(OrderedDict):
         return value
 
 
-class _Offsets:
-    """Record offsets: a ``.jsonl.idx`` (the same uint64 layout as ``.tar.idx``), or the sequence
-    starts of a token file. Only used for reads, to cut chunks at record boundaries."""
-
-    def __init__(self, offsets: np.ndarray) -> None:
-        self.offsets = offsets
-
-    def byte_range(self, i: int) -> tuple[int, int]:
-        start, end = self.offsets[i : i + 2].tolist()
-        return start, end
-
-
-def _open_index(path: str) -> TarIndex | _Offsets:
-    """The byte index of a shard (``.tar.idx``) or JSONL file (``.jsonl.idx``); a remote index is
-    read from its local cached copy."""
-    if path.endswith(".bin"):  # a Megatron token file: sequences start at the .idx's pointers
-        from energon.megatron.indexed import IndexedTokens
-
-        return _Offsets(IndexedTokens(path[: -len(".bin")]).sequence_pointers)
-    if path.endswith(".jsonl"):
-        from energon.source.jsonl import jsonl_index_path
-
-        index_path = jsonl_index_path(path)
-        return _Offsets(np.memmap(epath.local_copy(index_path), dtype="<u8", mode="r"))
-    index_path = tar_index_path(path)
-    return TarIndex(epath.local_copy(index_path) if epath.is_remote(path) else index_path)
-
-
 class ShardReader:
-    """Reads sample byte ranges of tar shards (local: pread; remote: ranged GETs of prefetched or
+    """Reads byte ranges of data files (local: pread; remote: ranged GETs of prefetched or
     on-demand chunks, see :mod:`energon.source.prefetch`); one per process."""
 
     def __init__(self, max_open: int = 64) -> None:
@@ -83,44 +85,51 @@ class ShardReader:
             self._remote = RemoteChunkCache()
             self._pid = os.getpid()
 
-    def byte_range(self, tar_path: str, sample_in_shard: int) -> tuple[int, int]:
+    def byte_range(self, path: str, record: int, open_index: IndexOpener) -> tuple[int, int]:
+        """(start, end) of record ``record`` of ``path``, from its byte index."""
         self._check_fork()
-        index = self._indices.get_or_open(tar_path, _open_index)
-        return index.byte_range(sample_in_shard)
+        return self._indices.get_or_open(path, open_index).byte_range(record)
 
-    def read(self, tar_path: str, start: int, end: int) -> bytes:
+    def read(self, path: str, start: int, end: int, open_index: IndexOpener | None = None) -> bytes:
+        """Bytes ``[start, end)`` of ``path``. For a remote file, ``open_index`` lets a read that
+        was not prefetched fetch whole records ahead; without it the read fetches exactly its
+        range (files read at random places, such as token files)."""
         self._check_fork()
-        if epath.is_remote(tar_path):
-            return self._read_remote(tar_path, start, end)
-        fd = self._fds.get_or_open(tar_path, lambda p: os.open(p, os.O_RDONLY))
+        if epath.is_remote(path):
+            return self._read_remote(path, start, end, open_index)
+        fd = self._fds.get_or_open(path, lambda p: os.open(p, os.O_RDONLY))
         data = os.pread(fd, end - start, start)
         if len(data) != end - start:
             raise OSError(
-                f"{tar_path}: short read at byte offset {start}: wanted {end - start} bytes, got "
+                f"{path}: short read at byte offset {start}: wanted {end - start} bytes, got "
                 f"{len(data)} (the shard is truncated or changed since it was prepared)"
             )
         return data
 
-    def _read_remote(self, tar_path: str, start: int, end: int) -> bytes:
-        index = self._indices.get_or_open(tar_path, _open_index)
-        # token files are read at random places: no read-ahead past what was asked for
-        readahead = not tar_path.endswith(".bin")
-        return self._remote.read(tar_path, start, end, index.offsets, readahead=readahead)
+    def _read_remote(
+        self, path: str, start: int, end: int, open_index: IndexOpener | None
+    ) -> bytes:
+        offsets = None
+        if open_index is not None:
+            offsets = self._indices.get_or_open(path, open_index).offsets
+        return self._remote.read(path, start, end, offsets)
 
-    def prefetch(self, tar_path: str, first: int, end: int, later: bool = False) -> None:
-        """Hint that samples ``[first, end)`` of a remote shard will be read soon (no-op locally);
+    def prefetch(
+        self, path: str, first: int, end: int, open_index: IndexOpener, later: bool = False
+    ) -> None:
+        """Hint that records ``[first, end)`` of a remote file will be read soon (no-op locally);
         ``later``: after what was hinted without it."""
-        if not epath.is_remote(tar_path):
+        if not epath.is_remote(path):
             return
         self._check_fork()
-        index = self._indices.get(tar_path)
+        index = self._indices.get(path)
         if index is not None:
-            self._remote.prefetch(tar_path, index.offsets[first : end + 1], later)
+            self._remote.prefetch(path, index.offsets[first : end + 1], later)
             return
         remote = self._remote
 
         def hint_after_fetching_the_index() -> None:  # on a fetch thread: indices in parallel
-            remote.prefetch(tar_path, _open_index(tar_path).offsets[first : end + 1], later)
+            remote.prefetch(path, open_index(path).offsets[first : end + 1], later)
 
         remote.defer(hint_after_fetching_the_index)
 

@@ -15,8 +15,10 @@ import random
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
+from energon.decode import SampleDecoder
 from energon.errors import SkipSample
 from energon.plan.rng import stable_seed
+from energon.samples import Sample
 from energon.samples.collate import generic_batch
 
 T_sample = TypeVar("T_sample")
@@ -157,8 +159,6 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
     def decoder(self) -> Any:
         """The decoder of loaded parts (``None`` = raw bytes). Per instance, never shared."""
         if "_decoder" not in self.__dict__:
-            from energon.decode import SampleDecoder
-
             self.__dict__["_decoder"] = SampleDecoder()
         return self.__dict__["_decoder"]
 
@@ -287,8 +287,6 @@ class DefaultTaskEncoder(TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_
         return _convert_by_fields(sample, self.encoded_sample_type)
 
     def batch(self, samples: list[T_encoded_sample]) -> T_raw_batch:
-        from energon.samples import Sample
-
         result_type = self.raw_batch_type or type(samples[0])
         actions = {"__subflavors__": list} if isinstance(samples[0], Sample) else None
         return self._batch(samples, result_type, actions=actions)

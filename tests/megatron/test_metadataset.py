@@ -20,8 +20,9 @@ from energon import (
     stateless,
 )
 from energon.megatron.gpt_dataset import GPTConfig
-from energon.megatron.token_leaf import TokenLeaf, is_token_sample, token_sample
+from energon.megatron.token_sample import is_token_sample, token_sample
 from energon.metadataset.config import TOKEN_CONFIG_FIELDS, MetadatasetError
+from energon.source.tokens import TokenLeaf
 from energon.task_encoder import DefaultTaskEncoder
 from tests.helpers.datasets import write_prefix
 from tests.helpers.paths import DATASET_CONFIGS

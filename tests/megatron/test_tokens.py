@@ -22,9 +22,9 @@ from energon.megatron.indexed import (
     find_prefixes,
     merge_prefixes,
 )
-from energon.megatron.token_leaf import TokenLeaf
 from energon.metadataset.resolve import Source
 from energon.pipeline.spec import PipelineSpec
+from energon.source.tokens import TokenLeaf
 from energon.task_encoder import DefaultTaskEncoder
 from tests.helpers.datasets import write_prefix
 

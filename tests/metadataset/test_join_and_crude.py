@@ -128,14 +128,14 @@ def test_joined_samples_restore_from_shuffle_buffers(join_root):
 
 
 def test_split_is_part_of_the_join_index_name(join_root):
+    from energon.format.join_index import join_index_name, resolve_join_member
     from energon.metadataset.config import JoinMember
-    from energon.metadataset.join import _resolve_member, join_index_name
 
-    a_train = _resolve_member(JoinMember(path="a"), str(join_root), "train")
+    a_train = resolve_join_member(JoinMember(path="a"), str(join_root), "train")
     (join_root / "a" / ".nv-meta" / "split2.yaml").write_text(
         "split_parts:\n  train: []\n  other: ['parts/data-00000.tar']\n"
     )
-    a_other = _resolve_member(
+    a_other = resolve_join_member(
         JoinMember(path="a", split_config="split2.yaml"), str(join_root), "other"
     )
     assert join_index_name([a_train]) != join_index_name([a_other])

@@ -417,3 +417,31 @@ def test_the_first_answer_wins_even_when_the_hedge_is_the_slow_one(blob, monkeyp
     finally:
         stop()
         s3.reset_client()
+
+
+def test_hinted_token_windows_are_read_from_the_prefetched_chunks(tmp_path):
+    """A token leaf hands its datasets the shard reader, so windows it hinted need no request."""
+    from energon.megatron.gpt_dataset import GPTConfig
+    from energon.source.shard_reader import reset_shard_reader, shard_reader
+    from energon.source.tokens import TokenLeaf
+    from tests.helpers.datasets import write_prefix
+
+    local = tmp_path / "hinted" / "corpus"
+    local.parent.mkdir()
+    write_prefix(str(local), num_docs=120, seed=3)
+    upload_to_s3(local.parent, f"s3://{BUCKET}/hinted")
+    config = GPTConfig(
+        sequence_length=16, split="90,10,0", eod_token=0, path_to_cache=str(tmp_path / "cache")
+    )
+    expected = TokenLeaf.open(str(local), split_part="train", config=config)
+    leaf = TokenLeaf.open(f"s3://{BUCKET}/hinted/corpus", split_part="train", config=config)
+    assert leaf.remote and not expected.remote
+    leaf.load(20, None, ("k", 20))  # opens the remote .bin (a HEAD) outside the measured part
+    reset_shard_reader()
+    leaf.prefetch(3, 6)  # windows whose byte ranges do not overlap (the data is seeded)
+    _wait_idle(shard_reader()._remote)
+    remote_stats().reset()
+    for k in range(3, 6):
+        got = leaf.load(k, None, ("k", k))["tokens"]
+        assert torch.equal(got, expected.load(k, None, ("k", k))["tokens"])
+    assert remote_stats().requests == 0

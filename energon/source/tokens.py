@@ -1,13 +1,15 @@
-"""A loader leaf over GPT windows: token datasets in energon's pipeline.
+"""The token leaf: GPT windows of Megatron ``.bin/.idx`` token files in energon's pipeline.
 
-``TokenLeaf`` exposes a ``GPTTokenDataset`` or ``BlendedTokenDataset`` through the leaf interface the
-pipeline uses (``__len__``, ``shard_starts``, ``excluded``, ``load``, ``fingerprint``, ``config``,
-``builder``, ``root``, ``split_part``; wrapped in a ``metadataset.resolve.Source``), so token data gets the loader's guarantees: logical-stream order, exact and elastic
-save/restore, blending with other leaves. Index ``k`` of the leaf is window ``k`` of the dataset
-in megatron-core's served order (already shuffled by the shuffle index); with an unshuffled
-energon pipeline the stream therefore reads exactly megatron's sequence.
+``TokenLeaf`` exposes a ``GPTTokenDataset`` or ``BlendedTokenDataset`` (built by
+:mod:`energon.megatron`) as a :class:`~energon.source.leaf.LeafDataset`, so token data gets the
+loader's guarantees: logical-stream order, exact and elastic save/restore, blending with other
+leaves. Index ``k`` of the leaf is window ``k`` of the dataset in megatron-core's served order
+(already shuffled by the shuffle index); with an unshuffled energon pipeline the stream therefore
+reads exactly megatron's sequence.
 
 The leaf pickles as paths and numbers; index files are memory-mapped in the worker on first use.
+Remote token files are read through the process's shard reader, so the windows a stream hints are
+prefetched in the background.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from energon.megatron.gpt_dataset import (
     build_gpt_datasets,
 )
 from energon.megatron.gpt_indices import SPLIT_NAMES
+from energon.source.shard_reader import shard_reader
+
+#: energon split names -> megatron-core's
+MEGATRON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "test": "test"}
 
 
 class TokenSampleError(SampleException):
@@ -35,6 +41,7 @@ class TokenSampleBuilder:
 
     sample_type: Any = None
     subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
+    kind: str = "tokens"
 
     def config(self) -> dict[str, Any]:
         return {"type": "megatron_gpt_dict"}
@@ -50,6 +57,8 @@ class TokenLeaf:
     slicing treats as shards); by default the whole dataset is one piece.
     """
 
+    kind = "tokens"
+
     def __init__(
         self,
         dataset: GPTTokenDataset | BlendedTokenDataset,
@@ -59,6 +68,7 @@ class TokenLeaf:
         shard_size: int | None = None,
     ) -> None:
         self.dataset = dataset
+        dataset.use_range_reader(_read_token_bytes)
         self.name = name or _dataset_name(dataset)
         self.builder = TokenSampleBuilder(subflavors=dict(subflavors or {}))
         self.subflavors = self.builder.subflavors
@@ -68,6 +78,23 @@ class TokenLeaf:
         self._len = len(dataset)
         step = shard_size or max(self._len, 1)
         self._shard_starts = list(range(0, max(self._len, 1), step))
+
+    @classmethod
+    def open(
+        cls,
+        prefix: str,
+        *,
+        split_part: str,
+        config: GPTConfig,
+        subflavors: dict[str, Any] | None = None,
+    ) -> TokenLeaf:
+        """The windows of one ``<prefix>.bin/.idx`` in energon's split ``split_part`` (train, val
+        or test: the parts of ``config.split``)."""
+        if split_part not in MEGATRON_SPLITS:
+            raise ValueError(f"token datasets have splits train, val and test, not {split_part!r}")
+        return cls.from_blend(
+            [prefix], config=config, split=MEGATRON_SPLITS[split_part], subflavors=subflavors
+        )
 
     @classmethod
     def from_blend(
@@ -98,13 +125,11 @@ class TokenLeaf:
     @property
     def remote(self) -> bool:
         """Token files in object storage: windows a stream will read are hinted to the prefetcher."""
-        return bool(getattr(self.dataset, "remote", False))
+        return self.dataset.remote
 
     def prefetch(self, first: int, end: int, later: bool = False) -> None:
         """Hint that windows ``[first, end)`` will be read soon: their byte ranges are fetched on
         background threads (each window is one to a few ranges of the ``.bin``)."""
-        from energon.source.shard_reader import shard_reader
-
         reader = shard_reader()
         for k in range(first, min(end, self._len)):
             for url, start, stop in self.dataset.byte_spans(k):
@@ -140,44 +165,13 @@ class TokenLeaf:
         }
 
 
+def _read_token_bytes(url: str, start: int, end: int) -> bytes:
+    """How token datasets of a leaf read remote ``.bin`` ranges: through the shard reader's chunk
+    cache (exact ranges, no read-ahead), where prefetched windows wait."""
+    return shard_reader().read(url, start, end)
+
+
 def _dataset_name(dataset: GPTTokenDataset | BlendedTokenDataset) -> str:
     if isinstance(dataset, BlendedTokenDataset):
         return f"blend-{dataset.unique_description_hash[:8]}-{dataset.split}"
     return f"{dataset.dataset_path or 'mock'}-{dataset.split}"
-
-
-# --------------------------------------------------------------------------------------------------
-# task encoders that blend token datasets with other data
-
-_BOOKKEEPING_KEYS = ("__key__", "__restore_key__", "__subflavors__")  # what token samples carry
-
-
-def is_token_sample(sample: Any) -> bool:
-    """True for a sample of a token leaf (a Megatron batch dict), False for e.g. a ``Sample``."""
-    return isinstance(sample, dict) and "tokens" in sample and "labels" in sample
-
-
-def token_sample(token_ids: Any, config: GPTConfig, *, like: Any = None) -> dict[str, Any]:
-    """Megatron's batch dict for ``token_ids`` (any length), shaped exactly like a token leaf's samples.
-
-    The ids are cut to ``sequence_length + add_extra_token`` or padded with ``config.pad_token``, then
-    turned into ``tokens``/``labels``/``loss_mask``/``position_ids``[/``attention_mask``] with the same
-    rules as windows of a ``.bin/.idx`` prefix (padding is loss-masked). ``like`` (the sample being
-    encoded: a ``Sample`` or a dict) passes on ``__key__``, ``__restore_key__`` and ``__subflavors__``,
-    so the result batches together with token samples and stays restorable. Use it in
-    ``encode_sample`` to turn multimodal/text samples into the token samples' format.
-    """
-    import numpy as np
-
-    from energon.megatron.gpt_dataset import megatron_sample
-
-    want = config.sequence_length + config.extra
-    ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)[:want]
-    if len(ids) < want:
-        ids = np.concatenate([ids, np.full(want - len(ids), config.pad_token, np.int64)])
-    sample = megatron_sample(ids, config)
-    if like is not None:
-        for key in _BOOKKEEPING_KEYS:
-            value = like.get(key) if isinstance(like, dict) else getattr(like, key, None)
-            sample[key] = dict(value or {}) if key == "__subflavors__" else value
-    return sample

@@ -1,0 +1,232 @@
+"""Join indices: which sample of each member dataset makes up each row of a ``join``, and
+``prepare_metadataset``, which builds them.
+
+``energon prepare mix.yaml`` writes, for every ``join`` of every split, the file
+``<mix>.yaml.cache/join_index_<sha256>.bin`` in the reference's ``JIDX0001`` layout: 8 magic bytes,
+an int64 column count, then one row per joined sample of int64 ``(shard, byte offset, byte size)``
+triples, one per member (``-1, -1, -1`` for a missing secondary with ``nonmatch: none``). Unlike the
+reference, the file name also depends on each member's split and on sorted excludes, so the same
+join in two splits gets two indices and every process computes the same name. Reading joined
+samples is :mod:`energon.source.join`'s job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import sqlite3
+import struct
+from typing import Any
+
+import numpy as np
+
+from energon.format.info import read_info
+from energon.format.layout import (
+    DATASET_YAML_FILENAME,
+    INDEX_SQLITE_FILENAME,
+    SPLIT_YAML_FILENAME,
+    nv_meta_dir,
+)
+from energon.format.split import read_split
+from energon.format.sqlite_index import read_index_uuid
+from energon.metadataset.config import Blend, Join, JoinMember, MetadatasetError, load_metadataset
+
+MAGIC = b"JIDX0001"
+HEADER_SIZE = len(MAGIC) + 8  # magic, then the int64 column count
+
+
+@dataclasses.dataclass
+class JoinMemberSplit:
+    """A join member resolved to its dataset, split and shards."""
+
+    root: str
+    split_part: str
+    shards: list[str]  # the split's shard list (brace-expanded, excludes not removed)
+    excluded_shards: set[str]
+    excluded_keys: set[tuple[str, str]]
+    nonmatch: str
+    dataset_config: str
+    split_config: str
+    name: str | None
+
+
+def resolve_join_member(member: JoinMember, base_dir: str, split_part: str) -> JoinMemberSplit:
+    """The member's dataset (relative to ``base_dir``) and split (its own, else ``split_part``)."""
+    root = (
+        member.path
+        if os.path.isabs(member.path)
+        else os.path.normpath(os.path.join(base_dir, member.path))
+    )
+    if not nv_meta_dir(root).is_dir():
+        raise FileNotFoundError(
+            f"join member {root} is not a prepared dataset (run `energon prepare {root}`)"
+        )
+    split = read_split(root, member.split_config or SPLIT_YAML_FILENAME)
+    part = member.split_part or split_part
+    if part not in split.split_parts:
+        raise MetadatasetError(
+            f"join member {root}: no split {part!r}; splits: {sorted(split.split_parts)}"
+        )
+    shards = list(split.split_parts[part])
+    return JoinMemberSplit(
+        root=root,
+        split_part=part,
+        shards=shards,
+        excluded_shards=set(split.exclude) & set(shards),
+        excluded_keys={pair for pair in split.sample_excludes() if pair[0] in shards},
+        nonmatch=member.nonmatch,
+        dataset_config=member.dataset_config or DATASET_YAML_FILENAME,
+        split_config=member.split_config or SPLIT_YAML_FILENAME,
+        name=member.name,
+    )
+
+
+def join_index_name(members: list[JoinMemberSplit]) -> str:
+    """The index's file name: a hash of every member's index uuid, split, excludes and nonmatch."""
+    digest = hashlib.sha256()
+    for m in members:
+        try:
+            uuid = read_index_uuid(m.root)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{m.root}/.nv-meta/index.uuid is missing: re-prepare it (`energon prepare "
+                f"--tar-index-only {m.root}` is enough)"
+            ) from None
+        digest.update(b"\0uuid=" + uuid.encode())
+        digest.update(b"\0split=" + m.split_part.encode())
+        digest.update(b"\0excludes=")
+        for shard in sorted(m.excluded_shards):
+            digest.update(shard.encode() + b"\0")
+        for shard, key in sorted(m.excluded_keys):
+            digest.update(f"{shard}/{key}".encode() + b"\0")
+        digest.update(f"\0nonmatch={m.nonmatch}\0".encode())
+    return f"join_index_{digest.hexdigest()}.bin"
+
+
+def cache_dir(mds_path: str) -> str:
+    """``<mix>.yaml.cache``: where the join indices of the metadataset ``mds_path`` live."""
+    return os.path.join(os.path.dirname(mds_path), os.path.basename(mds_path) + ".cache")
+
+
+def read_join_rows(index_path: str, columns: int) -> np.ndarray:
+    """The index as a memory-mapped ``[rows, columns, 3]`` int64 array (header checked)."""
+    if not os.path.exists(index_path):
+        raise FileNotFoundError(
+            f"join index {index_path} not found (or out of date): run `energon prepare "
+            "<metadataset.yaml>` to build it"
+        )
+    with open(index_path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise MetadatasetError(f"{index_path}: not a JIDX0001 join index")
+        (found,) = struct.unpack("<q", f.read(8))
+    if found != columns:
+        raise MetadatasetError(f"{index_path}: has {found} columns, the join has {columns}")
+    data = np.memmap(index_path, dtype="<i8", mode="r", offset=HEADER_SIZE)
+    if not len(data):
+        return np.zeros((0, columns, 3), dtype=np.int64)
+    return data.reshape(-1, columns, 3)
+
+
+def build_join_index(members: list[JoinMemberSplit], target: str) -> tuple[int, int]:
+    """Write the join index; returns (rows, primary samples). Errors on unmatched ``error`` members."""
+    tables = [_member_samples(m) for m in members]
+    primary = tables[0]
+    columns = [np.stack([primary["shard"], primary["offset"], primary["size"]], axis=1)]
+    keep = np.ones(len(primary["key"]), dtype=bool)
+    for m, table in zip(members[1:], tables[1:]):
+        lookup = {key: i for i, key in enumerate(table["key"])}
+        rows = np.full((len(primary["key"]), 3), -1, dtype=np.int64)
+        for i, key in enumerate(primary["key"]):
+            j = lookup.get(key)
+            if j is None:
+                if m.nonmatch == "error":
+                    raise ValueError(
+                        f"join: sample {key!r} of {members[0].root} has no match in {m.root} "
+                        f"(split {m.split_part}); use nonmatch: skip or none"
+                    )
+                if m.nonmatch == "skip":
+                    keep[i] = False
+                continue
+            rows[i] = (table["shard"][j], table["offset"][j], table["size"][j])
+        columns.append(rows)
+    data = np.concatenate(columns, axis=1)[keep]
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = f"{target}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(MAGIC)
+        f.write(struct.pack("<q", len(members)))
+        f.write(np.ascontiguousarray(data, dtype="<i8").tobytes())
+    os.replace(tmp, target)
+    return int(keep.sum()), len(keep)
+
+
+def _member_samples(m: JoinMemberSplit) -> dict[str, Any]:
+    """Samples of the member's split (excludes removed) in split order, from its sqlite index."""
+    tar_ids = {name: i for i, name in enumerate(read_info(m.root))}
+    position = {
+        tar_ids[s]: i for i, s in enumerate(m.shards) if s in tar_ids and s not in m.excluded_shards
+    }
+    db = sqlite3.connect(f"file:{nv_meta_dir(m.root) / INDEX_SQLITE_FILENAME}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT tar_file_id, sample_key, sample_index, byte_offset, byte_size FROM samples"
+        ).fetchall()
+    finally:
+        db.close()
+    rows = [
+        r
+        for r in rows
+        if r[0] in position and (m.shards[position[r[0]]], r[1]) not in m.excluded_keys
+    ]
+    rows.sort(key=lambda r: (position[r[0]], r[2]))
+    keys = [r[1] for r in rows]
+    if len(set(keys)) != len(keys):
+        raise MetadatasetError(
+            f"join member {m.root}: sample keys are not unique in split {m.split_part}"
+        )
+    return {
+        "key": keys,
+        "shard": np.array([position[r[0]] for r in rows], dtype=np.int64),
+        "offset": np.array([r[3] for r in rows], dtype=np.int64),
+        "size": np.array([r[4] for r in rows], dtype=np.int64),
+    }
+
+
+def _joins_of(node: Any) -> list[Join]:
+    if isinstance(node, Join):
+        return [node]
+    if isinstance(node, Blend):
+        return [j for entry in node.entries for j in _joins_of(entry)]
+    return []
+
+
+def prepare_metadataset(path: str | os.PathLike, *, progress: bool = True) -> list[str]:
+    """Build every join index of every split of the metadataset; remove stale ones. Returns a report."""
+    path = os.path.abspath(os.fspath(path))
+    mds = load_metadataset(path)
+    folder = cache_dir(path)
+    produced: set[str] = set()
+    report: list[str] = []
+    for split_part, node in mds.splits.items():
+        for join in _joins_of(node):
+            members = [
+                resolve_join_member(m, mds.directory, join.split_part or split_part)
+                for m in join.members
+            ]
+            name = join_index_name(members)
+            produced.add(name)
+            target = os.path.join(folder, name)
+            if os.path.exists(target):
+                report.append(f"{split_part}: join index up to date ({name})")
+                continue
+            rows, total = build_join_index(members, target)
+            message = (
+                f"Joined all {rows} samples" if rows == total else f"Joined {rows}/{total} samples"
+            )
+            report.append(f"{split_part}: {message} ({name})")
+    if os.path.isdir(folder):
+        for stale in sorted(set(os.listdir(folder)) - produced):
+            os.remove(os.path.join(folder, stale))
+            report.append(f"Cleanup cache file {stale}")
+    return report
