@@ -12,12 +12,19 @@ from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage
 
 
+class _MemoryBuilder:
+    kind = "field_map"
+    sample_type = None
+
+
 class MemoryLeaf:
     """``n`` samples ``{"__key__": "<name>/<i>", "n": i}`` in shards of ``shard_size``; loading one
     of ``broken`` raises a :class:`SampleException`. ``kind`` (when given) tags pointer keys."""
 
-    builder = None
+    builder = _MemoryBuilder()
     split_part = "train"
+    remote = False
+    kind = "webdataset"
 
     def __init__(
         self,
@@ -40,6 +47,15 @@ class MemoryLeaf:
 
     def __len__(self) -> int:
         return self.n
+
+    def prefetch(self, first: int, end: int, later: bool = False) -> None:
+        pass
+
+    def fingerprint(self) -> dict:
+        return {"path": self.root, "split_part": self.split_part, "n": self.n}
+
+    def config(self) -> dict:
+        return self.fingerprint()
 
     def load(self, index: int, decoder: object, restore_key: tuple) -> dict:
         if index in self.broken:
