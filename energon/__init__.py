@@ -35,6 +35,7 @@ _EXPORTS = {
     "CrudeSample": "energon.samples",
     "DefaultTaskEncoder": "energon.task_encoder",
     "EmptyDatasetError": "energon.errors",
+    "EnergonError": "energon.errors",
     "FatalSampleError": "energon.errors",
     "ImageClassificationSample": "energon.samples",
     "ImageSample": "energon.samples",

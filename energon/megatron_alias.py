@@ -14,6 +14,8 @@ import importlib.util
 import sys
 import types
 
+from energon.errors import MegatronEnergonInstalledError
+
 # Module paths Megatron-LM imports from, mapped onto ours.
 _SUBMODULES = {
     "megatron.energon": "energon",
@@ -24,10 +26,6 @@ _SUBMODULES = {
     "megatron.energon.media": "energon.media",
     "megatron.energon.epathlib": "energon.epath",
 }
-
-
-class MegatronEnergonInstalledError(RuntimeError):
-    """A real megatron-energon is installed; the alias would shadow it."""
 
 
 def _real_megatron_energon() -> str | None:

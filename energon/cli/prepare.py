@@ -32,6 +32,8 @@ from energon.format.info import has_info, read_info
 from energon.format.layout import (
     DATASET_YAML_FILENAME,
     INDEX_SQLITE_FILENAME,
+    INFO_JSON_FILENAME,
+    MAIN_FOLDER_NAME,
     SAMPLE_LOADER_FILENAME,
     nv_meta_dir,
 )
@@ -279,7 +281,7 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
     "--tmp-path",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Folder to build index.sqlite in before it is copied into .nv-meta.",
+    help=f"Folder to build {INDEX_SQLITE_FILENAME} in before it is copied into {MAIN_FOLDER_NAME}.",
 )
 def command(
     path: Path | str,
@@ -426,7 +428,9 @@ def _confirm_overwrite(path: Path, force_overwrite: bool, non_interactive: bool)
 def _find_shards(path: Path, exclude: str, tar_index_only: bool) -> list[str]:
     if tar_index_only and has_info(path):
         shards = list(read_info(path))
-        click.echo(f"Re-indexing the {len(shards)} shards listed in .nv-meta/.info.json.")
+        click.echo(
+            f"Re-indexing the {len(shards)} shards listed in {epath.join(path, MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}."
+        )
         return shards
     try:
         shards = discover_shards(path, exclude or None)
@@ -671,7 +675,7 @@ def _write_sample_loader(
 ) -> None:
     fields = [(f.name, f.type_name) for f in spec.fields]
     if isinstance(path, str):
-        url = epath.join(path, ".nv-meta", SAMPLE_LOADER_FILENAME)
+        url = epath.join(path, MAIN_FOLDER_NAME, SAMPLE_LOADER_FILENAME)
         if epath.is_file(url):
             click.echo(f"Keeping the existing {url}.")
             return

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from energon.errors import SampleException
+from energon.errors import TokenSampleError
 from energon.megatron.gpt_dataset import (
     BlendedTokenDataset,
     GPTConfig,
@@ -23,10 +23,6 @@ from energon.megatron.gpt_dataset import (
     build_gpt_datasets,
 )
 from energon.megatron.gpt_indices import SPLIT_NAMES
-
-
-class TokenSampleError(SampleException):
-    """A window could not be read (missing or corrupt ``.bin``/``.idx`` or cache file)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,11 +13,8 @@ from typing import Any
 
 import yaml
 
+from energon.errors import MetadatasetError
 from energon.format.typeref import ENERGON_MODULE_ALIASES
-
-
-class MetadatasetError(ValueError):
-    """A metadataset is malformed; the message names the file and the offending key or value."""
 
 
 @dataclasses.dataclass(frozen=True)

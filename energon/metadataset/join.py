@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from energon.errors import SampleException
+from energon.errors import DatasetNotPreparedError, SampleException
+from energon.format.layout import INDEX_SQLITE_FILENAME, INDEX_UUID_FILENAME, nv_meta_dir
 from energon.format.tar import split_sample_bytes
 from energon.metadataset.config import Blend, Join, JoinMember, MetadatasetError, load_metadataset
 
@@ -49,8 +50,8 @@ def _resolve_member(member: JoinMember, base_dir: str, split_part: str) -> _Memb
         if os.path.isabs(member.path)
         else os.path.normpath(os.path.join(base_dir, member.path))
     )
-    if not os.path.isdir(os.path.join(root, ".nv-meta")):
-        raise FileNotFoundError(
+    if not nv_meta_dir(root).is_dir():
+        raise DatasetNotPreparedError(
             f"join member {root} is not a prepared dataset (run `energon prepare {root}`)"
         )
     split = read_split(root, member.split_config or "split.yaml")
@@ -81,8 +82,8 @@ def join_index_name(members: list[_Member]) -> str:
         try:
             uuid = read_index_uuid(m.root)
         except FileNotFoundError:
-            raise FileNotFoundError(
-                f"{m.root}/.nv-meta/index.uuid is missing: re-prepare it (`energon prepare "
+            raise DatasetNotPreparedError(
+                f"{nv_meta_dir(m.root) / INDEX_UUID_FILENAME} is missing: re-prepare it (`energon prepare "
                 f"--tar-index-only {m.root}` is enough)"
             ) from None
         digest.update(b"\0uuid=" + uuid.encode())
@@ -141,9 +142,7 @@ def _member_samples(m: _Member) -> dict[str, Any]:
     position = {
         tar_ids[s]: i for i, s in enumerate(m.shards) if s in tar_ids and s not in m.excluded_shards
     }
-    db = sqlite3.connect(
-        f"file:{os.path.join(m.root, '.nv-meta', 'index.sqlite')}?mode=ro", uri=True
-    )
+    db = sqlite3.connect(f"file:{nv_meta_dir(m.root) / INDEX_SQLITE_FILENAME}?mode=ro", uri=True)
     try:
         rows = db.execute(
             "SELECT tar_file_id, sample_key, sample_index, byte_offset, byte_size FROM samples"

@@ -15,6 +15,9 @@ import warnings
 from typing import Any
 
 from energon import epath
+from energon.errors import DatasetNotPreparedError
+from energon.format.info import has_info
+from energon.format.layout import INFO_JSON_FILENAME, MAIN_FOLDER_NAME
 from energon.metadataset.config import (
     TOKEN_CONFIG_PATHS,
     Blend,
@@ -306,13 +309,10 @@ def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any
         )
     if not epath.exists(path):
         raise FileNotFoundError(f"dataset {path} does not exist")
-    nv_meta = epath.join(path, ".nv-meta")
-    if not (
-        epath.is_file(epath.join(nv_meta, ".info.json"))
-        or epath.is_file(epath.join(nv_meta, ".info.yaml"))
-    ):
-        raise FileNotFoundError(
-            f"{path} is not a prepared dataset (no .nv-meta/.info.json): run `energon prepare {path}`"
+    if not has_info(path):
+        raise DatasetNotPreparedError(
+            f"{path} is not a prepared dataset (no {epath.join(MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}): "
+            f"run `energon prepare {path}`"
         )
     from energon.source.leaf import WebdatasetLeaf
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from energon.errors import ErrorPolicy, log_exception
+from energon.errors import ErrorPolicy, MetadatasetError, log_exception
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stages import (
     BatchStage,
@@ -165,7 +165,7 @@ def _cook_function(spec: PipelineSpec, source: Any) -> Any:
     """For crude sources with a matching cooker: sample -> cooked sample (aux stores attached)."""
     if getattr(source.leaf.builder, "kind", None) != "crude":
         if source.aux:
-            raise ValueError(
+            raise MetadatasetError(
                 f"{source.leaf.root}: aux data sources are only allowed for crude datasets"
             )
         return None
@@ -184,10 +184,9 @@ def _cook_function(spec: PipelineSpec, source: Any) -> Any:
     if selected.need_primary:
         from energon.source.file_store import WebdatasetFileStore
 
-        try:
-            primary = wrap(WebdatasetFileStore(source.leaf.root))
-        except Exception as e:
-            raise SystemError(f"cannot open the primary store of {source.leaf.root}: {e}") from e
+        # Opened here, at build time, outside any error policy: a dataset whose primary store
+        # cannot be opened (DatasetNotPreparedError, RemoteError, ...) stops the run.
+        primary = wrap(WebdatasetFileStore(source.leaf.root))
 
     def cook(sample: Any) -> Any:
         extra = dict(stores)

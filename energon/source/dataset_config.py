@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from energon import epath
+from energon.errors import DatasetConfigError
+from energon.format.layout import MAIN_FOLDER_NAME
 from energon.format.typeref import resolve_class
 
 ACCEPTED_KEYS = {
@@ -52,10 +54,6 @@ _FLAVOR_SAMPLE_TYPES = {
 
 # Always set by the loader, whatever a sample_loader returns (its __key__ is kept).
 _FRAMEWORK_FIELDS = ("__restore_key__", "__subflavors__", "__sources__", "__shard__")
-
-
-class DatasetConfigError(ValueError):
-    """``dataset.yaml`` is malformed; the message names the file and the key."""
 
 
 @dataclasses.dataclass
@@ -102,7 +100,7 @@ class SampleBuilder:
 
 
 def read_dataset_yaml(root: str, name: str = "dataset.yaml") -> dict[str, Any]:
-    path = epath.join(root, ".nv-meta", name)
+    path = epath.join(root, MAIN_FOLDER_NAME, name)
     if not epath.is_file(path):
         raise DatasetConfigError(
             f"{path} does not exist: the dataset has no loader definition. Run `energon prepare "
@@ -181,7 +179,7 @@ def _builder_for_sample_type(
         )
     from energon.source.sample_loader import load_part_filter, load_sample_loader
 
-    nv_meta = epath.join(root, ".nv-meta")
+    nv_meta = epath.join(root, MAIN_FOLDER_NAME)
     if data.get("part_filter") is None:
         raise DatasetConfigError(f"{where}: 'sample_loader' needs a 'part_filter'")
     return SampleBuilder(
@@ -205,7 +203,7 @@ def _parse_class_style(
         if data.get("part_filter") is not None:
             from energon.source.sample_loader import load_part_filter
 
-            part_filter = load_part_filter(epath.join(root, ".nv-meta"), data["part_filter"])
+            part_filter = load_part_filter(epath.join(root, MAIN_FOLDER_NAME), data["part_filter"])
         return SampleBuilder(
             "crude",
             part_filter=part_filter,
@@ -228,4 +226,6 @@ def _parse_class_style(
 
 def load_sample_builder(root: str, dataset_config: str = "dataset.yaml") -> SampleBuilder:
     data = read_dataset_yaml(root, dataset_config)
-    return parse_dataset_config(root, data, where=epath.join(root, ".nv-meta", dataset_config))
+    return parse_dataset_config(
+        root, data, where=epath.join(root, MAIN_FOLDER_NAME, dataset_config)
+    )

@@ -14,7 +14,8 @@ import threading
 from typing import Any
 
 from energon import epath
-from energon.errors import SampleException
+from energon.errors import DatasetNotPreparedError, SampleException
+from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
 
 
 class FileStore:
@@ -82,10 +83,10 @@ class WebdatasetFileStore(FileStore):
 
     def __init__(self, root: str) -> None:
         self.root = epath.normalize(root)
-        db_path = epath.join(self.root, ".nv-meta", "index.sqlite")
+        db_path = epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
         if not epath.exists(db_path):
-            raise FileNotFoundError(
-                f"{self.root} has no .nv-meta/index.sqlite: prepare it with `energon prepare`"
+            raise DatasetNotPreparedError(
+                f"{db_path} does not exist: prepare {self.root} with `energon prepare`"
             )
         db_path = epath.local_copy(db_path)  # remote: a validated copy in the local cache
         from energon.format.info import read_info

@@ -16,12 +16,8 @@ from typing import Any
 import numpy as np
 
 from energon import epath
-from energon.errors import SampleException
+from energon.errors import JsonlFormatError, SampleException
 from energon.source.shard_reader import shard_reader
-
-
-class JsonlFormatError(ValueError):
-    """The JSONL file or its index is malformed (names the file and line or offset)."""
 
 
 def jsonl_index_path(path: str) -> str:

@@ -14,17 +14,14 @@ import os
 from typing import Any
 
 from energon import epath
-from energon.errors import EmptyDatasetError, SampleException
+from energon.errors import EmptyDatasetError, SampleException, SampleReadError
 from energon.format.info import read_info
+from energon.format.layout import INDEX_SQLITE_FILENAME, INFO_JSON_FILENAME, MAIN_FOLDER_NAME
 from energon.format.split import read_split
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.samples import SourceInfo
 from energon.source.dataset_config import SampleBuilder, load_sample_builder
 from energon.source.shard_reader import cumulative_starts, shard_reader
-
-
-class SampleReadError(SampleException):
-    """A sample's bytes could not be read, split or decoded."""
 
 
 @dataclasses.dataclass
@@ -63,8 +60,9 @@ class WebdatasetLeaf:
         missing = [s for s in shard_names if s not in counts_by_shard]
         if missing:
             raise ValueError(
-                f"{root}: split {split_part!r} lists shards that are not in .nv-meta/.info.json: "
-                f"{missing[:5]} (re-run `energon prepare`)"
+                f"{root}: split {split_part!r} lists shards that are not in "
+                f"{epath.join(MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}: {missing[:5]} "
+                "(re-run `energon prepare`)"
             )
         counts = [counts_by_shard[s] for s in shard_names]
         if not shard_names or sum(counts) == 0:
@@ -193,7 +191,9 @@ class WebdatasetLeaf:
         if not wanted:
             return frozenset()
         tar_ids = {name: i for i, name in enumerate(read_info(self.root))}
-        sqlite_path = epath.local_copy(epath.join(self.root, ".nv-meta", "index.sqlite"))
+        sqlite_path = epath.local_copy(
+            epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
+        )
         db = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
         try:
             found = set()
