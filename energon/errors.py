@@ -5,7 +5,7 @@ is in one place (modules re-export the ones they raise, e.g. ``energon.format.ta
 Each error also keeps the builtin base class callers catch today (``ValueError`` for bad data or
 configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps working:
 
-    EnergonError
+    EnergonError (Exception)
         EmptyDatasetError
         StateError (ValueError)
         SampleException (ValueError)
