@@ -70,14 +70,14 @@ def test_every_dotted_name_mentioned_exists():
 
 
 def test_name_check_finds_stale_names():
-    """The resolver reports what no longer exists (the page once named ``read_raw``)."""
+    """The resolver reports what does not exist (the page once named a long-gone ``read_raw``)."""
     proc = run_fresh(
         _RESOLVE,
         "energon.format.tar.split_sample_bytes",
-        "energon.source.leaf.WebdatasetLeaf.read_raw",
+        "energon.format.tar.read_raw",
         "energon.no_such_module",
     )
     assert json.loads(proc.stdout) == [
-        "energon.source.leaf.WebdatasetLeaf.read_raw",
+        "energon.format.tar.read_raw",
         "energon.no_such_module",
     ]

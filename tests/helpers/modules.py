@@ -17,24 +17,23 @@ from pathlib import Path
 
 from tests.helpers.paths import REPO_ROOT
 
-PACKAGE = "energon"
-PACKAGE_DIR = REPO_ROOT / PACKAGE
+PACKAGE_DIR = REPO_ROOT / "energon"
 
 
-def module_files() -> dict[str, Path]:
+def module_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
     """Dotted module name -> source file, for every module of the package (packages included)."""
     modules = {}
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         modules[".".join(parts)] = path
     return modules
 
 
-def _lazy_exports() -> dict[str, str]:
+def _lazy_exports(package_dir: Path) -> dict[str, str]:
     """``energon/__init__.py``'s ``_EXPORTS``: public name -> module it is imported from."""
-    tree = ast.parse((PACKAGE_DIR / "__init__.py").read_text())
+    tree = ast.parse((package_dir / "__init__.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets
@@ -58,18 +57,19 @@ def _imported_names(module: str, is_package: bool, node: ast.AST) -> list[str]:
     return [f"{source}.{alias.name}" for alias in node.names]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the energon modules it imports (anywhere in its source)."""
-    files = module_files()
-    exports = _lazy_exports()
+def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (anywhere in its source)."""
+    package = package_dir.name
+    files = module_files(package_dir)
+    exports = _lazy_exports(package_dir)
 
     def target(name: str) -> str | None:
         head, _, attr = name.rpartition(".")
-        if head == PACKAGE and name not in files:
+        if head == package and name not in files:
             return exports.get(attr)  # ``from energon import X``: the module X lives in
         while name and name not in files:
             name = name.rpartition(".")[0]
-        return name if name and name != PACKAGE else None
+        return name if name and name != package else None
 
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
@@ -77,7 +77,7 @@ def import_graph() -> dict[str, set[str]]:
         edges = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             for name in _imported_names(module, is_package, node):
-                if name == PACKAGE or name.startswith(PACKAGE + "."):
+                if name == package or name.startswith(package + "."):
                     found = target(name)
                     if found is not None and found != module:
                         edges.add(found)
