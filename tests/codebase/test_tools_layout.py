@@ -8,15 +8,9 @@ import ast
 from tests.helpers.paths import REPO_ROOT, TOOLS
 
 TOOL_FOLDERS = {"benchmarks", "examples", "docs"}
-# Calls that load code by file path or widen the import path.
-_PATH_LOADERS = {
-    "insert",
-    "append",
-    "extend",
-    "spec_from_file_location",
-    "run_path",
-    "SourceFileLoader",
-}
+# Calls that widen the import path or load code by file path.
+_SYS_PATH_EDITS = {"insert", "append", "extend"}
+_LOAD_BY_PATH = {"spec_from_file_location", "run_path", "SourceFileLoader"}
 
 
 def test_tools_are_sorted_by_role():
