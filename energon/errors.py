@@ -1,7 +1,8 @@
 """Errors and the per-sample error policy.
 
 Every exception class energon defines is an ``EnergonError`` and is defined here, so the whole tree
-is in one place (modules re-export the ones they raise, e.g. ``energon.format.tar.TarFormatError``).
+is in one place (modules re-export the ones they raise, e.g. ``energon.format.tar.TarFormatError``;
+only signals private to one module, named ``_Like``, live there).
 Each error also keeps the builtin base class callers catch today (``ValueError`` for bad data or
 configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps working:
 
