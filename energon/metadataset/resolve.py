@@ -311,8 +311,8 @@ def _open_leaf(path: str, split_part: str, ref: Reference, ctx: _Context) -> Any
         raise FileNotFoundError(f"dataset {path} does not exist")
     if not has_info(path):
         raise DatasetNotPreparedError(
-            f"{path} is not a prepared dataset (no {epath.join(MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}): "
-            f"run `energon prepare {path}`"
+            f"{path} is not a prepared dataset (no {epath.join(path, MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}):"
+            f" run `energon prepare {path}`"
         )
     from energon.source.leaf import WebdatasetLeaf
 

@@ -61,7 +61,7 @@ class WebdatasetLeaf:
         if missing:
             raise ValueError(
                 f"{root}: split {split_part!r} lists shards that are not in "
-                f"{epath.join(MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}: {missing[:5]} "
+                f"{epath.join(root, MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}: {missing[:5]} "
                 "(re-run `energon prepare`)"
             )
         counts = [counts_by_shard[s] for s in shard_names]
