@@ -1,7 +1,50 @@
 """Errors and the per-sample error policy.
 
-A bad sample must never be lost silently: it is either raised, or skipped *and counted*, and a run of
-consecutive failures beyond the tolerance stops the job with the last error attached.
+Every exception class energon defines is an ``EnergonError`` and is defined here, so the whole tree
+is in one place (modules re-export the ones they raise, e.g. ``energon.format.tar.TarFormatError``;
+only signals private to one module, named ``_Like``, live there).
+Each error also keeps the builtin base class callers catch today (``ValueError`` for bad data or
+configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps working:
+
+    EnergonError (Exception)
+        EmptyDatasetError
+        StateError (ValueError)
+        SampleException (ValueError)
+            FatalSampleError
+            SampleReadError
+            DecodeError
+            DecodeTimeoutError
+            AVDecodeError
+            FieldAccessError
+            TokenSampleError
+        SkipSample
+        DatasetNotPreparedError (FileNotFoundError)
+        DatasetInfoError (ValueError)
+        SplitConfigError (ValueError)
+        UnknownSplitError (KeyError)
+        DatasetConfigError (ValueError)
+        MetadatasetError (ValueError)
+        TarFormatError (ValueError)
+            DuplicateKeyInShardError
+        TarIndexError (ValueError)
+        DuplicateSampleKeyError (ValueError)
+        JsonlFormatError (ValueError)
+        IndexedFormatError (ValueError)
+        PrepareError
+            EmptyShardError (ValueError)
+            ShardReadError (OSError)
+        RemoteError (OSError)
+            RemoteNotFoundError (FileNotFoundError)
+        TransientRemoteError (ConnectionError)
+            ThrottledError
+        UseBotocore
+        MegatronEnergonInstalledError (RuntimeError)
+
+A bad sample must never be lost silently: a ``SampleException`` is either raised, or skipped *and
+counted*, and a run of consecutive failures beyond the tolerance stops the job with the last error
+attached. Errors in ``SYSTEM_EXCEPTIONS`` (broken code, not broken data) are never skipped.
+``RemoteError`` is final (permanent, or retries exhausted); ``TransientRemoteError`` is the one that
+another attempt may not hit, so it is deliberately not a ``RemoteError``.
 """
 
 from __future__ import annotations
@@ -18,6 +61,14 @@ class EnergonError(Exception):
 
 class EmptyDatasetError(EnergonError):
     """A split, subset or stream holds no samples."""
+
+
+class StateError(EnergonError, ValueError):
+    """A saved loader state cannot be restored into this loader."""
+
+
+# ---------------------------------------------------------------------------------------------
+# One sample is bad: handled by the error policy
 
 
 class SampleException(EnergonError, ValueError):
@@ -37,12 +88,192 @@ class FatalSampleError(SampleException):
         return cls(f"{message} (sample {key!r})")
 
 
-class StateError(EnergonError, ValueError):
-    """A saved loader state cannot be restored into this loader."""
+class SampleReadError(SampleException):
+    """A sample's bytes could not be read, split or decoded."""
 
 
-class SkipSample(Exception):  # noqa: N818 - the reference's public name
+class DecodeError(SampleException):
+    """A part could not be decoded; names the part (and the sample key when known)."""
+
+    def __init__(self, message: str, *, part_name: str, key: str | None = None) -> None:
+        where = f"sample {key!r}, part {part_name!r}" if key is not None else f"part {part_name!r}"
+        super().__init__(f"{where}: {message}")
+        self.part_name = part_name
+        self.key = key
+
+
+class DecodeTimeoutError(SampleException):
+    """Work on one sample took longer than its deadline; handled by the error policy like any
+    other bad sample (skipped and counted, or raised)."""
+
+
+class AVDecodeError(SampleException):
+    """Media could not be opened or decoded (corrupt, truncated, unsupported codec, bad request).
+
+    A ``SampleException``, so the loader's error policy skips and counts (or raises) the sample
+    instead of letting the worker die.
+    """
+
+
+class FieldAccessError(SampleException):
+    """No option of a field's spec could be resolved for a sample."""
+
+    def __init__(self, field: str, spec: str, key: str | None, reason: str) -> None:
+        super().__init__(
+            f"Sample {key!r}: cannot fill field {field!r} from field map spec {spec!r}: {reason}"
+        )
+        self.field = field
+        self.spec = spec
+        self.key = key
+
+
+class TokenSampleError(SampleException):
+    """A window could not be read (missing or corrupt ``.bin``/``.idx`` or cache file)."""
+
+
+class SkipSample(EnergonError):  # noqa: N818 - the reference's public name
     """Raise inside a task encoder hook to drop the current sample without counting it as an error."""
+
+
+# ---------------------------------------------------------------------------------------------
+# A dataset, its metadata or a config is missing or malformed
+
+
+class DatasetNotPreparedError(EnergonError, FileNotFoundError):
+    """A path that must be a prepared dataset lacks its ``.nv-meta`` files: run ``energon prepare``."""
+
+
+class DatasetInfoError(EnergonError, ValueError):
+    """``.info.json`` / ``.info.yaml`` is missing or malformed."""
+
+
+class SplitConfigError(EnergonError, ValueError):
+    """``split.yaml`` is missing or malformed."""
+
+
+class UnknownSplitError(EnergonError, KeyError):
+    """A split name that the split config does not define."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class DatasetConfigError(EnergonError, ValueError):
+    """``dataset.yaml`` is malformed; the message names the file and the key."""
+
+
+class MetadatasetError(EnergonError, ValueError):
+    """A metadataset is malformed; the message names the file and the offending key or value."""
+
+
+class TarFormatError(EnergonError, ValueError):
+    """A tar file is truncated or corrupt. Names the file and the byte offset of the problem."""
+
+    def __init__(self, path: str, offset: int, message: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.message = message
+        super().__init__(f"{path or '<tar>'}: at byte offset {offset}: {message}")
+
+    def __reduce__(self):  # keeps the error intact across process boundaries (prepare workers)
+        return (type(self), (self.path, self.offset, self.message))
+
+
+class DuplicateKeyInShardError(TarFormatError):
+    """A sample key appears twice in one shard, separated by another sample."""
+
+    def __init__(self, path: str, key: str, first_offset: int, second_offset: int) -> None:
+        self.key = key
+        self.first_offset = first_offset
+        self.second_offset = second_offset
+        super().__init__(
+            path,
+            second_offset,
+            f"duplicate sample key {key!r}: first seen at byte offset {first_offset}, again at "
+            f"byte offset {second_offset} after other samples (the parts of a sample must be "
+            "consecutive in the tar, and keys must be unique)",
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.key, self.first_offset, self.second_offset))
+
+
+class TarIndexError(EnergonError, ValueError):
+    """A ``.tar.idx`` file is missing, has a bad size, or is asked for a sample it does not have."""
+
+
+class DuplicateSampleKeyError(EnergonError, ValueError):
+    """The same sample key occurs twice in the dataset (keys must be unique across all shards)."""
+
+    def __init__(self, key: str, first: str, second: str) -> None:
+        self.key = key
+        self.first = first
+        self.second = second
+        super().__init__(
+            f"Duplicate sample key {key!r}: first in {first}, again in {second}. Sample keys must be "
+            "unique across all shards of a dataset; rename the members (e.g. prefix them with the "
+            "shard name) and prepare again."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.first, self.second))
+
+
+class JsonlFormatError(EnergonError, ValueError):
+    """The JSONL file or its index is malformed (names the file and line or offset)."""
+
+
+class IndexedFormatError(EnergonError, ValueError):
+    """A ``.bin``/``.idx`` pair is malformed, truncated or inconsistent."""
+
+
+class PrepareError(EnergonError):
+    """``prepare`` cannot index the dataset; the message says which shard and why."""
+
+
+class EmptyShardError(PrepareError, ValueError):
+    """A shard holds no samples (every shard must contribute at least one)."""
+
+
+class ShardReadError(PrepareError, OSError):
+    """A shard file cannot be opened or read."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Object storage
+
+
+class RemoteError(EnergonError, OSError):
+    """A request to object storage failed for good (permanent error, or retries exhausted)."""
+
+
+class RemoteNotFoundError(RemoteError, FileNotFoundError):
+    """The object does not exist."""
+
+
+class TransientRemoteError(EnergonError, ConnectionError):
+    """A failure another attempt may not hit (retried by ``energon.remote.retry.with_retries``)."""
+
+
+class ThrottledError(TransientRemoteError):
+    """The store answered 503 / 429 (retried, and the process lowers its concurrency)."""
+
+    throttled = True
+
+
+class UseBotocore(EnergonError):  # noqa: N818 - a signal, not a failure
+    """This read is not for the S3 fast path: do it through botocore (never leaves ``remote/``)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up
+
+
+class MegatronEnergonInstalledError(EnergonError, RuntimeError):
+    """A real megatron-energon is installed; ``energon.megatron_alias`` would shadow it."""
 
 
 # Errors that indicate broken code rather than a broken sample: never skipped.

@@ -21,10 +21,7 @@ import sys
 import types
 
 from energon.compat.modules import energon_module_for
-
-
-class MegatronEnergonInstalledError(RuntimeError):
-    """A real megatron-energon is installed; the alias would shadow it."""
+from energon.errors import MegatronEnergonInstalledError
 
 
 class _KeepBindingsModule(types.ModuleType):

@@ -37,7 +37,7 @@ from energon.av.errors import AVDecodeError
 from energon.av.index import AVProbeIndex
 from energon.av.wav import PcmWav, parse_pcm_wav
 from energon.decode.deadline import DecodeTimeoutError, check_deadline, deadline
-from energon.errors import SYSTEM_EXCEPTIONS
+from energon.errors import SYSTEM_EXCEPTIONS, EnergonError
 from energon.media.metadata import AVMetadata
 
 __all__ = ["AVDecoder"]
@@ -54,7 +54,7 @@ _SEEK_RETRIES = 4
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _BadRequest(ValueError):
+class _BadRequest(EnergonError, ValueError):
     """The caller asked for something invalid (a programming error, not a broken sample)."""
 
 

@@ -8,6 +8,8 @@ import time
 
 import click
 
+from energon.format.layout import DATASET_YAML_FILENAME, nv_meta_dir
+
 DEMO_DATASET_YAML = """sample_type:
   __module__: megatron.energon
   __class__: CaptioningSample
@@ -41,7 +43,7 @@ def command(
     root = os.path.abspath(workdir)
     if fresh and os.path.isdir(root):
         shutil.rmtree(root)
-    if not os.path.exists(os.path.join(root, ".nv-meta", "dataset.yaml")):
+    if not (nv_meta_dir(root) / DATASET_YAML_FILENAME).exists():
         click.echo(f"1. Writing {samples} JPEG+caption samples in {shards} shards to {root}")
         t = time.perf_counter()
         write_captioning_shards(root, num_samples=samples, num_shards=shards, progress=True)
@@ -49,7 +51,7 @@ def command(
         click.echo("2. Preparing (energon prepare): tar index, split 8/1/1, dataset.yaml")
         t = time.perf_counter()
         prepare_dataset(root, split_parts_ratio=[("train", 0.8), ("val", 0.1), ("test", 0.1)])
-        with open(os.path.join(root, ".nv-meta", "dataset.yaml"), "w") as f:
+        with open(nv_meta_dir(root) / DATASET_YAML_FILENAME, "w") as f:
             f.write(DEMO_DATASET_YAML)
         click.echo(f"   done in {time.perf_counter() - t:.1f} s")
     else:

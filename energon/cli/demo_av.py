@@ -10,6 +10,8 @@ import time
 
 import click
 
+from energon.format.layout import DATASET_YAML_FILENAME, nv_meta_dir
+
 DEMO_AV_DATASET_YAML = """sample_type:
   __module__: megatron.energon
   __class__: VidQASample
@@ -94,7 +96,7 @@ def command(
     root = os.path.abspath(workdir)
     if fresh and os.path.isdir(root):
         shutil.rmtree(root)
-    if not os.path.exists(os.path.join(root, ".nv-meta", "dataset.yaml")):
+    if not (nv_meta_dir(root) / DATASET_YAML_FILENAME).exists():
         click.echo(
             f"1. Encoding {clips} clips of {seconds:g} s (96x64, 30 fps, AAC audio) into {root}"
         )
@@ -106,7 +108,7 @@ def command(
             media_filter=MediaFilterConfig.parse(extension=True),
             progress=False,
         )
-        with open(os.path.join(root, ".nv-meta", "dataset.yaml"), "w") as f:
+        with open(nv_meta_dir(root) / DATASET_YAML_FILENAME, "w") as f:
             f.write(DEMO_AV_DATASET_YAML)
     else:
         click.echo(f"1-2. Reusing the prepared dataset in {root} (--fresh to regenerate)")

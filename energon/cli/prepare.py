@@ -32,6 +32,8 @@ from energon.format.info import has_info, read_info
 from energon.format.layout import (
     DATASET_YAML_FILENAME,
     INDEX_SQLITE_FILENAME,
+    INFO_JSON_FILENAME,
+    MAIN_FOLDER_NAME,
     SAMPLE_LOADER_FILENAME,
     nv_meta_dir,
 )
@@ -62,90 +64,6 @@ class SampleTypeSpec:
     fields: tuple[FieldSpec, ...]
 
 
-def _required(name: str, type_name: str) -> FieldSpec:
-    return FieldSpec(name, type_name, None)
-
-
-def _optional(name: str, type_name: str, default: str = "None") -> FieldSpec:
-    return FieldSpec(name, type_name, default)
-
-
-# Used only when ``energon.samples`` cannot be imported (e.g. a partial install): the reference's
-# built-in types and their fields.
-_OCR_OPTIONAL = tuple(
-    _optional(n, t)
-    for n, t in (
-        ("block_boxes", "torch.Tensor | None"),
-        ("block_classes", "torch.Tensor | list[str] | None"),
-        ("block_text", "list[str] | None"),
-        ("lines_boxes", "torch.Tensor | None"),
-        ("lines_text", "list[str] | None"),
-        ("words_boxes", "torch.Tensor | None"),
-        ("words_text", "list[str] | None"),
-        ("chars_boxes", "torch.Tensor | None"),
-        ("chars_text", "list[str] | None"),
-    )
-)
-FALLBACK_SAMPLE_TYPES: tuple[SampleTypeSpec, ...] = (
-    SampleTypeSpec(
-        "CaptioningSample", (_required("image", "torch.Tensor"), _required("caption", "str"))
-    ),
-    SampleTypeSpec(
-        "ImageClassificationSample",
-        (
-            _required("image", "torch.Tensor"),
-            _optional("label", "int | None"),
-            _optional("label_name", "str | None"),
-        ),
-    ),
-    SampleTypeSpec("ImageSample", (_required("image", "torch.Tensor"),)),
-    SampleTypeSpec("InterleavedSample", (_required("sequence", "list[torch.Tensor | str]"),)),
-    SampleTypeSpec(
-        "MultiChoiceVQASample",
-        (
-            _required("image", "torch.Tensor"),
-            _required("context", "str"),
-            _optional("choices", "list[str] | None"),
-            _optional("correct_choice_idx", "int", "0"),
-        ),
-    ),
-    SampleTypeSpec(
-        "OCRSample", (_required("image", "torch.Tensor"), _required("text", "str")) + _OCR_OPTIONAL
-    ),
-    SampleTypeSpec("Sample", ()),
-    SampleTypeSpec(
-        "SimilarityInterleavedSample",
-        (
-            _required("images", "list[torch.Tensor]"),
-            _required("texts", "list[str]"),
-            _optional("audio", "list[torch.Tensor] | None"),
-            _optional("video", "list[torch.Tensor] | None"),
-            _optional("similarity_matrix", "torch.Tensor | None"),
-            _optional("matched_text_indices", "list[int] | None"),
-        ),
-    ),
-    SampleTypeSpec("TextSample", (_required("text", "str"),)),
-    SampleTypeSpec(
-        "VQASample",
-        (
-            _required("image", "torch.Tensor"),
-            _required("context", "str"),
-            _optional("answers", "list[str] | None"),
-            _optional("answer_weights", "torch.Tensor | None"),
-        ),
-    ),
-    SampleTypeSpec(
-        "VidQASample",
-        (
-            _required("video", "AVDecoder"),
-            _required("context", "str"),
-            _optional("answers", "list[str] | None"),
-            _optional("answer_weights", "torch.Tensor | None"),
-        ),
-    ),
-)
-
-
 def _field_spec(field: dataclasses.Field) -> FieldSpec:
     type_name = (
         field.type
@@ -161,26 +79,27 @@ def _field_spec(field: dataclasses.Field) -> FieldSpec:
     return FieldSpec(field.name, type_name, default)
 
 
+def _spec_of(cls: type) -> SampleTypeSpec:
+    fields = tuple(_field_spec(f) for f in dataclasses.fields(cls) if not f.name.startswith("__"))
+    return SampleTypeSpec(cls.__name__, fields)
+
+
 def available_sample_types() -> list[SampleTypeSpec]:
-    """Every ``Sample`` subclass exported by ``energon.samples`` (plus ``Sample``), by name.
+    """The built-in sample types, as ``energon.samples`` lists them: the reference's, then ours.
 
     Imported lazily: the samples package pulls in torch, which only the assistant needs.
     """
-    try:
-        import energon.samples as samples_module
+    from energon.samples import EXTRA_SAMPLE_TYPES, REFERENCE_SAMPLE_TYPES
 
-        base = samples_module.Sample
-    except Exception:
-        return list(FALLBACK_SAMPLE_TYPES)
-    specs = []
-    for name in sorted(getattr(samples_module, "__all__", dir(samples_module))):
-        cls = getattr(samples_module, name, None)
-        if isinstance(cls, type) and issubclass(cls, base) and dataclasses.is_dataclass(cls):
-            fields = tuple(
-                _field_spec(f) for f in dataclasses.fields(cls) if not f.name.startswith("__")
-            )
-            specs.append(SampleTypeSpec(cls.__name__, fields))
-    return specs or list(FALLBACK_SAMPLE_TYPES)
+    return [_spec_of(cls) for cls in REFERENCE_SAMPLE_TYPES + EXTRA_SAMPLE_TYPES]
+
+
+def sample_type_menu() -> list[SampleTypeSpec | None]:
+    """The assistant's numbered choices (``None``: crude samples), numbered as the reference's:
+    its sample types, then crude samples, then the types only energon offers."""
+    from energon.samples import EXTRA_SAMPLE_TYPES, REFERENCE_SAMPLE_TYPES
+
+    return [*map(_spec_of, REFERENCE_SAMPLE_TYPES), None, *map(_spec_of, EXTRA_SAMPLE_TYPES)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,7 +198,7 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
     "--tmp-path",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Folder to build index.sqlite in before it is copied into .nv-meta.",
+    help=f"Folder to build {INDEX_SQLITE_FILENAME} in before it is copied into {MAIN_FOLDER_NAME}.",
 )
 def command(
     path: Path | str,
@@ -426,7 +345,9 @@ def _confirm_overwrite(path: Path, force_overwrite: bool, non_interactive: bool)
 def _find_shards(path: Path, exclude: str, tar_index_only: bool) -> list[str]:
     if tar_index_only and has_info(path):
         shards = list(read_info(path))
-        click.echo(f"Re-indexing the {len(shards)} shards listed in .nv-meta/.info.json.")
+        click.echo(
+            f"Re-indexing the {len(shards)} shards listed in {epath.join(path, MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}."
+        )
         return shards
     try:
         shards = discover_shards(path, exclude or None)
@@ -600,10 +521,10 @@ def _ask_dataset_yaml(
 
 def _choose_sample_type(sample_type: str | None) -> SampleTypeSpec | None:
     """The chosen type, or None for crude samples."""
-    specs = available_sample_types()
     if sample_type is not None:
         if sample_type.lower() in CRUDE_ALIASES:
             return None
+        specs = available_sample_types()
         for spec in specs:
             if spec.name == sample_type:
                 return spec
@@ -612,17 +533,15 @@ def _choose_sample_type(sample_type: str | None) -> SampleTypeSpec | None:
             f"unknown sample type {sample_type!r}; choose one of {', '.join(names)}",
             param_hint="--sample-type",
         )
+    menu = sample_type_menu()
     click.echo("The following sample types are available:")
-    for i, spec in enumerate(specs):
-        click.echo(f"{i}. {spec.name}")
-    click.echo(f"{len(specs)}. {CRUDE_CHOICE_LABEL}")
+    for i, choice in enumerate(menu):
+        click.echo(f"{i}. {choice.name if choice is not None else CRUDE_CHOICE_LABEL}")
     while True:
-        choice = click.prompt("Please enter a number to choose a class", type=int)
-        if 0 <= choice < len(specs):
-            return specs[choice]
-        if choice == len(specs):
-            return None
-        click.echo(f"Invalid choice {choice}; enter a number from 0 to {len(specs)}.")
+        number = click.prompt("Please enter a number to choose a class", type=int)
+        if 0 <= number < len(menu):
+            return menu[number]
+        click.echo(f"Invalid choice {number}; enter a number from 0 to {len(menu) - 1}.")
 
 
 def _describe_field(field: FieldSpec) -> str:
@@ -671,7 +590,7 @@ def _write_sample_loader(
 ) -> None:
     fields = [(f.name, f.type_name) for f in spec.fields]
     if isinstance(path, str):
-        url = epath.join(path, ".nv-meta", SAMPLE_LOADER_FILENAME)
+        url = epath.join(path, MAIN_FOLDER_NAME, SAMPLE_LOADER_FILENAME)
         if epath.is_file(url):
             click.echo(f"Keeping the existing {url}.")
             return

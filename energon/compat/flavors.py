@@ -17,6 +17,7 @@ from energon import epath
 from energon.av import AVData, AVDecoder
 from energon.decode import SampleDecoder
 from energon.errors import EmptyDatasetError
+from energon.format.layout import MAIN_FOLDER_NAME
 from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import Source
 from energon.pipeline.spec import PipelineSpec
@@ -324,7 +325,7 @@ class DefaultGenericWebdatasetFactory(BaseWebdatasetFactory[T_sample]):
             if isinstance(loader, str):
                 from energon.source.sample_loader import load_sample_loader
 
-                loader = load_sample_loader(epath.join(os.fspath(path), ".nv-meta"), loader)
+                loader = load_sample_loader(epath.join(os.fspath(path), MAIN_FOLDER_NAME), loader)
             return SampleBuilder(
                 "sample_loader",
                 sample_type=sample_type,

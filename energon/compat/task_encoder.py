@@ -165,10 +165,8 @@ class PipelineHooks:
         }
         primary = None
         if selected.need_primary:
-            try:
-                primary = get_primary_aux()
-            except Exception as e:
-                raise SystemError(f"cannot open the primary store: {e}") from e
+            # outside any error policy: a primary store that cannot be opened stops the run
+            primary = get_primary_aux()
             if decoder is not None:
                 primary = DecodeFileStore(primary, decoder=decoder)
 

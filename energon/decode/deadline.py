@@ -24,14 +24,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from energon.errors import SampleException
+from energon.errors import DecodeTimeoutError
 
 __all__ = ["DecodeTimeoutError", "check_deadline", "deadline", "remaining_time"]
-
-
-class DecodeTimeoutError(SampleException):
-    """Work on one sample took longer than its deadline; handled by the error policy like any
-    other bad sample (skipped and counted, or raised)."""
 
 
 @dataclass

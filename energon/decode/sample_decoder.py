@@ -28,7 +28,7 @@ import torch
 from energon.decode.deadline import DecodeTimeoutError, deadline
 from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, ImageMode, decode_image
 from energon.decode.sniff import guess_extension
-from energon.errors import SYSTEM_EXCEPTIONS, SampleException
+from energon.errors import SYSTEM_EXCEPTIONS, DecodeError
 
 __all__ = [
     "AV_DECODE_MODES",
@@ -56,16 +56,6 @@ _UNSUPPORTED = {
     "msg": "msgpack",
     "cbor": "CBOR",
 }
-
-
-class DecodeError(SampleException):
-    """A part could not be decoded; names the part (and the sample key when known)."""
-
-    def __init__(self, message: str, *, part_name: str, key: str | None = None) -> None:
-        where = f"sample {key!r}, part {part_name!r}" if key is not None else f"part {part_name!r}"
-        super().__init__(f"{where}: {message}")
-        self.part_name = part_name
-        self.key = key
 
 
 def _decode_text(data: bytes | memoryview) -> str:

@@ -14,10 +14,11 @@ from importlib import metadata
 import yaml
 
 from energon import epath
-from energon.errors import EnergonError
+from energon.errors import DatasetInfoError
 from energon.format.layout import (
     INFO_JSON_FILENAME,
     INFO_YAML_FILENAME,
+    MAIN_FOLDER_NAME,
     PathLike,
     atomic_write_text,
     nv_meta_dir,
@@ -25,10 +26,6 @@ from energon.format.layout import (
 
 _INFO_KEYS = {"energon_version", "shard_counts"}
 _INFO_FILENAMES = (INFO_JSON_FILENAME, INFO_YAML_FILENAME)
-
-
-class DatasetInfoError(EnergonError, ValueError):
-    """``.info.json`` / ``.info.yaml`` is missing or malformed."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,7 @@ def current_energon_version() -> str | None:
 def has_info(root: PathLike) -> bool:
     """True if the dataset was prepared (either info file exists)."""
     if epath.is_remote(root):
-        meta_url = epath.join(root, ".nv-meta")
+        meta_url = epath.join(root, MAIN_FOLDER_NAME)
         return any(epath.is_file(epath.join(meta_url, n)) for n in _INFO_FILENAMES)
     meta = nv_meta_dir(root)
     return (meta / INFO_JSON_FILENAME).is_file() or (meta / INFO_YAML_FILENAME).is_file()
@@ -82,7 +79,7 @@ def read_dataset_info(root: PathLike) -> DatasetInfo:
 
 def _read_remote_info(root: str) -> DatasetInfo:
     """The remote variant of :func:`read_dataset_info` (object URLs instead of ``Path``)."""
-    meta = epath.join(root, ".nv-meta")
+    meta = epath.join(root, MAIN_FOLDER_NAME)
     for name in _INFO_FILENAMES:
         path = epath.join(meta, name)
         if epath.is_file(path):

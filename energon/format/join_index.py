@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from energon.errors import DatasetNotPreparedError
 from energon.format.info import read_info
 from energon.format.layout import (
     DATASET_YAML_FILENAME,
     INDEX_SQLITE_FILENAME,
+    INDEX_UUID_FILENAME,
     SPLIT_YAML_FILENAME,
     nv_meta_dir,
 )
@@ -59,7 +61,7 @@ def resolve_join_member(member: JoinMember, base_dir: str, split_part: str) -> J
         else os.path.normpath(os.path.join(base_dir, member.path))
     )
     if not nv_meta_dir(root).is_dir():
-        raise FileNotFoundError(
+        raise DatasetNotPreparedError(
             f"join member {root} is not a prepared dataset (run `energon prepare {root}`)"
         )
     split = read_split(root, member.split_config or SPLIT_YAML_FILENAME)
@@ -89,8 +91,8 @@ def join_index_name(members: list[JoinMemberSplit]) -> str:
         try:
             uuid = read_index_uuid(m.root)
         except FileNotFoundError:
-            raise FileNotFoundError(
-                f"{m.root}/.nv-meta/index.uuid is missing: re-prepare it (`energon prepare "
+            raise DatasetNotPreparedError(
+                f"{nv_meta_dir(m.root) / INDEX_UUID_FILENAME} is missing: re-prepare it (`energon prepare "
                 f"--tar-index-only {m.root}` is enough)"
             ) from None
         digest.update(b"\0uuid=" + uuid.encode())

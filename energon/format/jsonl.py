@@ -13,10 +13,7 @@ import tempfile
 import numpy as np
 
 from energon import epath
-
-
-class JsonlFormatError(ValueError):
-    """The JSONL file or its index is malformed (names the file and line or offset)."""
+from energon.errors import JsonlFormatError
 
 
 def jsonl_index_path(path: str) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from energon import epath
-from energon.errors import EnergonError
+from energon.errors import EmptyShardError, PrepareError, ShardReadError
 from energon.format.info import (
     DatasetInfoError,
     current_energon_version,
@@ -40,6 +40,7 @@ from energon.format.layout import (
     INDEX_UUID_FILENAME,
     INFO_JSON_FILENAME,
     INFO_YAML_FILENAME,
+    MAIN_FOLDER_NAME,
     SPLIT_YAML_FILENAME,
     PathLike,
     copy_permissions,
@@ -58,21 +59,6 @@ from energon.media.prepare import media_rows_for_samples
 SHARD_SUFFIXES = (".tar", ".tgz")
 MAX_PART_NAMES = 50
 DEFAULT_SPLIT_NAMES = ("train", "val", "test")
-
-
-class PrepareError(EnergonError):
-    """``prepare`` cannot index the dataset; the message says which shard and why."""
-
-
-class EmptyShardError(PrepareError, ValueError):
-    """A shard holds no samples (every shard must contribute at least one)."""
-
-
-class ShardReadError(PrepareError, OSError):
-    """A shard file cannot be opened or read."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 @dataclass
@@ -126,7 +112,7 @@ def _discover_remote_shards(root: str, exclude_re: re.Pattern | None) -> list[st
     found = []
     for url in epath.walk(root):
         rel = url[len(prefix) :]
-        if rel.startswith(".nv-meta/") or not rel.endswith(SHARD_SUFFIXES):
+        if rel.startswith(f"{MAIN_FOLDER_NAME}/") or not rel.endswith(SHARD_SUFFIXES):
             continue
         if exclude_re is None or not exclude_re.search(rel):
             found.append(rel)
@@ -612,7 +598,7 @@ def _prepare_remote(
     _check_index_names_unique(shard_list)
     if tmp_path is not None:
         Path(tmp_path).mkdir(parents=True, exist_ok=True)
-    meta_url = epath.join(root, ".nv-meta")
+    meta_url = epath.join(root, MAIN_FOLDER_NAME)
     with tempfile.TemporaryDirectory(
         prefix="energon-prepare-", dir=str(tmp_path) if tmp_path is not None else None
     ) as stage_dir:
@@ -692,4 +678,4 @@ def _upload_prepared(
         path = meta / name
         if not path.is_file() or fetched.get(name) == path.read_bytes():
             continue  # not produced, or unchanged from what was there
-        upload(f".nv-meta/{name}")
+        upload(f"{MAIN_FOLDER_NAME}/{name}")

@@ -16,22 +16,17 @@ import yaml
 from braceexpand import braceexpand
 
 from energon import epath
-from energon.errors import EnergonError
-from energon.format.layout import SPLIT_YAML_FILENAME, PathLike, atomic_write_text, nv_meta_dir
+from energon.errors import SplitConfigError, UnknownSplitError
+from energon.format.layout import (
+    MAIN_FOLDER_NAME,
+    SPLIT_YAML_FILENAME,
+    PathLike,
+    atomic_write_text,
+    nv_meta_dir,
+)
 
 _NUMBER_RE = re.compile(r"(\d+)")
 _SHARD_KEY_SEPARATOR_RE = re.compile(r"\.(?:tar|tgz)/")
-
-
-class SplitConfigError(EnergonError, ValueError):
-    """``split.yaml`` is missing or malformed."""
-
-
-class UnknownSplitError(EnergonError, KeyError):
-    """A split name that the split config does not define."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +156,7 @@ def read_split(root: PathLike, split_config: str = SPLIT_YAML_FILENAME) -> Split
 
 def _read_remote_split(root: str, split_config: str) -> SplitConfig:
     """The remote variant of :func:`read_split` (object URLs instead of ``Path``)."""
-    meta = epath.join(root, ".nv-meta")
+    meta = epath.join(root, MAIN_FOLDER_NAME)
     candidates = [split_config] + (["split.json"] if split_config == SPLIT_YAML_FILENAME else [])
     for name in candidates:
         path = epath.join(meta, name)

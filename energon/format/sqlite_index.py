@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from itertools import repeat
 from pathlib import Path
 
-from energon.errors import EnergonError
+from energon.errors import DuplicateSampleKeyError
 from energon.format.layout import INDEX_UUID_FILENAME, PathLike, atomic_write_text, nv_meta_dir
 from energon.media.store import record_media_filter, replace_media_rows
 
@@ -63,23 +63,6 @@ INDEXES = (
 )
 
 _MEDIA_TABLES = ("media_metadata", "media_filters")
-
-
-class DuplicateSampleKeyError(EnergonError, ValueError):
-    """The same sample key occurs twice in the dataset (keys must be unique across all shards)."""
-
-    def __init__(self, key: str, first: str, second: str) -> None:
-        self.key = key
-        self.first = first
-        self.second = second
-        super().__init__(
-            f"Duplicate sample key {key!r}: first in {first}, again in {second}. Sample keys must be "
-            "unique across all shards of a dataset; rename the members (e.g. prefix them with the "
-            "shard name) and prepare again."
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.key, self.first, self.second))
 
 
 class SqliteIndexWriter:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from energon.errors import EnergonError
+from energon.errors import DuplicateKeyInShardError, TarFormatError
 
 BLOCK_SIZE = 512
 
@@ -51,19 +51,6 @@ _NO_PAYLOAD_TYPES = frozenset(b"123456")
 _POSIX_MAGIC = b"ustar\x00"
 _CHECKSUM_BLANK = 8 * 32  # the checksum field counts as 8 spaces
 _ZERO_BLOCK = bytes(BLOCK_SIZE)
-
-
-class TarFormatError(EnergonError, ValueError):
-    """A tar file is truncated or corrupt. Names the file and the byte offset of the problem."""
-
-    def __init__(self, path: str, offset: int, message: str) -> None:
-        self.path = path
-        self.offset = offset
-        self.message = message
-        super().__init__(f"{path or '<tar>'}: at byte offset {offset}: {message}")
-
-    def __reduce__(self):  # keeps the error intact across process boundaries (prepare workers)
-        return (type(self), (self.path, self.offset, self.message))
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
@@ -383,25 +370,6 @@ def scan_tar(path: str | os.PathLike, *, display_path: str | None = None) -> Tar
                 scan.samples.append((key, header_offset, current_parts))
             current_parts.append((part, data_offset, size))
     return scan
-
-
-class DuplicateKeyInShardError(TarFormatError):
-    """A sample key appears twice in one shard, separated by another sample."""
-
-    def __init__(self, path: str, key: str, first_offset: int, second_offset: int) -> None:
-        self.key = key
-        self.first_offset = first_offset
-        self.second_offset = second_offset
-        super().__init__(
-            path,
-            second_offset,
-            f"duplicate sample key {key!r}: first seen at byte offset {first_offset}, again at "
-            f"byte offset {second_offset} after other samples (the parts of a sample must be "
-            "consecutive in the tar, and keys must be unique)",
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.path, self.key, self.first_offset, self.second_offset))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,14 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from energon.errors import EnergonError
+from energon.errors import TarIndexError
 from energon.format.layout import PathLike, remove_quietly, temp_name_for
 
 TAR_INDEX_SUFFIX = ".tar.idx"
-
-
-class TarIndexError(EnergonError, ValueError):
-    """A ``.tar.idx`` file is missing, has a bad size, or is asked for a sample it does not have."""
 
 
 def tar_index_path(tar_path: PathLike) -> PathLike:

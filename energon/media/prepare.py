@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
+from energon.errors import DatasetNotPreparedError
 from energon.format.info import has_info, read_info
 from energon.format.layout import (
     INDEX_SQLITE_FILENAME,
@@ -174,7 +175,9 @@ def prepare_webdataset_media(
     root = Path(root)
     db_path = nv_meta_dir(root) / INDEX_SQLITE_FILENAME
     if not has_info(root) or not db_path.is_file():
-        raise FileNotFoundError(f"{root} is not a prepared dataset: run `energon prepare` first")
+        raise DatasetNotPreparedError(
+            f"{root} is not a prepared dataset: run `energon prepare` first"
+        )
     shards = list(read_info(root))
     tasks = [_ShardMediaTask(str(root / shard), config) for shard in shards]
     rows = _run_tasks(_shard_media_rows, tasks, num_workers, progress, "shard", [1] * len(tasks))

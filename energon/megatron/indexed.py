@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from energon import epath
-from energon.errors import EnergonError
+from energon.errors import IndexedFormatError
 from energon.remote import RemoteNotFoundError
 
 RangeReader = Callable[[str, int, int], bytes]  # (url, start, end) -> bytes [start, end) of url
@@ -45,10 +45,6 @@ DTYPE_BY_CODE: dict[int, np.dtype] = {
     8: np.dtype(np.uint16),
 }
 CODE_BY_DTYPE: dict[np.dtype, int] = {dt: code for code, dt in DTYPE_BY_CODE.items()}
-
-
-class IndexedFormatError(EnergonError, ValueError):
-    """A ``.bin``/``.idx`` pair is malformed, truncated or inconsistent."""
 
 
 def optimal_dtype(vocab_size: int | None) -> np.dtype:

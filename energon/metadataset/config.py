@@ -13,12 +13,9 @@ from typing import Any
 
 import yaml
 
+from energon.errors import MetadatasetError
 from energon.format.typeref import ENERGON_MODULE_ALIASES
 from energon.megatron.gpt_indices import parse_split
-
-
-class MetadatasetError(ValueError):
-    """A metadataset is malformed; the message names the file and the offending key or value."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from energon.errors import ErrorPolicy, log_exception
+from energon.errors import ErrorPolicy, FatalSampleError, MetadatasetError, log_exception
 from energon.pipeline.keys import Key
 from energon.pipeline.pointers import build_pointer_stages
 from energon.pipeline.snapshot import StreamSnapshot, emitted, make_snapshot, stage_states
@@ -194,7 +194,7 @@ def _cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
     """For crude sources with a matching cooker: sample -> cooked sample (aux stores attached)."""
     if source.leaf.builder.kind != "crude":
         if source.aux:
-            raise ValueError(
+            raise MetadatasetError(
                 f"{source.leaf.root}: aux data sources are only allowed for crude datasets"
             )
         return None
@@ -209,10 +209,9 @@ def _cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
     stores = {name: wrap(open_file_store(ref)) for name, ref in source.aux.items()}
     primary = None
     if selected.need_primary:
-        try:
-            primary = wrap(WebdatasetFileStore(source.leaf.root))
-        except Exception as e:
-            raise SystemError(f"cannot open the primary store of {source.leaf.root}: {e}") from e
+        # Opened here, at build time, outside any error policy: a dataset whose primary store
+        # cannot be opened (DatasetNotPreparedError, RemoteError, ...) stops the run.
+        primary = wrap(WebdatasetFileStore(source.leaf.root))
 
     def cook(sample: dict[str, Any]) -> Value:
         extra = dict(stores)
@@ -220,7 +219,7 @@ def _cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
             extra["primary"] = PrimaryFileStore(primary, sample["__key__"])
         if selected.need_cache:
             if hook_context.cache_pool is None:
-                raise SystemError(
+                raise FatalSampleError(
                     "this cooker needs a cache pool (@cooker(need_cache=True)): pass "
                     "cache_pool=... to get_loader / get_savable_loader"
                 )

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from energon.errors import EnergonError, TransientRemoteError
 from energon.remote.forksafe import ForkSafeLock
 from energon.remote.retry import RemoteError, RemoteNotFoundError, is_throttling, with_retries
 from energon.remote.stats import STATS
@@ -204,11 +205,7 @@ def reset_client() -> None:
 # Failures: missing / permanent / transient
 
 
-class TransientRemoteError(ConnectionError):
-    """A failure another attempt may not hit (retried by :func:`with_retries`)."""
-
-
-class _ShortRead(Exception):
+class _ShortRead(EnergonError):
     def __init__(self, got: int, wanted: int) -> None:
         super().__init__(f"short body: {got} of {wanted} bytes")
 

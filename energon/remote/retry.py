@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from energon.errors import EnergonError
+from energon.errors import RemoteError, RemoteNotFoundError
 from energon.remote.concurrency import process_limit
 from energon.remote.stats import STATS
 
@@ -33,14 +33,6 @@ _TRANSIENT_CODES = {
     "502",
     "504",
 }
-
-
-class RemoteError(EnergonError, OSError):
-    """A request to object storage failed for good (permanent error, or retries exhausted)."""
-
-
-class RemoteNotFoundError(RemoteError, FileNotFoundError):
-    """The object does not exist."""
 
 
 def max_attempts() -> int:

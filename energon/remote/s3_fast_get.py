@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 
+from energon.errors import ThrottledError, UseBotocore
 from energon.remote.forksafe import ForkSafeLock
 from energon.remote.stats import STATS
 
@@ -27,16 +28,6 @@ _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "htt
 _lock = ForkSafeLock()
 _pools: dict[int, object] = {}  # pid -> urllib3.PoolManager
 _signed: dict[tuple[int, str], tuple[float, str]] = {}  # (pid, url) -> (reuse until, signed URL)
-
-
-class UseBotocore(Exception):
-    """This read is not for the fast path: do it through botocore."""
-
-
-class ThrottledError(ConnectionError):
-    """The store answered 503 / 429 (retried, and the process lowers its concurrency)."""
-
-    throttled = True
 
 
 def enabled() -> bool:

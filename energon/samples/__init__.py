@@ -11,6 +11,8 @@ from energon.samples.base import (
 )
 from energon.samples.batch import Batch
 from energon.samples.builtin import (
+    EXTRA_SAMPLE_TYPES,
+    REFERENCE_SAMPLE_TYPES,
     CaptioningSample,
     ImageClassificationSample,
     ImageSample,
@@ -27,6 +29,8 @@ from energon.samples.source_info import SourceInfo, add_source_info, get_source_
 
 __all__ = [
     "BASE_SAMPLE_FIELDS",
+    "EXTRA_SAMPLE_TYPES",
+    "REFERENCE_SAMPLE_TYPES",
     "Batch",
     "CaptioningSample",
     "CrudeSample",

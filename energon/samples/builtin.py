@@ -13,6 +13,8 @@ from energon.samples.base import Sample
 from energon.samples.edataclass import edataclass
 
 __all__ = [
+    "EXTRA_SAMPLE_TYPES",
+    "REFERENCE_SAMPLE_TYPES",
     "CaptioningSample",
     "ImageClassificationSample",
     "ImageSample",
@@ -144,3 +146,22 @@ class VidQASample(Sample):
     context: str
     answers: list[str] | None = None
     answer_weights: torch.Tensor | None = None
+
+
+# The one list of built-in sample types, in the order of the reference's ``energon prepare`` menu:
+# users know its numbers from the docs (Megatron-LM's say "9 (VQASample)"), so never reorder it.
+REFERENCE_SAMPLE_TYPES: tuple[type[Sample], ...] = (
+    CaptioningSample,
+    ImageClassificationSample,
+    ImageSample,
+    InterleavedSample,
+    MultiChoiceVQASample,
+    OCRSample,
+    Sample,
+    SimilarityInterleavedSample,
+    TextSample,
+    VQASample,
+    VidQASample,
+)
+# Built-in types the reference does not offer by name; they follow the reference's list.
+EXTRA_SAMPLE_TYPES: tuple[type[Sample], ...] = (VQAOCRSample,)

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from energon import epath
+from energon.errors import DatasetConfigError
 from energon.format.layout import MAIN_FOLDER_NAME
 from energon.format.typeref import resolve_class
 from energon.samples import CrudeSample, Sample
@@ -56,10 +57,6 @@ _FLAVOR_SAMPLE_TYPES = {
 
 # Always set by the loader, whatever a sample_loader returns (its __key__ is kept).
 _FRAMEWORK_FIELDS = ("__restore_key__", "__subflavors__", "__sources__", "__shard__")
-
-
-class DatasetConfigError(ValueError):
-    """``dataset.yaml`` is malformed; the message names the file and the key."""
 
 
 @dataclasses.dataclass
@@ -104,7 +101,7 @@ class SampleBuilder:
 
 
 def read_dataset_yaml(root: str, name: str = "dataset.yaml") -> dict[str, Any]:
-    path = epath.join(root, ".nv-meta", name)
+    path = epath.join(root, MAIN_FOLDER_NAME, name)
     if not epath.is_file(path):
         raise DatasetConfigError(
             f"{path} does not exist: the dataset has no loader definition. Run `energon prepare "
@@ -222,4 +219,6 @@ def _parse_class_style(
 
 def load_sample_builder(root: str, dataset_config: str = "dataset.yaml") -> SampleBuilder:
     data = read_dataset_yaml(root, dataset_config)
-    return parse_dataset_config(root, data, where=epath.join(root, ".nv-meta", dataset_config))
+    return parse_dataset_config(
+        root, data, where=epath.join(root, MAIN_FOLDER_NAME, dataset_config)
+    )

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from energon.errors import SampleException
+from energon.errors import FieldAccessError
 
 __all__ = [
     "FieldAccessError",
@@ -28,18 +28,6 @@ _LOADER_FIELDS = frozenset({"__key__", "__restore_key__", "__subflavors__", "__s
 
 _OPTION_RE = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")
 _ACCESSOR_RE = re.compile(r"\[([^\[\]]*)\]")
-
-
-class FieldAccessError(SampleException):
-    """No option of a field's spec could be resolved for a sample."""
-
-    def __init__(self, field: str, spec: str, key: str | None, reason: str) -> None:
-        super().__init__(
-            f"Sample {key!r}: cannot fill field {field!r} from field map spec {spec!r}: {reason}"
-        )
-        self.field = field
-        self.spec = spec
-        self.key = key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

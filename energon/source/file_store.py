@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from energon import epath
-from energon.errors import SampleException
+from energon.errors import DatasetNotPreparedError, SampleException
 from energon.format.info import read_info
 from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
 from energon.format.tar import split_member_name
@@ -85,7 +85,7 @@ class WebdatasetFileStore(FileStore):
         self.root = epath.normalize(root)
         db_path = epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
         if not epath.exists(db_path):
-            raise FileNotFoundError(
+            raise DatasetNotPreparedError(
                 f"{self.root} has no {MAIN_FOLDER_NAME}/{INDEX_SQLITE_FILENAME}: prepare it with "
                 "`energon prepare`"
             )

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from energon import epath
+from energon.errors import DatasetNotPreparedError
 from energon.format.layout import (
     DATASET_YAML_FILENAME,
     INFO_JSON_FILENAME,
@@ -46,7 +47,7 @@ def detect_kind(target: str | JoinSpec) -> str:
         epath.join(nv_meta, INFO_YAML_FILENAME)
     ):
         return "webdataset"
-    raise FileNotFoundError(
+    raise DatasetNotPreparedError(
         f"{path} is not a prepared dataset (no {MAIN_FOLDER_NAME}/{INFO_JSON_FILENAME}), a .jsonl "
         f"file or a Megatron token prefix (<prefix>.bin and <prefix>.idx): run `energon prepare "
         f"{path}`"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from energon.errors import SampleException
+from energon.errors import TokenSampleError
 from energon.megatron.gpt_dataset import (
     BlendedTokenDataset,
     GPTConfig,
@@ -29,10 +29,6 @@ from energon.source.shard_reader import shard_reader
 
 #: energon split names -> megatron-core's
 MEGATRON_SPLITS = {"train": "train", "val": "valid", "valid": "valid", "test": "test"}
-
-
-class TokenSampleError(SampleException):
-    """A window could not be read (missing or corrupt ``.bin``/``.idx`` or cache file)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,9 +15,14 @@ import sqlite3
 from typing import Any
 
 from energon import epath
-from energon.errors import EmptyDatasetError, SampleException
+from energon.errors import EmptyDatasetError, SampleException, SampleReadError
 from energon.format.info import read_info
-from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME, SPLIT_YAML_FILENAME
+from energon.format.layout import (
+    INDEX_SQLITE_FILENAME,
+    INFO_JSON_FILENAME,
+    MAIN_FOLDER_NAME,
+    SPLIT_YAML_FILENAME,
+)
 from energon.format.split import read_split
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.format.tar_index import TarIndex, tar_index_path
@@ -30,10 +35,6 @@ def tar_byte_index(shard_path: str) -> TarIndex:
     """The byte index of a tar shard (``<shard>.tar.idx``; a remote one through its local copy)."""
     index_path = tar_index_path(shard_path)
     return TarIndex(epath.local_copy(index_path) if epath.is_remote(shard_path) else index_path)
-
-
-class SampleReadError(SampleException):
-    """A sample's bytes could not be read, split or decoded."""
 
 
 @dataclasses.dataclass
@@ -75,7 +76,8 @@ class WebdatasetLeaf:
         missing = [s for s in shard_names if s not in counts_by_shard]
         if missing:
             raise ValueError(
-                f"{root}: split {split_part!r} lists shards that are not in .nv-meta/.info.json: "
+                f"{root}: split {split_part!r} lists shards that are not in "
+                f"{epath.join(root, MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}: "
                 f"{missing[:5]} (re-run `energon prepare`)"
             )
         counts = [counts_by_shard[s] for s in shard_names]

@@ -73,10 +73,14 @@ def ref_python() -> str:
     return str(REF_PYTHON)
 
 
-def _run_ref(ref_python: str, *args: str, script: str | None = None) -> str:
+def _run_ref(
+    ref_python: str, *args: str, script: str | None = None, stdin: str | None = None
+) -> str:
     cmd = [ref_python, "-c", script] if script is not None else [ref_python, "-c", REF_CLI, *args]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd="/")
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env=env, cwd="/", input=stdin
+    )
     assert proc.returncode == 0, f"reference failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -296,3 +300,38 @@ def test_our_loader_reads_reference_prepared_dataset_every_sample_once(prepared_
             assert sample.image.shape[0] == 3
             seen.append(sample.__key__)
     assert sorted(seen) == sorted(captions)
+
+
+# ---- the interactive prepare assistant -----------------------------------------------------
+
+
+def _run_ours(*args: str, stdin: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    cmd = [sys.executable, "-c", "from energon.cli.main import main; main()", *args]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env=env, cwd="/", input=stdin
+    )
+    assert proc.returncode == 0, f"energon failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_interactive_prepare_numbers_sample_types_as_the_reference(ref_python, tmp_path):
+    """Megatron-LM's docs tell users to answer "9 (VQASample)": both tools must write VQASample."""
+    answers = "1,0,0\ny\n9\ny\npng\ntxt\n\n\n"  # split, dataset.yaml?, type, field map?, fields
+    written = {}
+    for name, run in (
+        ("ours", lambda *a: _run_ours(*a, stdin=answers)),
+        ("theirs", lambda *a: _run_ref(ref_python, *a, stdin=answers)),
+    ):
+        root = tmp_path / name
+        write_tar(
+            root / "data-0.tar", [(f"{k:04d}.{p}", b"x") for k in range(3) for p in ("png", "txt")]
+        )
+        out = run("prepare", str(root))
+        assert "9. VQASample" in out
+        written[name] = yaml.safe_load((root / ".nv-meta" / "dataset.yaml").read_text())
+    assert written["ours"] == written["theirs"]
+    assert written["ours"] == {
+        "sample_type": {"__module__": "megatron.energon", "__class__": "VQASample"},
+        "field_map": {"image": "png", "context": "txt"},
+    }

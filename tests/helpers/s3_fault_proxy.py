@@ -13,7 +13,7 @@ in the middle of its body, every 5th (+1) is answered ``503 SlowDown``.
 As a program it runs without faults, as an emulated link in its own process (so that its work does
 not compete with the measured process's interpreter):
 
-    python tools/tests.helpers.s3_fault_proxy.py UPSTREAM_URL --port 0 --latency-ms 20 --bandwidth-mbps 16
+    python -m tests.helpers.s3_fault_proxy UPSTREAM_URL --port 0 --latency-ms 20 --bandwidth-mbps 16
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from energon import WorkerConfig, get_loader, get_train_dataset, get_val_dataset
+from energon.errors import DatasetNotPreparedError
 from energon.format.prepare import prepare_dataset
 from energon.source.dataset_config import DatasetConfigError
 from tests.helpers.datasets import CAPTIONING_YAML
@@ -96,7 +97,8 @@ def test_missing_split_and_unprepared_dataset(corrupt_ds, tmp_path_factory):
     with pytest.raises(Exception, match="val"):
         get_val_dataset(corrupt_ds, worker_config=wc, batch_size=2)
     empty = tmp_path_factory.mktemp("unprepared")
-    with pytest.raises(FileNotFoundError, match="energon prepare"):
+    info_json = str(empty / ".nv-meta" / ".info.json")
+    with pytest.raises(DatasetNotPreparedError, match=f"no {info_json}.*energon prepare") as raised:
         get_train_dataset(
             empty,
             worker_config=wc,
@@ -104,6 +106,7 @@ def test_missing_split_and_unprepared_dataset(corrupt_ds, tmp_path_factory):
             shuffle_buffer_size=None,
             max_samples_per_sequence=None,
         )
+    assert isinstance(raised.value, FileNotFoundError)  # what callers caught before
 
 
 def test_too_many_streams_for_a_tiny_training_set(corrupt_ds):

@@ -1,6 +1,6 @@
 """Equality with the real megatron-core: .bin/.idx bytes, GPT and blend indices, cache names, samples.
 
-megatron-core runs in a side venv (see tests.helpers.megatron_venv.py); skipped with a printed reason only
+megatron-core runs in a side venv (see tests/helpers/megatron_venv.py); skipped with a printed reason only
 when that venv cannot be created.
 """
 

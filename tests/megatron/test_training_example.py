@@ -6,7 +6,7 @@ rank) in a fresh process, then compares the per-iteration logs: the resumed iter
 consume exactly the same micro-batches on every rank and, since nothing else is random, produce the
 same losses and weights bit for bit; the weights right after loading must equal those saved.
 
-megatron-core runs in the side venv of tests.helpers.megatron_venv.py; skipped only if it cannot be built.
+megatron-core runs in the side venv of tests/helpers/megatron_venv.py; skipped only if it cannot be built.
 """
 
 from __future__ import annotations

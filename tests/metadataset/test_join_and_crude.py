@@ -20,6 +20,7 @@ from energon import (
     stateless,
 )
 from energon.cli.main import cli
+from energon.errors import DatasetNotPreparedError
 from energon.task_encoder import DefaultTaskEncoder
 from tests.helpers.datasets import make_text_dataset
 
@@ -232,6 +233,36 @@ splits:
         own, extra = sample.text.split("+")
         assert extra == f"aux of {sample.__key__}"
         assert own and own != extra
+
+
+@cooker(need_primary=True)
+def cook_from_primary(sample, primary):
+    return TextSample(**basic_sample_keys(sample), text=primary.get(".txt"))
+
+
+class PrimaryOnlyEncoder(DefaultTaskEncoder):
+    cookers = [Cooker(cook_from_primary)]
+
+
+def test_unopenable_primary_store_stops_the_run(tmp_path):
+    """Opening a cooker's primary store fails before any sample is read: a typed, fatal error
+    naming the missing file, not a skipped sample."""
+    crude = make_text_dataset(tmp_path / "crude", num_samples=6, num_shards=1)
+    (crude / ".nv-meta" / "dataset.yaml").write_text(
+        "__module__: megatron.energon\n__class__: CrudeWebdataset\n"
+    )
+    (crude / ".nv-meta" / "index.sqlite").unlink()  # the primary store's index
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    dataset = get_val_dataset(
+        crude,
+        split_part="train",
+        worker_config=wc,
+        batch_size=None,
+        task_encoder=PrimaryOnlyEncoder(),
+    )
+    with pytest.raises(DatasetNotPreparedError, match="index.sqlite does not exist") as raised:
+        next(iter(get_savable_loader(dataset)))
+    assert isinstance(raised.value, FileNotFoundError)
 
 
 def test_aux_and_primary_stores_give_media_metadata(tmp_path):

@@ -9,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 from energon.cli.main import cli
-from energon.cli.prepare import FALLBACK_SAMPLE_TYPES, available_sample_types, parse_split_ratio
+from energon.cli.prepare import available_sample_types, parse_split_ratio
 from energon.format.info import read_info
 from energon.format.prepare import prepare_dataset
 from energon.format.split import read_split
@@ -73,8 +73,7 @@ def test_interactive_sample_loader_choice(shards):
 
 
 def test_interactive_crude_choice(shards):
-    crude_number = len(available_sample_types())
-    result = _run(["prepare", str(shards)], input=f"1,0,0\ny\n{crude_number}\n")
+    result = _run(["prepare", str(shards)], input="1,0,0\ny\n11\n")  # the reference's number
     assert result.exit_code == 0, result.output
     assert _dataset_yaml(shards) == {
         "__module__": "megatron.energon",
@@ -255,7 +254,41 @@ def test_parse_split_ratio():
             parse_split_ratio(bad)
 
 
-def test_fallback_sample_types_match_installed_ones():
-    installed = {s.name: [f.name for f in s.fields] for s in available_sample_types()}
-    for spec in FALLBACK_SAMPLE_TYPES:
-        assert installed.get(spec.name) == [f.name for f in spec.fields], spec.name
+def test_menu_numbers_the_reference_types_first_then_crude_then_ours(shards):
+    """The reference's numbering (Megatron-LM's docs: "9 (VQASample)"); energon-only types after."""
+    result = _run(["prepare", str(shards)], input="1,0,0\ny\n9\nY\npng\ntxt\n\n\n")
+    assert result.exit_code == 0, result.output
+    menu = [line for line in result.output.splitlines() if line[:1].isdigit() and ". " in line]
+    assert menu[:12] == [
+        "0. CaptioningSample",
+        "1. ImageClassificationSample",
+        "2. ImageSample",
+        "3. InterleavedSample",
+        "4. MultiChoiceVQASample",
+        "5. OCRSample",
+        "6. Sample",
+        "7. SimilarityInterleavedSample",
+        "8. TextSample",
+        "9. VQASample",
+        "10. VidQASample",
+        "11. Crude sample (plain dict for cooking)",
+    ]
+    assert menu[12:] == ["12. VQAOCRSample"]
+    assert _dataset_yaml(shards)["sample_type"]["__class__"] == "VQASample"
+    assert _dataset_yaml(shards)["field_map"] == {"image": "png", "context": "txt"}
+
+
+def test_sample_types_come_from_the_samples_package():
+    from energon.samples import EXTRA_SAMPLE_TYPES, REFERENCE_SAMPLE_TYPES
+
+    specs = available_sample_types()
+    assert [s.name for s in specs] == [
+        c.__name__ for c in REFERENCE_SAMPLE_TYPES + EXTRA_SAMPLE_TYPES
+    ]
+    vqa = specs[[s.name for s in specs].index("VQASample")]
+    assert [(f.name, f.default) for f in vqa.fields] == [
+        ("image", None),
+        ("context", None),
+        ("answers", "None"),
+        ("answer_weights", "None"),
+    ]

@@ -33,6 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_common import (  # noqa: E402
     ensure_workload,
@@ -86,15 +87,13 @@ def start_server() -> tuple[subprocess.Popen, str]:
 
 
 def start_link(endpoint: str, latency_ms: float, mb_per_s: float) -> tuple[subprocess.Popen, str]:
-    """The emulated link (tools/tests.helpers.s3_fault_proxy.py, no faults) in its own process."""
-    script = os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "tests.helpers.s3_fault_proxy.py"
-    )
+    """The emulated link (tests/helpers/s3_fault_proxy.py, no faults) in its own process."""
     proc = subprocess.Popen(
-        [sys.executable, script, endpoint, "--latency-ms", str(latency_ms)]
-        + ["--bandwidth-mbps", str(mb_per_s)],
+        [sys.executable, "-m", "tests.helpers.s3_fault_proxy", endpoint]
+        + ["--latency-ms", str(latency_ms), "--bandwidth-mbps", str(mb_per_s)],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=REPO_ROOT,
     )
     return proc, proc.stdout.readline().strip()
 

@@ -1,0 +1,104 @@
+"""Imports: no cycles among energon's modules (imports inside functions count too), and every
+module imports cleanly on its own and in any order, each check in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers.modules import import_cycles, import_graph, module_files, run_fresh
+
+
+def _write_package(root, files: dict[str, str]):
+    for name, text in files.items():
+        path = root / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "pkg"
+
+
+def test_graph_counts_function_level_relative_and_lazy_imports(tmp_path):
+    package = _write_package(
+        tmp_path,
+        {
+            "__init__.py": '_EXPORTS = {"Thing": "pkg.sub.c"}\n',
+            "a.py": "def f():\n    from pkg import b\n",
+            "b.py": "from .sub import c\n",
+            "sub/__init__.py": "",
+            "sub/c.py": "from pkg.sub.d import name\nfrom pkg import Thing\n",
+            "sub/d.py": "import os\nfrom pkg.a import f\n",
+        },
+    )
+    assert import_graph(package) == {
+        "pkg": set(),
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.sub.c"},
+        "pkg.sub": set(),
+        "pkg.sub.c": {"pkg.sub.d"},  # ``from pkg import Thing`` is c itself
+        "pkg.sub.d": {"pkg.a"},
+    }
+    assert import_cycles(import_graph(package)) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.sub.d"]]
+
+
+def test_cycle_finder_reports_each_strongly_connected_group():
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": set(), "d": {"e"}, "e": {"f"}, "f": {"d"}}
+    assert import_cycles(graph) == [["a", "b"], ["d", "e", "f"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_cycles():
+    assert import_cycles(import_graph()) == []
+
+
+# Heavy third-party modules are imported once, then each energon module is imported alone in a
+# forked child: a fresh energon state per module at a fraction of a fresh interpreter's cost.
+_EACH_ALONE = """
+import importlib, json, os, sys, traceback
+import numpy, torch  # noqa: F401
+failed = {}
+for name in sys.argv[1:]:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            importlib.import_module(name)
+            code = 0
+        except BaseException:
+            os.write(write, traceback.format_exc()[-2000:].encode())
+            code = 1
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        error = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        failed[name] = error or f"exit status {status}"
+print(json.dumps(failed))
+"""
+
+_ALL_IN_ORDER = """
+import importlib, json, random, sys
+names = sys.argv[2:]
+random.Random(int(sys.argv[1])).shuffle(names)
+for name in names:
+    importlib.import_module(name)
+print(json.dumps(names))
+"""
+
+
+def test_every_module_imports_on_its_own():
+    modules = list(module_files())
+    proc = run_fresh(_EACH_ALONE, *modules)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == {}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_all_modules_import_in_a_random_order(seed):
+    modules = list(module_files())
+    proc = run_fresh(_ALL_IN_ORDER, str(seed), *modules)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    order = json.loads(proc.stdout)
+    assert sorted(order) == sorted(modules) and order != modules

@@ -1,0 +1,49 @@
+"""The ``.nv-meta`` folder is named in one place (``energon/format/layout.py``): code builds its
+paths from layout's names, so the on-disk layout cannot drift between readers and writers."""
+
+from __future__ import annotations
+
+import ast
+
+from energon.format.layout import MAIN_FOLDER_NAME
+from tests.helpers.modules import module_files
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, nodes) and node.body and isinstance(node.body[0], ast.Expr):
+            value = node.body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                found.add(id(value))
+    return found
+
+
+def literal_uses(text: str, needle: str) -> list[int]:
+    """Line numbers of string literals (docstrings aside) that contain ``needle``."""
+    tree = ast.parse(text)
+    docs = _docstrings(tree)
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and needle in node.value
+        and id(node) not in docs
+    )
+
+
+def test_the_detector_sees_literals_but_not_docstrings():
+    source = '"""Writes .nv-meta/x."""\nPATH = root + "/.nv-meta/x"\nf"{root}/.nv-meta"\n'
+    assert literal_uses(source, MAIN_FOLDER_NAME) == [2, 3]
+
+
+def test_no_module_spells_the_metadata_folder_itself():
+    offenders = {
+        module: lines
+        for module, path in module_files().items()
+        if module != "energon.format.layout"
+        and (lines := literal_uses(path.read_text(), MAIN_FOLDER_NAME))
+    }
+    assert offenders == {}
