@@ -86,8 +86,7 @@ class WebdatasetFileStore(FileStore):
         db_path = epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
         if not epath.exists(db_path):
             raise DatasetNotPreparedError(
-                f"{self.root} has no {MAIN_FOLDER_NAME}/{INDEX_SQLITE_FILENAME}: prepare it with "
-                "`energon prepare`"
+                f"{db_path} does not exist: prepare {self.root} with `energon prepare`"
             )
         db_path = epath.local_copy(db_path)  # remote: a validated copy in the local cache
         self._shards = list(read_info(self.root))

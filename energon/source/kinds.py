@@ -48,7 +48,7 @@ def detect_kind(target: str | JoinSpec) -> str:
     ):
         return "webdataset"
     raise DatasetNotPreparedError(
-        f"{path} is not a prepared dataset (no {MAIN_FOLDER_NAME}/{INFO_JSON_FILENAME}), a .jsonl "
+        f"{path} is not a prepared dataset (no {epath.join(nv_meta, INFO_JSON_FILENAME)}), a .jsonl "
         f"file or a Megatron token prefix (<prefix>.bin and <prefix>.idx): run `energon prepare "
         f"{path}`"
     )
