@@ -123,7 +123,9 @@ def mcore_any(request) -> McorePython:
     """Every checked megatron-core release in turn (index, cache and sample comparisons)."""
     python = mcore_python(request.param)
     if python is None:
-        pytest.skip(f"cannot create the megatron-core {request.param} side venv (see printed reason)")
+        pytest.skip(
+            f"cannot create the megatron-core {request.param} side venv (see printed reason)"
+        )
     result = McorePython(python)
     result.version = request.param
     return result

@@ -95,14 +95,14 @@ def check_loader_state_files(ckpt: Path, world: int) -> None:
 def test_tokens_world1_stop_save_resume(mcore_any, tmp_path, data_dir):  # noqa: F811
     """Three processes: 6 iterations; 3 then exit with a checkpoint; resume to 6 (0 workers).
     Runs with megatron-core 0.16.1 and 0.19.x."""
-    mcore = mcore_any
-    full = train(mcore, tmp_path, data_dir, "--iters 6 --workers 1")
-    first = train(mcore, tmp_path, data_dir, "--iters 3 --save ckpt --workers 1")
+    python = mcore_any
+    full = train(python, tmp_path, data_dir, "--iters 6 --workers 1")
+    first = train(python, tmp_path, data_dir, "--iters 3 --save ckpt --workers 1")
     assert sorted(by_event(first, "train")) == [1, 2, 3]
     assert first[:3] == full[:3]  # the same first three iterations
     check_loader_state_files(tmp_path / "ckpt", world=1)
     # resuming on another number of loader workers (0 = in the main process) sees the same data
-    resumed = train(mcore, tmp_path, data_dir, "--iters 6 --load ckpt --workers 0")
+    resumed = train(python, tmp_path, data_dir, "--iters 6 --load ckpt --workers 0")
     check_resume(full, resumed, world=1, saved=first)
 
 
