@@ -231,7 +231,8 @@ def _pointer_source(spec: PipelineSpec, stream_id: int) -> tuple[PointerSource, 
     schedule = None
     if spec.training and spec.mode == "weight":
         weights = [s.weight if r.num_samples else 0.0 for s, r in zip(spec.sources, readers)]
-        schedule = WeightedSchedule(weights, phase=(stream_id * 0.6180339887498949) % 1.0)
+        phase_rng = CounterRng(stable_seed(spec.seed, "blend-phase", stream_id))
+        schedule = WeightedSchedule(weights, phases=[phase_rng.random() for _ in weights])
     elif spec.training and spec.mode == "repetitions":
         schedule = QuotaSchedule([q[stream_id] for q in spec.source_stream_quotas()])
     padding = 0
