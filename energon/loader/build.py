@@ -223,9 +223,31 @@ def get_val_dataset(
     )
 
 
-def get_val_datasets(path: Any, **kwargs: Any) -> list[tuple[SavableDataset, Any]]:
-    """One validation pipeline per leaf dataset, each with the source that describes it."""
-    dataset = get_val_dataset(path, **kwargs)
+def get_val_datasets(
+    path: Any,
+    *,
+    split_part: str = "val",
+    worker_config: WorkerConfig,
+    batch_size: int | None,
+    batch_drop_last: bool = False,
+    packing_buffer_size: int | None = None,
+    limit: int | None = None,
+    task_encoder: TaskEncoder | None = None,
+    **kwargs: Any,
+) -> list[tuple[SavableDataset, Any]]:
+    """One validation pipeline per leaf dataset, each with the source that describes it (the
+    arguments are :func:`get_val_dataset`'s)."""
+    dataset = get_val_dataset(
+        path,
+        split_part=split_part,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        batch_drop_last=batch_drop_last,
+        packing_buffer_size=packing_buffer_size,
+        limit=limit,
+        task_encoder=task_encoder,
+        **kwargs,
+    )
     out = []
     for source in dataset.spec.sources:
         spec = dataclasses.replace(dataset.spec, sources=[source], mode="none")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from energon import debug_log
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stages import attach_restore_key
 from energon.pipeline.stream import Stream, build_stream
@@ -30,6 +31,23 @@ class Executor:
         self.snapshots = snapshots or {}
         self.end = end
         self.streams: dict[int, Stream] = {}
+        self._items = 0
+
+    def _log_item(self, value: Any) -> None:
+        """Debug log (level 1): the keys of every item this executor produced."""
+        index = self._items
+        self._items += 1
+        layout = self.layout
+        debug_log.emit(
+            1,
+            lambda: {
+                "t": "yield_batch",
+                "w": layout.rank * layout.num_workers + layout.worker,
+                "m": "train" if self.spec.training else "val",
+                "idx": index,
+                "keys": debug_log.batch_keys(value),
+            },
+        )
 
     def stream(self, stream_id: int) -> Stream:
         stream = self.streams.get(stream_id)
@@ -61,6 +79,7 @@ class Executor:
             except StopIteration:
                 exhausted.add(stream_id)
                 continue
-            attach_restore_key(value, ("Stream", stream_id, key))
-            meta = {"m": m, "s": stream_id, "snap": stream.snapshot()}
+            attach_restore_key(value, ("Stream", stream_id, index, key))
+            self._log_item(value)
+            meta = {"m": m, "s": stream_id, "w": self.layout.worker, "snap": stream.snapshot()}
             yield value, meta

@@ -1,9 +1,11 @@
 """The stages of one logical stream, from sample pointers to batches.
 
 Items are ``(value, key)`` pairs. A key is a plain tuple recipe that regenerates the value:
-``("Webdataset", leaf, index)`` for a loaded sample, ``("Map", name, sample_index, sub, inner_key)``
-for the output of a hook, ``("Batch", batch_index, (member keys...))`` for a batch. Buffers hold keys,
-never decoded data, so states stay small and restoring re-reads only what sat in buffers.
+``("Webdataset", leaf, index)`` for a loaded sample, ``("Map", name, sample_index, sub, inner_key,
+batch_index)`` for the output of a hook (``batch_index``: the ``current_batch_index`` it ran under),
+``("Batch", batch_number, (member keys...))`` for a batch. Buffers hold keys, never decoded data, so
+states stay small and restoring re-reads only what sat in buffers; a regenerated item sees the same
+``current_sample_index`` / ``current_batch_index`` as the original.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from energon import debug_log
 from energon.errors import ErrorPolicy, SampleException, SkipSample
 from energon.plan.reader import SliceReader
 from energon.plan.rng import CounterRng
@@ -96,6 +99,10 @@ class PointerSource:
         """Samples handed out so far per source."""
         return [reader.yielded for reader in self.readers]
 
+    def epoch_of(self, source: int) -> int:
+        """The epoch source ``source``'s reader is in (for debug logs)."""
+        return self.readers[source].epoch
+
     def rebuild(self, key: tuple) -> Any:
         return key
 
@@ -157,12 +164,15 @@ class LoadStage:
         decoder: Any,
         policy: ErrorPolicy,
         cooks: list[Callable[[Any], Any] | None] | None = None,
+        epoch_of: Callable[[int], int] | None = None,
     ) -> None:
         self.upstream = upstream
         self.leaves = leaves
         self.decoder = decoder
         self.policy = policy
         self.cooks = cooks or [None] * len(leaves)
+        self.epoch_of = epoch_of
+        self._loaded = 0  # for debug logs only
 
     def __iter__(self) -> Iterator[Item]:
         return self
@@ -176,7 +186,26 @@ class LoadStage:
                 self.policy.failed(e)
                 continue
             self.policy.succeeded()
+            self._loaded += 1
+            debug_log.emit(1, self._log_record, sample, key)
             return sample, key
+
+    def _log_record(self, sample: Any, key: tuple) -> dict[str, Any]:
+        """The reference's record of one sample read (reading order, before shuffling)."""
+        sources = (
+            sample.get("__sources__")
+            if isinstance(sample, dict)
+            else getattr(sample, "__sources__", None)
+        )
+        keys = debug_log.batch_keys(sample)
+        return {
+            "t": "WebdatasetSampleLoaderDataset._slices_iter.yield",
+            "index": key[2],
+            "key": keys[0] if keys else None,
+            "shard": sources[0].shard_name if sources else None,
+            "count": self._loaded,
+            "epoch": self.epoch_of(key[1]) if self.epoch_of is not None else None,
+        }
 
     def state(self) -> dict[str, Any]:
         return {"skipped": self.policy.skipped}
@@ -209,6 +238,18 @@ def _call_hook(fn: Callable[..., Any], sample_index: int, *args: Any) -> Any:
         hook_context.sample_index = previous
 
 
+def _in_batch(batch_index: int | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with ``current_batch_index`` set to ``batch_index`` (if known)."""
+    if batch_index is None:
+        return fn(*args)
+    previous = hook_context.batch_index
+    hook_context.batch_index = batch_index
+    try:
+        return fn(*args)
+    finally:
+        hook_context.batch_index = previous
+
+
 def _rebuild_items(upstream: Any, keys: list) -> list[Item]:
     """Buffered items of a saved state, regenerated from their keys through the upstream stages."""
     items = []
@@ -218,8 +259,11 @@ def _rebuild_items(upstream: Any, keys: list) -> list[Item]:
     return items
 
 
-def _rebuild_batch(upstream: Any, batcher: Callable[[list], Any], key: tuple) -> Any:
-    batch = batcher([upstream.rebuild(k) for k in key[2]])
+def _rebuild_batch(
+    upstream: Any, batcher: Callable[[list], Any], key: tuple, stream: int, num_streams: int
+) -> Any:
+    members = [upstream.rebuild(k) for k in key[2]]
+    batch = _call_hook(batcher, key[1] * num_streams + stream, members)
     attach_restore_key(batch, key)
     return batch
 
@@ -275,7 +319,7 @@ class MapStage:
                 self._pending = (result, key, sample_index, 0)
                 continue
             self.policy.succeeded()
-            out_key = ("Map", self.name, sample_index, 0, key)
+            out_key = ("Map", self.name, sample_index, 0, key, hook_context.batch_index)
             attach_restore_key(result, out_key)
             return result, out_key
 
@@ -301,7 +345,7 @@ class MapStage:
             self.policy.failed(e)
             return None
         self._pending = (gen, in_key, sample_index, emitted + 1)
-        out_key = ("Map", self.name, sample_index, emitted, in_key)
+        out_key = ("Map", self.name, sample_index, emitted, in_key, hook_context.batch_index)
         attach_restore_key(value, out_key)
         return value, out_key
 
@@ -325,7 +369,11 @@ class MapStage:
             self._pending = (gen, in_key, sample_index, emitted)
 
     def rebuild(self, key: tuple) -> Any:
-        _, _, sample_index, sub, in_key = key
+        _, _, sample_index, sub, in_key = key[:5]
+        batch_index = key[5] if len(key) > 5 else None
+        return _in_batch(batch_index, self._regenerate, key, sample_index, sub, in_key)
+
+    def _regenerate(self, key: tuple, sample_index: int, sub: int, in_key: tuple) -> Any:
         result = self._call(self.upstream.rebuild(in_key), sample_index)
         if inspect.isgenerator(result):
             for _ in range(sub):
@@ -347,6 +395,8 @@ class BatchStage:
         *,
         drop_last: bool = False,
         max_batches: int | None = None,
+        stream: int = 0,
+        num_streams: int = 1,
     ) -> None:
         self.upstream = upstream
         self.sizes = sizes
@@ -354,6 +404,8 @@ class BatchStage:
         self.policy = policy
         self.drop_last = drop_last
         self.max_batches = max_batches
+        self.stream = stream
+        self.num_streams = num_streams
         self._batches = 0
 
     def __iter__(self) -> Iterator[Item]:
@@ -373,9 +425,10 @@ class BatchStage:
             if not values or (self.drop_last and len(values) < size):
                 raise StopIteration
             key = ("Batch", self._batches, tuple(keys))
+            index = self._batches * self.num_streams + self.stream
             self._batches += 1
             try:
-                batch = self.batcher(values)
+                batch = _call_hook(self.batcher, index, values)
             except Exception as e:
                 self.policy.failed(e, values)
                 continue
@@ -391,7 +444,7 @@ class BatchStage:
         self.policy.skipped = int(state.get("skipped", 0))
 
     def rebuild(self, key: tuple) -> Any:
-        return _rebuild_batch(self.upstream, self.batcher, key)
+        return _rebuild_batch(self.upstream, self.batcher, key, self.stream, self.num_streams)
 
 
 def _key_data(key: Any) -> Any:
@@ -687,9 +740,10 @@ class GroupBatchStage:
 
     def _make_batch(self, items: list[Item]) -> Item | None:
         key = ("Batch", self._batches, tuple(k for _, k in items))
+        index = self._batches * self.num_streams + self.stream
         self._batches += 1
         try:
-            batch = self.batcher([v for v, _ in items])
+            batch = _call_hook(self.batcher, index, [v for v, _ in items])
         except Exception as e:
             self.policy.failed(e, None)
             return None
@@ -720,4 +774,4 @@ class GroupBatchStage:
         self.policy.skipped = int(state.get("skipped", 0))
 
     def rebuild(self, key: tuple) -> Any:
-        return _rebuild_batch(self.upstream, self.batcher, key)
+        return _rebuild_batch(self.upstream, self.batcher, key, self.stream, self.num_streams)

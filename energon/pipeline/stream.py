@@ -45,7 +45,7 @@ class Stream:
         """The next item; ``StopIteration`` at the end of a finite (validation) pass."""
         if self.max_items is not None and self.emitted >= self.max_items:
             raise StopIteration
-        hook_context.batch_index = self.emitted * self.spec.num_streams + self.stream_id
+        hook_context.batch_index = self.batch_index(self.emitted)
         hook_context.seed = self.spec.seed
         value, key = next(self.sink)
         self.emitted += 1
@@ -60,8 +60,15 @@ class Stream:
             stage.restore(state)
         self.emitted = int(snapshot["emitted"])
 
-    def rebuild(self, key: tuple) -> Any:
+    def batch_index(self, item_index: int) -> int:
+        """``current_batch_index`` of this stream's ``item_index``-th item (its global position)."""
+        return item_index * self.spec.num_streams + self.stream_id
+
+    def rebuild(self, key: tuple, item_index: int) -> Any:
+        """Regenerate this stream's ``item_index``-th item from its key, under the batch index
+        it was first made with."""
         hook_context.seed = self.spec.seed
+        hook_context.batch_index = self.batch_index(item_index)
         return self.sink.rebuild(key)
 
 
@@ -94,7 +101,16 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         rng = CounterRng(stable_seed(spec.seed, "shuffle-buffer", stream_id))
         stages.append(ShuffleBuffer(stages[-1], spec.shuffle_buffer_size, rng))
     cooks = [_cook_function(spec, source) for source in spec.sources]
-    stages.append(LoadStage(stages[-1], spec.leaves, spec.decoder, policy("load_sample"), cooks))
+    stages.append(
+        LoadStage(
+            stages[-1],
+            spec.leaves,
+            spec.decoder,
+            policy("load_sample"),
+            cooks,
+            epoch_of=pointers.epoch_of,
+        )
+    )
     if te.is_active("preencode_sample"):
         if _user_defined(te, "encode_sample"):
             raise ValueError(
@@ -142,6 +158,8 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 te.batch,
                 policy("batch", te.batch),
                 drop_last=spec.batch_drop_last,
+                stream=stream_id,
+                num_streams=spec.num_streams,
             )
         )
     if (spec.batch_size is not None or te.is_active("batch_group_criterion")) and te.is_active(

@@ -85,7 +85,10 @@ def test_equal_weight_blend_global_steps_mix_sources(two_datasets):
     over every window."""
     path = write(two_datasets, "blend_equal.yaml", blend_yaml(1, 1))
     per_rank = [
-        [b.__subflavors__[0]["src"] for b in samples(path, 2000, rank=r, world_size=4, batch_size=1)]
+        [
+            b.__subflavors__[0]["src"]
+            for b in samples(path, 2000, rank=r, world_size=4, batch_size=1)
+        ]
         for r in range(4)
     ]
     steps = list(zip(*per_rank))
