@@ -33,6 +33,7 @@ ACCEPTED_KEYS = {
     "parallel_shard_iters",
     "max_samples_per_sequence",
     "subset",
+    "allow_pickle",  # energon only: unpickle this dataset's pkl/pyd/pickle parts
 }
 
 _FLAVOR_SAMPLE_TYPES = {
@@ -69,6 +70,7 @@ class SampleBuilder:
     part_filter: Callable[[str], bool] | None = None
     subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
     split_config: str | None = None
+    allow_pickle: bool = False  # the dataset's owner trusts its pickled parts
 
     def wants_part(self, part: str) -> bool:
         """Only parts that will be used are decoded."""
@@ -139,6 +141,13 @@ def parse_dataset_config(root: str, data: dict[str, Any], *, where: str) -> Samp
     return _builder_for_sample_type(root, sample_type, data, where)
 
 
+def _allow_pickle(data: dict[str, Any], where: str) -> bool:
+    value = data.get("allow_pickle", False)
+    if not isinstance(value, bool):
+        raise DatasetConfigError(f"{where}: 'allow_pickle' must be true or false, got {value!r}")
+    return value
+
+
 def _resolve_sample_type(ref: Any, where: str) -> type:
     if not isinstance(ref, dict) or "__class__" not in ref:
         raise DatasetConfigError(
@@ -178,6 +187,7 @@ def _builder_for_sample_type(
             field_map=field_map,
             subflavors=subflavors,
             split_config=split_config,
+            allow_pickle=_allow_pickle(data, where),
         )
     from energon.source.sample_loader import load_part_filter, load_sample_loader
 
@@ -191,6 +201,7 @@ def _builder_for_sample_type(
         part_filter=load_part_filter(nv_meta, data["part_filter"]),
         subflavors=subflavors,
         split_config=split_config,
+        allow_pickle=_allow_pickle(data, where),
     )
 
 
@@ -198,7 +209,7 @@ def _parse_class_style(
     root: str, module: str, class_name: str, data: dict[str, Any], where: str
 ) -> SampleBuilder:
     if class_name == "CrudeWebdataset":
-        unknown = set(data) - {"subflavors", "part_filter", "split_config"}
+        unknown = set(data) - {"subflavors", "part_filter", "split_config", "allow_pickle"}
         if unknown:
             raise DatasetConfigError(f"{where}: CrudeWebdataset does not accept {sorted(unknown)}")
         part_filter = None
@@ -211,6 +222,7 @@ def _parse_class_style(
             part_filter=part_filter,
             subflavors=dict(data.get("subflavors") or {}),
             split_config=data.get("split_config"),
+            allow_pickle=_allow_pickle(data, where),
         )
     if class_name in _FLAVOR_SAMPLE_TYPES:
         warnings.warn(

@@ -363,3 +363,73 @@ def test_worker_log_without_path_prints_json_lines(capsys):
     wc.worker_log({"t": "custom", "value": 3})
     assert json.loads(capsys.readouterr().out) == {"t": "custom", "value": 3}
     assert inspect.signature(WorkerConfig.worker_log).parameters.keys() == {"self", "data"}
+
+
+# ---- pickled parts: refused by default, allowed per dataset or per process --------------------
+
+PICKLE_YAML = """sample_type:
+  __module__: megatron.energon
+  __class__: TextSample
+field_map:
+  text: pkl
+"""
+
+PICKLE_SCRIPT = """
+import json, sys
+# energon: alias
+from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+ds = get_val_dataset(sys.argv[1], split_part="train", batch_size=None, worker_config=wc)
+print(json.dumps(sorted([s.__key__, s.text] for s in get_loader(ds))))
+"""
+
+
+@pytest.fixture(scope="module")
+def pickled_dataset(tmp_path_factory):
+    import pickle
+
+    from energon.format.prepare import prepare_dataset
+    from tests.helpers.tarfiles import write_tar
+
+    root = tmp_path_factory.mktemp("pickled")
+    write_tar(root / "a.tar", [(f"{i:03d}.pkl", pickle.dumps(f"text {i}")) for i in range(6)])
+    prepare_dataset(root, split_parts_ratio=[("train", 1.0)], progress=False, num_workers=1)
+    (root / ".nv-meta" / "dataset.yaml").write_text(PICKLE_YAML)
+    return root
+
+
+def _load_texts(root, **env):
+    from energon import WorkerConfig, get_loader, get_val_dataset, reraise_exception
+
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=reraise_exception)
+    ds = get_val_dataset(root, split_part="train", batch_size=None, worker_config=wc)
+    return sorted([s.__key__, s.text] for s in get_loader(ds))
+
+
+def test_pickled_parts_need_one_switch(reference, pickled_dataset, tmp_path, monkeypatch):  # noqa: F811
+    from energon.errors import SampleException
+
+    expected = [[f"{i:03d}", f"text {i}"] for i in range(6)]
+    # the reference unpickles by default
+    assert json.loads(run_script(reference, PICKLE_SCRIPT, str(pickled_dataset))) == expected
+    # energon refuses, and says exactly how to allow it
+    monkeypatch.delenv("ENERGON_ALLOW_PICKLE", raising=False)
+    with pytest.raises(SampleException) as refused:
+        _load_texts(pickled_dataset)
+    message = str(refused.value)
+    yaml_path = f"{pickled_dataset}/.nv-meta/dataset.yaml"
+    assert f"`allow_pickle: true` in {yaml_path}" in message
+    assert "ENERGON_ALLOW_PICKLE=1" in message and "SampleDecoder(allow_pickle=True)" in message
+    # per process: one environment variable
+    monkeypatch.setenv("ENERGON_ALLOW_PICKLE", "1")
+    assert _load_texts(pickled_dataset) == expected
+    monkeypatch.delenv("ENERGON_ALLOW_PICKLE")
+    # per dataset: one line in its dataset.yaml
+    import shutil
+
+    trusted = tmp_path / "trusted"
+    shutil.copytree(pickled_dataset, trusted)
+    (trusted / ".nv-meta" / "dataset.yaml").write_text(PICKLE_YAML + "allow_pickle: true\n")
+    assert _load_texts(trusted) == expected
+    with pytest.raises(SampleException):  # and only that dataset
+        _load_texts(pickled_dataset)
