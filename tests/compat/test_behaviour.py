@@ -433,3 +433,92 @@ def test_pickled_parts_need_one_switch(reference, pickled_dataset, tmp_path, mon
     assert _load_texts(trusted) == expected
     with pytest.raises(SampleException):  # and only that dataset
         _load_texts(pickled_dataset)
+
+
+# ---- traverse_metadataset --------------------------------------------------------------------
+
+TRAVERSE_YAML = """
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - weight: 1
+        path: ./a
+        subflavors: {src: a}
+        aux:
+          img: filesystem://./files
+          remote_img: filesystem+msc://profile/some/folder
+          other: ./b
+          remote_ds: msc://profile/prepared
+      - weight: 2
+        path: ./b
+        split_part: val
+        subflavors: {src: b}
+      - weight: 1
+        path: ./nested.yaml
+        subflavors: {outer: 1}
+  val:
+    join:
+      - path: ./a
+      - path: ./b
+        split_part: train
+    joiner:
+      __module__: megatron.energon
+      __class__: TextSample
+    subflavors: {joined: true}
+"""
+
+NESTED_YAML = """
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    path: ./c
+    subflavors: {inner: 2}
+"""
+
+TRAVERSE_SCRIPT = """
+import json, sys
+# energon: alias
+from megatron.energon import traverse_metadataset
+out = [[type(r).__name__, str(r.path), r.split_part, {k: str(v) for k, v in r.aux.items()}, r.subflavors]
+       for r in traverse_metadataset(sys.argv[1], split_part="train")]
+print(json.dumps(out))
+"""
+
+
+def test_traverse_metadataset_gives_the_references_objects(reference, tmp_path, monkeypatch):  # noqa: F811
+    # the reference's path objects look msc profiles up: a POSIX profile named "profile"
+    config = {
+        "profiles": {
+            "profile": {
+                "storage_provider": {"type": "file", "options": {"base_path": str(tmp_path)}}
+            }
+        }
+    }
+    (tmp_path / "msc.json").write_text(json.dumps(config))
+    monkeypatch.setenv("MSC_CONFIG", str(tmp_path / "msc.json"))
+    (tmp_path / "m.yaml").write_text(TRAVERSE_YAML)
+    (tmp_path / "nested.yaml").write_text(NESTED_YAML)  # the datasets need not exist
+    theirs, ours = (
+        json.loads(out.splitlines()[-1])
+        for out in both(reference, TRAVERSE_SCRIPT, str(tmp_path / "m.yaml"))
+    )
+    assert ours == theirs
+    assert [r[0] for r in ours] == ["TraversedDatasetReference"] * 3
+    assert ours[0][3] == {
+        "img": str(tmp_path / "files"),
+        "remote_img": "msc://profile/some/folder",
+        "other": str(tmp_path / "b"),
+        "remote_ds": "msc://profile/prepared",
+    }
+    assert ours[2][1:3] == [str(tmp_path / "c"), "train"]
+    # joins (which the reference cannot traverse): one reference per member
+    from energon import traverse_metadataset
+
+    joined = traverse_metadataset(tmp_path / "m.yaml", split_part="val")
+    assert [(str(r.path), r.split_part, r.aux, r.subflavors) for r in joined] == [
+        (str(tmp_path / "a"), "val", {}, {"joined": True}),
+        (str(tmp_path / "b"), "train", {}, {"joined": True}),
+    ]
