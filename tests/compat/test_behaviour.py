@@ -522,3 +522,26 @@ def test_traverse_metadataset_gives_the_references_objects(reference, tmp_path, 
         (str(tmp_path / "a"), "val", {}, {"joined": True}),
         (str(tmp_path / "b"), "train", {}, {"joined": True}),
     ]
+
+
+# ---- AVI frame counts --------------------------------------------------------------------------
+
+AVI_SCRIPT = """
+import io, json, sys
+# energon: alias
+from megatron.energon.av import AVDecoder
+decoder = AVDecoder(io.BytesIO(open(sys.argv[1], "rb").read()))
+print(json.dumps([decoder.get_metadata().video_num_frames,
+                  decoder.get_video_duration(get_frame_count=True)[1]]))
+"""
+
+
+def test_avi_frame_count_is_the_references(reference, tmp_path):  # noqa: F811
+    from tests.helpers.avi import avi_with_a_dropped_frame
+
+    path = tmp_path / "dropped.avi"
+    path.write_bytes(avi_with_a_dropped_frame(20))  # the header says 21
+    theirs, ours = (
+        json.loads(out.splitlines()[-1]) for out in both(reference, AVI_SCRIPT, str(path))
+    )
+    assert ours == theirs == [20, 20]
