@@ -18,6 +18,7 @@ Logging is off unless a level is set, and every call site checks the level befor
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -82,6 +83,13 @@ def _file(path: str) -> TextIO:
             os.makedirs(directory, exist_ok=True)
         f = _files[path] = open(path, "a", buffering=1)  # noqa: SIM115  (kept open per process)
     return f
+
+
+@atexit.register
+def _close_files() -> None:
+    for f in _files.values():
+        f.close()
+    _files.clear()
 
 
 def _plain(value: Any) -> Any:

@@ -243,20 +243,24 @@ LOG_SCRIPT = """
 import sys
 # energon: alias
 from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
-path, out, rank, level, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-wc = WorkerConfig(rank=rank, world_size=2, num_workers=2, worker_debug_path=out + "/{worker_id}.jsonl",
-                  worker_log_level=level)
-loader = get_savable_loader(get_train_dataset(path, batch_size=2, worker_config=wc,
-    shuffle_buffer_size=None, max_samples_per_sequence=None, virtual_epoch_length=steps // 2))
-for _ in range(2):  # two virtual epochs
-    for batch in loader:
-        pass
+path, out, level, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for rank in map(int, sys.argv[5].split(",")):  # ranks of a 2-rank job, one after the other
+    wc = WorkerConfig(rank=rank, world_size=2, num_workers=2,
+                      worker_debug_path=out + "/{worker_id}.jsonl", worker_log_level=level)
+    loader = get_savable_loader(get_train_dataset(path, batch_size=2, worker_config=wc,
+        shuffle_buffer_size=None, max_samples_per_sequence=None, virtual_epoch_length=steps // 2))
+    for _ in range(2):  # two virtual epochs
+        for batch in loader:
+            pass
+    del loader
 """
 
 
-def _write_logs(python: str, path, out, steps: int = 10, level: int = 2) -> None:
-    for rank in (0, 1):
-        run_script(python, LOG_SCRIPT, str(path), str(out), str(rank), str(level), str(steps))
+def _write_logs(python: str, path, out, steps=10, level=2, one_process=True) -> None:
+    """Logs of both ranks; ``one_process=False``: a process per rank (so both loaders are number 0,
+    as in a real job)."""
+    for ranks in ["0,1"] if one_process else ["0", "1"]:
+        run_script(python, LOG_SCRIPT, str(path), str(out), str(level), str(steps), ranks)
 
 
 def _records(folder) -> dict[str, list[dict]]:
@@ -309,7 +313,7 @@ def _pixels(path):
 def test_analyze_debug_draws_the_references_picture(reference, text50, tmp_path):  # noqa: F811
     """Both tools render the reference's logs into the same image (pixel for pixel)."""
     logs = tmp_path / "logs"
-    _write_logs(reference, text50, logs, steps=24, level=1)
+    _write_logs(reference, text50, logs, steps=24, level=1, one_process=False)
     ref_out = ref_cli(
         reference, "analyze-debug", str(logs), "--heatmap-path", str(tmp_path / "r.png")
     )

@@ -160,26 +160,27 @@ class Tok:
         self.eod = eod
         self.pad = -1
 
-out = job["out"]
-if job.get("write"):
-    w = job["write"]
-    b = IndexedDatasetBuilder(w["prefix"] + ".bin", dtype=getattr(np, w["dtype"]),
-                              multimodal=w.get("multimodal", False))
-    for doc in w["docs"]:
-        for seq in doc:
-            if w.get("multimodal"):
-                b.add_item(torch.tensor(seq), mode=len(seq) % 2)
-            else:
-                b.add_item(torch.tensor(seq))
-        b.end_document()
-    for p in w.get("add_index", []):
-        b.add_index(p)
-    b.finalize(w["prefix"] + ".idx")
-if job.get("read"):
-    ds = IndexedDataset(job["read"], multimodal=job.get("read_multimodal", False))
-    np.save(os.path.join(out, "read_lengths.npy"), ds.sequence_lengths)
-    np.save(os.path.join(out, "read_docs.npy"), ds.document_indices)
-    np.save(os.path.join(out, "read_tokens.npy"), np.concatenate([ds[i][0] if ds.multimodal else ds[i] for i in range(len(ds))]))
+for io_job in job.get("io", []) + ([job] if job.get("write") or job.get("read") else []):
+    out = io_job["out"]
+    if io_job.get("write"):
+        w = io_job["write"]
+        b = IndexedDatasetBuilder(w["prefix"] + ".bin", dtype=getattr(np, w["dtype"]),
+                                  multimodal=w.get("multimodal", False))
+        for doc in w["docs"]:
+            for seq in doc:
+                if w.get("multimodal"):
+                    b.add_item(torch.tensor(seq), mode=len(seq) % 2)
+                else:
+                    b.add_item(torch.tensor(seq))
+            b.end_document()
+        for p in w.get("add_index", []):
+            b.add_index(p)
+        b.finalize(w["prefix"] + ".idx")
+    if io_job.get("read"):
+        ds = IndexedDataset(io_job["read"], multimodal=io_job.get("read_multimodal", False))
+        np.save(os.path.join(out, "read_lengths.npy"), ds.sequence_lengths)
+        np.save(os.path.join(out, "read_docs.npy"), ds.document_indices)
+        np.save(os.path.join(out, "read_tokens.npy"), np.concatenate([ds[i][0] if ds.multimodal else ds[i] for i in range(len(ds))]))
 for g in job.get("gpts", []):
     out = g["out"]
     os.makedirs(out, exist_ok=True)

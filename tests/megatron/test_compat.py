@@ -60,35 +60,50 @@ def read_bytes(prefix):
     return open(prefix + ".bin", "rb").read(), open(prefix + ".idx", "rb").read()
 
 
-@pytest.mark.parametrize(
-    "dtype,multimodal",
-    [("uint16", False), ("int32", False), ("int64", False), ("uint16", True)],
-)
-def test_writer_is_byte_identical_and_cross_readable(tmp_path, mcore_any, dtype, multimodal):  # noqa: F811
-    docs = random_docs(3, 25)
-    docs.insert(2, [])  # an empty document is legal
-    base = str(tmp_path / "base")
-    write_ours(base, random_docs(4, 5), dtype=dtype, multimodal=multimodal)
-    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
-    write_ours(ours, docs, dtype=dtype, multimodal=multimodal, add_index=[base])
-    job = {
-        "out": str(tmp_path),
-        "write": {
-            "prefix": theirs,
-            "dtype": dtype,
-            "docs": docs,
-            "multimodal": multimodal,
-            "add_index": [base],
-        },
-        "read": ours,
-        "read_multimodal": multimodal,
-    }
-    run_mcore(mcore_any, job)
+WRITER_CASES = [("uint16", False), ("int32", False), ("int64", False), ("uint16", True)]
+
+
+@pytest.fixture(scope="module")
+def written_by_both(mcore_any, tmp_path_factory):  # noqa: F811
+    """Every writer case written by us and by megatron-core (one megatron-core run for all)."""
+    root = tmp_path_factory.mktemp("writer")
+    jobs = []
+    for dtype, multimodal in WRITER_CASES:
+        case = root / f"{dtype}-{multimodal}"
+        case.mkdir()
+        docs = random_docs(3, 25)
+        docs.insert(2, [])  # an empty document is legal
+        base = str(case / "base")
+        write_ours(base, random_docs(4, 5), dtype=dtype, multimodal=multimodal)
+        ours, theirs = str(case / "ours"), str(case / "theirs")
+        write_ours(ours, docs, dtype=dtype, multimodal=multimodal, add_index=[base])
+        jobs.append(
+            {
+                "out": str(case),
+                "write": {
+                    "prefix": theirs,
+                    "dtype": dtype,
+                    "docs": docs,
+                    "multimodal": multimodal,
+                    "add_index": [base],
+                },
+                "read": ours,
+                "read_multimodal": multimodal,
+            }
+        )
+    run_mcore(mcore_any, {"out": str(root), "io": jobs})
+    return root
+
+
+@pytest.mark.parametrize("dtype,multimodal", WRITER_CASES)
+def test_writer_is_byte_identical_and_cross_readable(written_by_both, dtype, multimodal):
+    case = written_by_both / f"{dtype}-{multimodal}"
+    ours, theirs = str(case / "ours"), str(case / "theirs")
     assert read_bytes(ours) == read_bytes(theirs)
     mine = IndexedTokens(theirs)
     all_tokens = np.concatenate([mine[i] for i in range(len(mine))])
-    assert np.array_equal(np.load(tmp_path / "read_tokens.npy"), all_tokens)
-    assert np.array_equal(np.load(tmp_path / "read_docs.npy"), mine.document_indices)
+    assert np.array_equal(np.load(case / "read_tokens.npy"), all_tokens)
+    assert np.array_equal(np.load(case / "read_docs.npy"), mine.document_indices)
     assert (mine.modes is not None) == multimodal
 
 
