@@ -96,7 +96,8 @@ class Loader:
         self._snapshots: dict[int, dict[str, Any]] = {}
         self._source: Iterator | None = None
         self._arena: BatchArena | None = None
-        self._log(1, "__init__", config=self.config())
+        if self.worker_config.should_log(1):
+            self._log(1, "__init__", config=self.config())
 
     @classmethod
     def next_id(cls) -> int:

@@ -549,3 +549,70 @@ def test_avi_frame_count_is_the_references(reference, tmp_path):  # noqa: F811
         json.loads(out.splitlines()[-1]) for out in both(reference, AVI_SCRIPT, str(path))
     )
     assert ours == theirs == [20, 20]
+
+
+# ---- checkpoint redist: same names and file format as the reference -----------------------------
+
+REDIST_STATES_SCRIPT = """
+import sys, torch
+# energon: alias
+from megatron.energon import WorkerConfig, get_savable_loader, get_train_dataset
+for rank in range(2):  # 2 x 2 workers: the reference re-splits whole workers over the new ranks
+    wc = WorkerConfig(rank=rank, world_size=2, num_workers=2)
+    loader = get_savable_loader(get_train_dataset(sys.argv[1], batch_size=2, worker_config=wc,
+        shuffle_buffer_size=None, max_samples_per_sequence=None))
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    torch.save({"dataloader_state_dict": loader.save_state_rank()},
+               f"{sys.argv[2]}/train_dataloader_dprank{rank:03d}.pt")
+"""
+
+
+def test_checkpoint_redist_names_and_format_match_the_reference(reference, text50, tmp_path):  # noqa: F811
+    import zipfile
+
+    for who, python in (("theirs", reference), ("ours", OUR_PYTHON)):
+        (tmp_path / who).mkdir()
+        run_script(python, REDIST_STATES_SCRIPT, str(text50), str(tmp_path / who))
+    inputs = {who: sorted(str(p) for p in (tmp_path / who).iterdir()) for who in ("theirs", "ours")}
+    (tmp_path / "out_theirs").mkdir()  # the reference needs the folder to exist
+    ref_cli(
+        reference,
+        "checkpoint",
+        "redist",
+        *inputs["theirs"],
+        str(tmp_path / "out_theirs"),
+        "--new-world-size",
+        "4",
+    )
+    result = CliRunner().invoke(
+        cli,
+        [
+            "checkpoint",
+            "redist",
+            *inputs["ours"],
+            str(tmp_path / "out_ours"),
+            "--new-world-size",
+            "4",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    names = {
+        who: sorted(p.name for p in (tmp_path / f"out_{who}").iterdir())
+        for who in ("theirs", "ours")
+    }
+    assert (
+        names["ours"] == names["theirs"] == [f"train_dataloader_dprank{r:03d}.pt" for r in range(4)]
+    )
+    for who in ("theirs", "ours"):  # torch.save files (zip archives) holding the Megatron wrapper
+        for name in names[who]:
+            assert zipfile.is_zipfile(tmp_path / f"out_{who}" / name)
+    import torch
+
+    for name in names["ours"]:
+        saved = torch.load(tmp_path / "out_ours" / name, weights_only=True)
+        assert (
+            list(saved) == ["dataloader_state_dict"]
+            and saved["dataloader_state_dict"]["world_size"] == 4
+        )
