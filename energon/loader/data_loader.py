@@ -51,9 +51,10 @@ class Loader:
     """Iterates a :class:`SavableDataset` for this rank and tracks its exact position.
 
     ``for batch in loader`` yields one pass: ``virtual_epoch_length`` batches (training with a
-    virtual epoch), the whole validation split (or ``limit`` batches), or forever (training). A new
-    ``for`` loop over a training loader continues where the last one stopped; over a validation
-    loader it starts the next pass from the beginning.
+    virtual epoch), ``limit`` batches (``LimitDataset``), the whole validation split, or forever
+    (training). A new ``for`` loop over a training loader continues where the last one stopped; over
+    a validation loader it starts the next pass from the beginning (unless a ``LimitDataset`` without
+    reset says to continue).
 
     The constructor takes Megatron-Energon's loader options. Those that tune machinery energon does
     not have warn when given a non-default value (see :func:`_warn_unused_options`).
@@ -185,7 +186,7 @@ class Loader:
         """Level 2: where a virtual epoch or a limited validation pass starts and ends."""
         if length is None or not self.worker_config.should_log(2):
             return
-        if self.dataset.spec.training:
+        if self.dataset.spec.limit is None:  # a virtual epoch
             event = (
                 "EpochizeDataset.epoch_start" if which == "start" else "EpochizeDataset.epoch_end"
             )
