@@ -616,3 +616,40 @@ def test_checkpoint_redist_names_and_format_match_the_reference(reference, text5
             list(saved) == ["dataloader_state_dict"]
             and saved["dataloader_state_dict"]["world_size"] == 4
         )
+
+
+def test_restore_errors_go_to_the_restore_error_handler(text50):
+    from energon import DefaultTaskEncoder, WorkerConfig, get_loader, get_train_dataset, stateless
+
+    class Flaky(DefaultTaskEncoder):
+        broken = False
+
+        @stateless
+        def encode_sample(self, sample):
+            if self.broken:
+                raise OSError("storage went away")
+            return sample
+
+    seen = []
+    for handler in (None, lambda e, key, sources: seen.append((type(e).__name__, key))):
+        extra = {} if handler is None else {"restore_error_handler": handler}
+        wc = WorkerConfig(rank=0, world_size=1, num_workers=0, **extra)
+        te = Flaky()
+        loader = get_loader(
+            get_train_dataset(
+                text50,
+                batch_size=2,
+                worker_config=wc,
+                task_encoder=te,
+                shuffle_buffer_size=None,
+                max_samples_per_sequence=None,
+            )
+        )
+        batch = next(iter(loader))
+        te.broken = True
+        if handler is None:  # the default re-raises
+            with pytest.raises(OSError, match="storage went away"):
+                loader.restore_sample(batch.__restore_key__)
+        else:
+            assert loader.restore_sample(batch.__restore_key__) is None
+    assert seen == [("OSError", seen[0][1])] and seen[0][1][0] == "Stream"
