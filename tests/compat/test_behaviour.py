@@ -357,6 +357,41 @@ def test_analyze_debug_of_our_validation_logs(text50, tmp_path):
     result = CliRunner().invoke(cli, [*args, "--no-progress", "--force-loading-order"])
     assert result.exit_code == 0, result.output
     assert re.search(r"Found 50 unique sample keys, \d+ steps", result.output)
+    # a smaller picture merges steps and samples by powers of two (the reference fails here)
+    small = ["--heatmap-steps", "7", "--heatmap-samples", "9", "--include-modality", "val"]
+    result = CliRunner().invoke(cli, [*args, "--no-progress", *small])
+    assert result.exit_code == 0, result.output
+    image = _pixels(tmp_path / "h.png")
+    assert image.shape == (7, 5, 3)  # 50 keys / 8 per row, 20 steps / 4 per column
+    lit = image.any(axis=2)
+    assert lit.any(axis=0).all() and lit.any(axis=1).all()  # every step and sample drawn
+
+
+def test_analyze_debug_asks_which_loader(text50, tmp_path):
+    from energon import WorkerConfig, get_loader, get_train_dataset, get_val_dataset
+
+    logs = str(tmp_path / "logs" / "{worker_id}.jsonl")
+    wc = WorkerConfig(
+        rank=0, world_size=1, num_workers=0, worker_debug_path=logs, worker_log_level=1
+    )
+    train = get_loader(
+        get_train_dataset(
+            text50,
+            worker_config=wc,
+            batch_size=2,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            virtual_epoch_length=3,
+        )
+    )
+    val = get_loader(get_val_dataset(text50, split_part="train", worker_config=wc, batch_size=10))
+    assert len(list(train)) == 3 and len(list(val)) == 5
+    args = ["analyze-debug", str(tmp_path / "logs"), "--heatmap-path", str(tmp_path / "h.png")]
+    both_kinds = [*args, "--no-progress", "--include-modality", "train,val"]
+    result = CliRunner().invoke(cli, both_kinds, input="1\n")
+    assert result.exit_code == 0, result.output
+    assert "0: train" in result.output and "1: val" in result.output
+    assert "Found 50 unique sample keys, 5 steps" in result.output  # the chosen one: val
 
 
 def test_worker_log_without_path_prints_json_lines(capsys):
