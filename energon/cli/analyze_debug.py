@@ -115,7 +115,10 @@ def read_log(path: Path, source: int) -> LogFile:
                 loader = log.loaders.setdefault(
                     record.get("id"), LoaderLog(source, record.get("id"), "?", ())
                 )
-                loader.steps[int(record["global_idx"])] = list(record.get("keys") or [])
+                step = record.get("global_idx", record.get("idx"))
+                if step is None:
+                    raise click.ClickException(f"{path} line {number}: a yield without a step")
+                loader.steps[int(step)] = list(record.get("keys") or [])
             elif event == SAMPLE_READ:
                 log.reads.append(record.get("key"))
     return log
