@@ -75,7 +75,8 @@ MCORE_VENVS = {
         version="0.19",
         directory=REPO_ROOT / ".cache" / "mcore019-venv",
         base_steps=(
-            # the newest releases of these that support Python 3.11, CPU torch first
+            # CPU torch first; numpy installed here, so that the next step (which ignores
+            # Requires-Python) keeps it rather than building a 3.12-only release from source
             ("torch==2.13.0", "numpy<2.4", "psutil", "triton"),
             ("--ignore-requires-python", "megatron-core>=0.19,<0.20"),
         ),
