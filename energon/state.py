@@ -225,20 +225,33 @@ def _check_prefix(
             )
 
 
-def save_state_file(state: Any, path: str | os.PathLike) -> None:
-    """Write a state (or a list of per-rank states) as JSON, atomically."""
+def save_state_file(state: Any, path: str | os.PathLike, file_format: str = "json") -> None:
+    """Write a state (or a list of per-rank states) atomically, as JSON or with ``torch.save``
+    (``file_format="torch"``; the file still holds plain data only)."""
     tmp = f"{os.fspath(path)}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(state, f)
+    if file_format == "torch":
+        import torch
+
+        torch.save(state, tmp)
+    elif file_format == "json":
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+    else:
+        raise ValueError(f"file_format must be 'json' or 'torch', not {file_format!r}")
     os.replace(tmp, path)
+
+
+def state_file_format(path: str | os.PathLike) -> str:
+    """``"json"`` or ``"torch"``: how a state file was written (from its first byte)."""
+    with open(path, "rb") as f:
+        head = f.read(1)
+    return "json" if head in (b"{", b"[") else "torch"
 
 
 def load_state_file(path: str | os.PathLike) -> Any:
     """Read a state file written as JSON or with ``torch.save`` (never unpickling objects)."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        head = f.read(1)
-    if head in (b"{", b"["):
+    if state_file_format(path) == "json":
         try:
             with open(path) as f:
                 return json.load(f)

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from energon import debug_log
 from energon.errors import ErrorHandler, log_exception, reraise_exception
 
 
@@ -22,6 +23,9 @@ class WorkerConfig:
 
     ``rank``/``world_size`` are the *data-parallel* rank and size. ``num_workers=0`` loads in the
     main process. ``seed_offset`` changes the data order; nothing else random does.
+    ``worker_debug_path`` / ``worker_log_level`` write per-process debug logs (see
+    :mod:`energon.debug_log`; ``energon analyze-debug`` renders them). ``restore_error_handler``
+    handles errors while ``loader.restore_sample`` regenerates an item.
     """
 
     rank: int
@@ -33,8 +37,6 @@ class WorkerConfig:
     worker_log_level: int = 0
     global_error_handler: ErrorHandler = log_exception
     restore_error_handler: ErrorHandler = reraise_exception
-    prefetch_factor: int = 2
-    persistent_workers: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -81,6 +83,14 @@ class WorkerConfig:
 
     def global_worker_id(self, local_worker_id: int = 0) -> int:
         return self.rank * max(1, self.num_workers) + local_worker_id
+
+    def should_log(self, level: int) -> bool:
+        """True when this config's debug log records events of ``level``."""
+        return debug_log.should_log(self, level)
+
+    def worker_log(self, data: dict[str, Any]) -> None:
+        """Write one record to this process's debug log file (or stdout without a path)."""
+        debug_log.write(self, data)
 
     def config(self) -> dict[str, Any]:
         group_size = None

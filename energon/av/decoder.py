@@ -586,9 +586,13 @@ class AVDecoder:
         return self._video_duration(get_frame_count)
 
     def _video_duration(self, get_frame_count: bool) -> tuple[float, int | None]:
+        """Duration from the header (else demuxed); the frame count from the header only where it
+        can be trusted: containers that need probing (e.g. AVI) count dropped (empty) frames in
+        their header, so there the count is that of the decodable frames, demuxed."""
         facts = self._video_facts()
         index = None
-        if facts.duration_pts is None or (get_frame_count and not facts.frames):
+        count_frames = get_frame_count and (not facts.frames or self._needs_probe)
+        if facts.duration_pts is None or count_frames:
             with self._opened() as container:
                 index = self._probe_index(container, facts)
         if facts.duration_pts is not None:
@@ -598,7 +602,7 @@ class AVDecoder:
             seconds = float((index.end_pts - facts.start_pts) * facts.time_base)
         frames = None
         if get_frame_count:
-            frames = facts.frames or (index.num_frames if index is not None else 0)
+            frames = index.num_frames if index is not None else facts.frames
         return seconds, frames
 
     @_av_operation("get_audio_duration")

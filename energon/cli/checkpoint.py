@@ -1,11 +1,16 @@
 """``energon checkpoint info|redist``: inspect loader states and re-split them for another world size.
 
-Inputs are JSON files or ``torch.save`` files (read with ``weights_only=True``), holding one rank's
-state, a Megatron-LM style ``{"dataloader_state_dict": state}``, or a list of all ranks' states.
+Inputs are JSON files or ``torch.save`` files (read with ``weights_only=True``), each holding one
+rank's state, a Megatron-LM style ``{"dataloader_state_dict": state, ...}``, or a list of all ranks'
+states. ``redist`` writes what it read: the same file format (``torch.save`` in, ``torch.save`` out;
+JSON in, JSON out), the same wrapping (other keys of a Megatron-LM wrapper, e.g. ``iteration``, are
+kept) and the same names (per-rank files follow the input's numbering; one list file keeps its name),
+so a training script resumes from the output exactly as it would from its own files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from typing import Any
@@ -13,26 +18,42 @@ from typing import Any
 import click
 
 
-def _unwrap(obj: Any) -> tuple[list[dict], bool]:
-    """(states, megatron_wrapped)."""
-    wrapped = isinstance(obj, dict) and "dataloader_state_dict" in obj
-    if wrapped:
-        obj = obj["dataloader_state_dict"]
-    if isinstance(obj, list):
-        return obj, wrapped
-    return [obj], wrapped
+@dataclasses.dataclass
+class StateFile:
+    """One input file: its states and how they were stored."""
+
+    path: str
+    file_format: str  # "json" or "torch"
+    wrapper: dict[str, Any] | None  # Megatron-LM's dict around the state (None: bare)
+    states: list[dict[str, Any]]
+    holds_list: bool  # a list of all ranks' states (a "global" checkpoint)
+
+    def payload(self, states: list[dict[str, Any]] | dict[str, Any]) -> Any:
+        """``states`` stored the way this file stored its own."""
+        if self.wrapper is None:
+            return states
+        return {**self.wrapper, "dataloader_state_dict": states}
 
 
-def read_states(files: list[str]) -> tuple[list[dict], bool]:
-    from energon.state import check_state_shape, load_state_file
+def read_state_file(path: str) -> StateFile:
+    from energon.state import check_state_shape, load_state_file, state_file_format
 
-    states: list[dict] = []
-    wrapped = False
-    for path in files:
-        found, was_wrapped = _unwrap(load_state_file(path))
-        wrapped = wrapped or was_wrapped
-        states += [check_state_shape(s) for s in found]
-    return sorted(states, key=lambda s: s["rank"]), wrapped
+    obj = load_state_file(path)
+    wrapper = None
+    if isinstance(obj, dict) and "dataloader_state_dict" in obj:
+        wrapper, obj = obj, obj["dataloader_state_dict"]
+    holds_list = isinstance(obj, list)
+    states = [check_state_shape(s) for s in (obj if holds_list else [obj])]
+    return StateFile(path, state_file_format(path), wrapper, states, holds_list)
+
+
+def read_states(files: list[str]) -> list[dict]:
+    """All ranks' states of ``files``, by rank."""
+    return _by_rank([read_state_file(path) for path in files])
+
+
+def _by_rank(read: list[StateFile]) -> list[dict]:
+    return sorted((s for f in read for s in f.states), key=lambda s: s["rank"])
 
 
 def describe(states: list[dict]) -> list[str]:
@@ -76,7 +97,7 @@ def command() -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 def info(files: tuple[str, ...]) -> None:
     """Print position, epoch and per-stream cursors of saved states."""
-    states, _ = read_states(list(files))
+    states = read_states(list(files))
     for line in describe(states):
         click.echo(line)
 
@@ -86,26 +107,51 @@ def info(files: tuple[str, ...]) -> None:
 @click.argument("output_dir", type=click.Path(file_okay=False))
 @click.option("--new-world-size", type=int, prompt="New data-parallel world size")
 def redist(files: tuple[str, ...], output_dir: str, new_world_size: int) -> None:
-    """Turn the states of all ranks into states for NEW_WORLD_SIZE ranks (written as JSON)."""
+    """Turn the states of all ranks into states for NEW_WORLD_SIZE ranks, written in the input's
+    format, wrapping and naming."""
     from energon.state import redistribute_states, save_state_file
 
-    states, wrapped = read_states(list(files))
-    new_states = redistribute_states(states, new_world_size)
+    read = [read_state_file(path) for path in files]
+    new_states = redistribute_states(_by_rank(read), new_world_size)
     os.makedirs(output_dir, exist_ok=True)
-    names = _output_names(list(files), new_world_size)
-    for state, name in zip(new_states, names):
-        payload = {"dataloader_state_dict": state} if wrapped else state
-        save_state_file(payload, os.path.join(output_dir, name))
-    click.echo(f"Wrote {len(new_states)} states for world size {new_world_size} to {output_dir}")
+    template = read[0]
+    if len(read) == 1 and template.holds_list:  # one global file in, one global file out
+        outputs = [(os.path.basename(template.path), template.payload(new_states))]
+    else:
+        names = output_names([f.path for f in read], new_world_size)
+        outputs = [(name, template.payload(st)) for name, st in zip(names, new_states)]
+    for name, payload in outputs:
+        save_state_file(payload, os.path.join(output_dir, name), template.file_format)
+    click.echo(
+        f"Wrote {len(outputs)} file(s) with states for world size {new_world_size} to {output_dir}"
+    )
 
 
-def _output_names(files: list[str], count: int) -> list[str]:
-    """Per-rank names following the input pattern (the varying number), else ``state_rankNNN``."""
-    base = os.path.basename(files[0])
-    match = list(re.finditer(r"\d+", base))
-    if len(files) > 1 and match:
-        m = match[-1]
-        width = len(m.group())
-        stem = os.path.splitext(base[: m.start()] + "{}" + base[m.end() :])[0]
-        return [stem.format(str(i).zfill(width)) + ".json" for i in range(count)]
-    return [f"state_rank{i:03d}.json" for i in range(count)]
+def output_names(files: list[str], count: int) -> list[str]:
+    """Per-rank names following the input's numbering (the number that varies between the input
+    names, or the last one; zero padding kept), else ``state_rank{i}`` plus the input's extension."""
+    names = [os.path.basename(f) for f in files]
+    varying = _varying_number(names)
+    if varying is None:
+        suffix = os.path.splitext(names[0])[1]
+        return [f"state_rank{i}{suffix}" for i in range(count)]
+    start, end = varying
+    width = end - start if names[0][start] == "0" and end - start > 1 else 1
+    return [names[0][:start] + str(i).zfill(width) + names[0][end:] for i in range(count)]
+
+
+def _varying_number(names: list[str]) -> tuple[int, int] | None:
+    """Span of the number in ``names[0]`` that is the rank: the one that differs between names
+    (the last number when there is a single name)."""
+    numbers = [list(re.finditer(r"\d+", n)) for n in names]
+    if not numbers[0]:
+        return None
+    if len(names) == 1:
+        m = numbers[0][-1]
+        return m.start(), m.end()
+    for i, m in enumerate(numbers[0]):
+        values = {int(ms[i].group()) for ms in numbers if len(ms) > i}
+        if len(values) > 1:
+            return m.start(), m.end()
+    m = numbers[0][-1]
+    return m.start(), m.end()

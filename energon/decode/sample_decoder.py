@@ -4,7 +4,9 @@ The rules follow webdataset's auto-decoding as used by the reference (F95): a ``
 decompressed first, then image extensions (case-insensitive) are decoded with Pillow, audio/video
 extensions go to the AV hook, a few basic extensions (case-sensitive) become str/int/json/arrays,
 and anything else stays raw bytes. Unpickling is refused unless explicitly allowed, because a
-dataset must never be able to run code in the training job by default.
+dataset must never be able to run code in the training job by default. It is allowed per dataset
+(``allow_pickle: true`` in its ``.nv-meta/dataset.yaml``), per process (the environment variable
+``ENERGON_ALLOW_PICKLE=1``) or per decoder (``SampleDecoder(allow_pickle=True)``).
 
 ``decode_timeout`` bounds the decoding of each part (see ``energon.decode.deadline``): a part that takes
 longer raises ``DecodeTimeoutError``, which the loader's error policy handles like any bad sample.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -49,6 +52,8 @@ VIDEO_EXTENSIONS: frozenset[str] = frozenset("mp4 avi mov webm mkv m4v flv".spli
 AV_DECODE_MODES: tuple[str, ...] = ("AVDecoder", "torch", "pyav")
 
 _PICKLE_EXTENSIONS = frozenset({"pyd", "pickle", "pkl"})
+#: Set to 1 (or true/yes) to allow unpickling in this process, for every dataset.
+ALLOW_PICKLE_ENV = "ENERGON_ALLOW_PICKLE"
 _UNSUPPORTED = {
     "ten": "tenbin",
     "tb": "tenbin",
@@ -90,7 +95,8 @@ class SampleDecoder:
     timeout of the lazy ``AVDecoder`` objects it creates.
     ``guess_content``: pick the decoder from the content's magic bytes when recognised.
     ``allow_pickle``: decode ``pyd``/``pickle``/``pkl`` parts and allow full ``torch.load`` of
-    ``pth`` parts. Off by default because unpickling untrusted data runs arbitrary code.
+    ``pth`` parts. Off by default because unpickling untrusted data runs arbitrary code (see the
+    module docstring for the per-dataset and per-process switches).
     """
 
     def __init__(
@@ -133,21 +139,25 @@ class SampleDecoder:
             handlers[ext] = _decode_json
         handlers["npy"] = _decode_npy
         handlers["npz"] = _decode_npz
-        handlers["pth"] = self._decode_torch
-        for ext in _PICKLE_EXTENSIONS:
-            handlers[ext] = self._decode_pickle
         return handlers
 
-    def _decode_torch(self, data: bytes | memoryview) -> Any:
-        # weights_only restricts unpickling to tensors and plain containers.
-        return torch.load(io.BytesIO(data), weights_only=not self.allow_pickle)
+    def pickle_allowed(self, dataset_allows: bool = False) -> bool:
+        """Unpickling is allowed by the decoder, the dataset or the process environment."""
+        env = os.environ.get(ALLOW_PICKLE_ENV, "").strip().lower()
+        return self.allow_pickle or dataset_allows or env in ("1", "true", "yes")
 
-    def _decode_pickle(self, data: bytes | memoryview) -> Any:
-        if not self.allow_pickle:
+    def _decode_pickled(
+        self, extension: str, data: bytes | memoryview, allowed: bool, dataset: str | None
+    ) -> Any:
+        if extension == "pth":  # weights_only restricts unpickling to tensors and containers
+            return torch.load(io.BytesIO(data), weights_only=not allowed)
+        if not allowed:
+            where = f"{dataset}/.nv-meta/dataset.yaml" if dataset else "the dataset's dataset.yaml"
             raise ValueError(
-                "refusing to unpickle: pickle data can run arbitrary code. If you trust this "
-                "dataset, enable it with SampleDecoder(allow_pickle=True) (e.g. as the task "
-                "encoder's `decoder`)."
+                f"refusing to unpickle a '.{extension}' part: pickle data can run arbitrary code. "
+                f"If you trust this dataset, allow it with one of: `allow_pickle: true` in {where} "
+                f"(this dataset), the environment variable {ALLOW_PICKLE_ENV}=1 (this process), or "
+                "SampleDecoder(allow_pickle=True) as the task encoder's decoder"
             )
         return pickle.loads(data)
 
@@ -175,12 +185,19 @@ class SampleDecoder:
         return decoder.get_audio() if decoder.has_audio_stream() else None
 
     def decode_part(
-        self, part_name: str, data: bytes | memoryview, *, key: str | None = None
+        self,
+        part_name: str,
+        data: bytes | memoryview,
+        *,
+        key: str | None = None,
+        dataset: str | None = None,
+        dataset_allows_pickle: bool = False,
     ) -> Any:
         """Decode one part by the extension of its name.
 
-        Raises ``DecodeError`` naming the part (and ``key``, the sample key, when given), with the
-        original exception as its cause.
+        ``dataset`` (its root) names the dataset in messages; ``dataset_allows_pickle`` is its
+        ``dataset.yaml`` switch. Raises ``DecodeError`` naming the part (and ``key``, the sample
+        key, when given), with the original exception as its cause.
         """
         name = part_name
         label = f"{key}.{part_name}" if key is not None else part_name
@@ -192,6 +209,9 @@ class SampleDecoder:
                 extension = name.rpartition(".")[2]
                 if self.guess_content:
                     extension = guess_extension(data) or extension
+                if extension in _PICKLE_EXTENSIONS or extension == "pth":
+                    allowed = self.pickle_allowed(dataset_allows_pickle)
+                    return self._decode_pickled(extension, data, allowed, dataset)
                 return self._dispatch(extension, data, label)
         except (*SYSTEM_EXCEPTIONS, DecodeTimeoutError):
             raise

@@ -80,6 +80,7 @@ def _build(
     group_max_wait = kwargs.pop("group_max_wait", None)
     parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     sample_type = kwargs.pop("sample_type", None)
+    even_ranks = kwargs.pop("even_ranks", True)
     resolved = resolve_dataset(
         path,
         split_part=split_part,
@@ -121,7 +122,7 @@ def _build(
         limit=limit,
         packing_buffer_size=packing_buffer_size or None,
         group_max_wait=group_max_wait,
-        even_ranks=worker_config.world_size > 1,
+        even_ranks=bool(even_ranks) and worker_config.world_size > 1,
     )
     _check_streams_have_samples(spec)
     compose = getattr(task_encoder, "compose_dataset", None)
@@ -208,7 +209,11 @@ def get_val_dataset(
     **kwargs: Any,
 ) -> SavableDataset:
     """One deterministic pass over the split: every sample exactly once, the same batches every
-    pass, and the same number of batches on every rank (see docs/ordering.md)."""
+    pass, and the same number of batches on every rank (see docs/ordering.md).
+
+    ``even_ranks=False`` gives Megatron-Energon's behaviour instead: every stream emits its natural
+    batches (full ones, no balancing, no padding), so ranks may get different numbers of batches.
+    """
     return _build(
         path,
         training=False,
@@ -228,9 +233,31 @@ def get_val_dataset(
     )
 
 
-def get_val_datasets(path: Any, **kwargs: Any) -> list[tuple[SavableDataset, Any]]:
-    """One validation pipeline per leaf dataset, each with the source that describes it."""
-    dataset = get_val_dataset(path, **kwargs)
+def get_val_datasets(
+    path: Any,
+    *,
+    split_part: str = "val",
+    worker_config: WorkerConfig,
+    batch_size: int | None,
+    batch_drop_last: bool = False,
+    packing_buffer_size: int | None = None,
+    limit: int | None = None,
+    task_encoder: TaskEncoder | None = None,
+    **kwargs: Any,
+) -> list[tuple[SavableDataset, Any]]:
+    """One validation pipeline per leaf dataset, each with the source that describes it (the
+    arguments are :func:`get_val_dataset`'s)."""
+    dataset = get_val_dataset(
+        path,
+        split_part=split_part,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        batch_drop_last=batch_drop_last,
+        packing_buffer_size=packing_buffer_size,
+        limit=limit,
+        task_encoder=task_encoder,
+        **kwargs,
+    )
     out = []
     for source in dataset.spec.sources:
         spec = dataclasses.replace(dataset.spec, sources=[source], mode="none")

@@ -11,20 +11,22 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import itertools
 import json
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.utils.data
 
-from energon.errors import StateError
+from energon import debug_log
+from energon.errors import SkipSample, StateError
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
 from energon.pipeline import snapshot
 from energon.pipeline.executor import ItemMeta
-from energon.pipeline.keys import Key, attach_restore_key, parse_stream_key, stream_key
+from energon.pipeline.keys import Key, as_key, attach_restore_key, parse_stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.stage import Value
 from energon.state import (
@@ -62,41 +64,75 @@ class Loader:
     """Iterates a :class:`SavableDataset` for this rank and tracks its exact position.
 
     ``for batch in loader`` yields one pass: ``virtual_epoch_length`` batches (training with a
-    virtual epoch), the whole validation split (or ``limit`` batches), or forever (training). A new
-    ``for`` loop over a training loader continues where the last one stopped; over a validation
-    loader it starts the next pass from the beginning.
+    virtual epoch), ``limit`` batches (``LimitDataset``), the whole validation split, or forever
+    (training). A new ``for`` loop over a training loader continues where the last one stopped; over
+    a validation loader it starts the next pass from the beginning (unless a ``LimitDataset`` without
+    reset says to continue).
+
+    The constructor takes Megatron-Energon's loader options. Those that tune machinery energon does
+    not have warn when given a non-default value (see :func:`_warn_unused_options`).
     """
+
+    _ids: ClassVar[Iterator[int]] = itertools.count()
+    _log_name: ClassVar[str] = "Loader"
 
     def __init__(
         self,
         dataset: SavableDataset,
         *,
-        worker_config: WorkerConfig | None = None,
-        prefetch_factor: int | None = None,
-        **compat_kwargs: Any,
+        prefetch_factor: int = 2,
+        cache_pool: Any = None,
+        gc_collect_every_n_steps: int = 10,
+        gc_freeze_at_start: bool = True,
+        watchdog_timeout_seconds: float | None = 60,
+        watchdog_initial_timeout_seconds: float | None = None,
+        fail_on_timeout: bool = False,
     ) -> None:
         if not isinstance(dataset, SavableDataset):
             raise TypeError("the loader needs a dataset from get_train_dataset / get_val_dataset")
-        if worker_config is not None:
-            if worker_config != dataset.worker_config:
-                raise ValueError(
-                    "worker_config differs from the dataset's; the dataset's worker_config is used "
-                    "(this argument is deprecated)"
-                )
-            warnings.warn(
-                "the loader's worker_config argument is deprecated", FutureWarning, stacklevel=3
-            )
+        _warn_unused_options(
+            gc_collect_every_n_steps=gc_collect_every_n_steps,
+            gc_freeze_at_start=gc_freeze_at_start,
+            watchdog_timeout_seconds=watchdog_timeout_seconds,
+            watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
+            fail_on_timeout=fail_on_timeout,
+        )
         self.dataset = dataset
         self.worker_config = dataset.worker_config
-        self.prefetch_factor = prefetch_factor or self.worker_config.prefetch_factor
-        self._compat_kwargs = compat_kwargs
-        self.cache_pool = compat_kwargs.get("cache_pool")
+        self.prefetch_factor = prefetch_factor
+        self.cache_pool = cache_pool
+        self.id = self.next_id()
         self._origin = 0
         self._consumed = 0
         self._pass_offset = 0
+        self._yielded = 0
+        self._worker_yields: dict[int, int] = {}
         self._snapshots: dict[int, StreamSnapshot] = {}
         self._source: Iterator[tuple[Value, ItemMeta]] | None = None
         self._arena: BatchArena | None = None
+        if self.worker_config.should_log(1):
+            self._log(1, "__init__", config=self.config())
+
+    @classmethod
+    def next_id(cls) -> int:
+        """A process-wide number for loaders and their passes (as in the debug logs)."""
+        return next(Loader._ids)
+
+    @property
+    def num_workers(self) -> int:
+        return self.worker_config.num_workers
+
+    def check_worker_number_rationality(self) -> None:
+        """Warn (as torch's DataLoader does) when more workers are asked than CPUs are available."""
+        torch.utils.data.DataLoader.check_worker_number_rationality(self)
+
+    def _log(self, level: int, event: str, **fields: Any) -> None:
+        wc = self.worker_config
+        if wc.should_log(level):
+            name = self._log_name if event == "__init__" else type(self).__name__
+            wc.worker_log(
+                {"t": f"{name}.{event}", "r": wc.rank, "w": None, "id": self.id, **fields}
+            )
 
     # -- iteration ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -107,27 +143,72 @@ class Loader:
 
     def _pass_length(self) -> int | None:
         spec = self.dataset.spec
+        if spec.limit is not None:
+            return spec.limit
         if spec.training:
             return spec.virtual_epoch_length or None
-        return spec.limit or None
+        return None
 
     def _one_pass(self) -> Iterator[Value]:
         length = self._pass_length()
+        iter_id = self.next_id()
+        self._log(1, "iter", iter_id=iter_id)
+        self._log_pass_boundary("start", length)
         if self._source is None:
             self._source = self._open_source()
+        iter_idx = 0
         while length is None or self._pass_offset < length:
             try:
                 value, meta = next(self._source)
             except StopIteration:
+                self._log(1, "StopIteration", iter_id=iter_id)
                 self._finish_pass()
                 return
             self._record(meta)
             if meta.arena:
                 value = self._arena.import_(value)
+            self._log_yield(value, meta, iter_id, iter_idx)
+            iter_idx += 1
             yield value
+        self._log_pass_boundary("end", length)
+        self._log(1, "StopIteration", iter_id=iter_id)
         self._pass_offset = 0
-        if not self.dataset.spec.training:
+        spec = self.dataset.spec
+        if spec.limit is not None and spec.limit_resets:
             self._finish_pass()
+
+    def _log_yield(self, value: Value, meta: ItemMeta, iter_id: int, iter_idx: int) -> None:
+        worker = meta.worker
+        worker_idx = self._worker_yields.get(worker, 0)
+        self._worker_yields[worker] = worker_idx + 1
+        self._yielded += 1
+        if self.worker_config.should_log(1):
+            self._log(
+                1,
+                "yield",
+                iter_id=iter_id,
+                worker_id=worker,
+                worker_idx=worker_idx,
+                idx=iter_idx,
+                iter_idx=iter_idx,
+                global_idx=self._yielded - 1,
+                keys=debug_log.batch_keys(value),
+            )
+
+    def _log_pass_boundary(self, which: str, length: int | None) -> None:
+        """Level 2: where a virtual epoch or a limited validation pass starts and ends."""
+        if length is None or not self.worker_config.should_log(2):
+            return
+        if self.dataset.spec.limit is None:  # a virtual epoch
+            event = (
+                "EpochizeDataset.epoch_start" if which == "start" else "EpochizeDataset.epoch_end"
+            )
+        else:
+            event = "LimitDataset.start" if which == "start" else "LimitDataset.done"
+        wc = self.worker_config
+        wc.worker_log(
+            {"t": event, "r": wc.rank, "w": None, "offset": self._pass_offset, "length": length}
+        )
 
     def _finish_pass(self) -> None:
         """After a finite pass (validation, or training with repeat=False) the next starts afresh."""
@@ -234,10 +315,15 @@ class Loader:
             )
         self.dataset.spec = dataclasses.replace(spec, num_streams=num_streams)
 
-    def save_state_global(self, global_dst_rank: int | None = None, **kwargs: Any) -> list | None:
-        """Gather every data-parallel rank's state on ``global_dst_rank`` (all ranks must call)."""
+    def save_state_global(
+        self, global_dst_rank: int | None = None, *, dst_rank: int | None = None
+    ) -> list | None:
+        """Gather every data-parallel rank's state on ``global_dst_rank`` (all ranks must call).
+
+        ``dst_rank`` is accepted as another name for it, since Megatron-Energon's docs use it.
+        """
         if global_dst_rank is None:
-            global_dst_rank = kwargs.pop("dst_rank", 0)
+            global_dst_rank = dst_rank or 0
         state = self.save_state_rank()
         if self.worker_config.world_size == 1:
             return [state]
@@ -249,6 +335,24 @@ class Loader:
         )
         dist.gather_object(state, gathered, dst=global_dst_rank, group=group)
         return gathered
+
+    def save_state(self, dst_rank: int) -> list | None:
+        """Deprecated (Megatron-Energon's old name): ``save_state_global(dst_rank)``."""
+        warnings.warn(
+            "save_state is deprecated, use save_state_global (or save_state_rank)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.save_state_global(dst_rank)
+
+    def restore_state(self, state: list | None) -> None:
+        """Deprecated (Megatron-Energon's old name): ``restore_state_global(state)``."""
+        warnings.warn(
+            "restore_state is deprecated, use restore_state_global (or restore_state_rank)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.restore_state_global(state)
 
     def restore_state_global(self, state: list | None, *, src_rank: int | None = None) -> None:
         """Restore from the list of all ranks' states, on any number of ranks (all must call)."""
@@ -300,19 +404,32 @@ class Loader:
         return self.dataset.can_restore_sample()
 
     def restore_sample(self, restore_key: Key) -> Value:
-        """Regenerate a yielded item from its ``__restore_key__`` (pure hooks only)."""
+        """Regenerate a yielded item from its ``__restore_key__`` (pure hooks only).
+
+        The hooks see the same ``current_sample_index`` / ``current_batch_index`` as when the item
+        was first made. Errors go to ``worker_config.restore_error_handler`` (default: re-raise);
+        a handler that does not raise makes this return None.
+        """
         if not self.can_restore_sample():
             raise RuntimeError(
                 "restore_sample needs @stateless hooks (encode_sample, encode_batch, map functions)"
             )
-        stream_id, key = parse_stream_key(restore_key)
+        stream_id, item_index, key = parse_stream_key(restore_key)
         if not 0 <= stream_id < self.dataset.spec.num_streams:
             raise ValueError(
                 f"restore key {restore_key!r} names stream {stream_id}, but this loader has "
                 f"{self.dataset.spec.num_streams} logical streams"
             )
-        value = self.dataset.build_stream(stream_id).rebuild(key)
-        attach_restore_key(value, stream_key(stream_id, key))
+        try:
+            value = self.dataset.build_stream(stream_id).rebuild(key, item_index)
+        except SkipSample as e:
+            error = ValueError(f"unexpected SkipSample while restoring {restore_key!r}: {e}")
+            self.worker_config.restore_error_handler(error, restore_key, None)
+            return None
+        except Exception as e:
+            self.worker_config.restore_error_handler(e, restore_key, None)
+            return None
+        attach_restore_key(value, as_key(restore_key))
         return value
 
     def config(self) -> dict[str, Any]:
@@ -327,24 +444,134 @@ class Loader:
 class BasicDataLoader(Loader):
     """The loader of ``get_loader``; it can save and restore its position too."""
 
+    _log_name = "BasicDataLoader"
+
 
 class SavableDataLoader(Loader):
-    """The loader of ``get_savable_loader``."""
+    """The loader of ``get_savable_loader``.
+
+    ``checkpoint_every_sec`` / ``checkpoint_every_min_n_samples`` / ``n_checkpoints`` tune how often
+    Megatron-Energon's workers snapshot their state (and so how much a restore replays); here every
+    batch carries its exact snapshot, so they have nothing to tune and warn when changed.
+    """
+
+    _log_name = "SavableLoader"
+
+    def __init__(
+        self,
+        dataset: SavableDataset,
+        *,
+        checkpoint_every_sec: float = 60,
+        checkpoint_every_min_n_samples: int | None = None,
+        n_checkpoints: int | None = None,
+        gc_collect_every_n_steps: int = 10,
+        gc_freeze_at_start: bool = True,
+        prefetch_factor: int = 2,
+        cache_pool: Any = None,
+        watchdog_timeout_seconds: float | None = 60,
+        watchdog_initial_timeout_seconds: float | None = None,
+        fail_on_timeout: bool = False,
+    ) -> None:
+        _warn_unused_options(
+            checkpoint_every_sec=checkpoint_every_sec,
+            checkpoint_every_min_n_samples=checkpoint_every_min_n_samples,
+            n_checkpoints=n_checkpoints,
+        )
+        super().__init__(
+            dataset,
+            prefetch_factor=prefetch_factor,
+            cache_pool=cache_pool,
+            gc_collect_every_n_steps=gc_collect_every_n_steps,
+            gc_freeze_at_start=gc_freeze_at_start,
+            watchdog_timeout_seconds=watchdog_timeout_seconds,
+            watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
+            fail_on_timeout=fail_on_timeout,
+        )
+
+
+# option -> (Megatron-Energon's default, why energon has nothing to do with another value)
+_UNUSED_OPTIONS = {
+    "gc_collect_every_n_steps": (10, "workers do not run periodic gc.collect()"),
+    "gc_freeze_at_start": (True, "workers do not run periodic gc.collect()"),
+    "watchdog_timeout_seconds": (60, "there is no watchdog thread"),
+    "watchdog_initial_timeout_seconds": (None, "there is no watchdog thread"),
+    "fail_on_timeout": (False, "there is no watchdog thread"),
+    "checkpoint_every_sec": (60, "every batch carries its exact state: nothing is replayed"),
+    "checkpoint_every_min_n_samples": (None, "every batch carries its exact state"),
+    "n_checkpoints": (None, "every batch carries its exact state"),
+}
+
+
+def _warn_unused_options(**given: Any) -> None:
+    """A Megatron-Energon loader option set to a non-default value that energon cannot honour is
+    never ignored silently."""
+    for name, value in given.items():
+        default, why = _UNUSED_OPTIONS[name]
+        if value != default:
+            warnings.warn(
+                f"{name}={value!r} has no effect in energon: {why}", UserWarning, stacklevel=4
+            )
+
+
+def _check_worker_config(dataset: SavableDataset, worker_config: WorkerConfig | None) -> None:
+    """The deprecated ``worker_config`` argument must equal the dataset's (which is used)."""
+    if worker_config is None:
+        return
+    if worker_config != dataset.worker_config:
+        raise ValueError(
+            "worker_config differs from the dataset's; the dataset's worker_config is used "
+            "(this argument is deprecated)"
+        )
+    warnings.warn("the loader's worker_config argument is deprecated", FutureWarning, stacklevel=3)
 
 
 def get_loader(
-    dataset: SavableDataset, *, worker_config: WorkerConfig | None = None, **kwargs: Any
+    dataset: SavableDataset,
+    *,
+    worker_config: WorkerConfig | None = None,
+    prefetch_factor: int = 2,
+    cache_pool: Any = None,
+    watchdog_timeout_seconds: float | None = 60,
+    watchdog_initial_timeout_seconds: float | None = None,
+    fail_on_timeout: bool = False,
 ) -> BasicDataLoader:
     """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes."""
-    return BasicDataLoader(dataset, worker_config=worker_config, **kwargs)
+    _check_worker_config(dataset, worker_config)
+    return BasicDataLoader(
+        dataset,
+        prefetch_factor=prefetch_factor,
+        cache_pool=cache_pool,
+        watchdog_timeout_seconds=watchdog_timeout_seconds,
+        watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
+        fail_on_timeout=fail_on_timeout,
+    )
 
 
 def get_savable_loader(
-    dataset: SavableDataset, *, worker_config: WorkerConfig | None = None, **kwargs: Any
+    dataset: SavableDataset,
+    *,
+    worker_config: WorkerConfig | None = None,
+    checkpoint_every_sec: float = 60,
+    checkpoint_every_min_n_samples: int | None = None,
+    n_checkpoints: int | None = None,
+    gc_collect_every_n_steps: int = 10,
+    prefetch_factor: int = 2,
+    cache_pool: Any = None,
+    watchdog_timeout_seconds: float | None = 60,
+    watchdog_initial_timeout_seconds: float | None = None,
+    fail_on_timeout: bool = False,
 ) -> SavableDataLoader:
-    """A loader whose exact position can be saved (``save_state_rank``) and restored.
-
-    The reference's ``checkpoint_every_sec`` / ``n_checkpoints`` tuning knobs are accepted and have
-    nothing to tune here: every yielded batch carries its own restore point.
-    """
-    return SavableDataLoader(dataset, worker_config=worker_config, **kwargs)
+    """A loader whose exact position can be saved (``save_state_rank``) and restored."""
+    _check_worker_config(dataset, worker_config)
+    return SavableDataLoader(
+        dataset,
+        checkpoint_every_sec=checkpoint_every_sec,
+        checkpoint_every_min_n_samples=checkpoint_every_min_n_samples,
+        n_checkpoints=n_checkpoints,
+        gc_collect_every_n_steps=gc_collect_every_n_steps,
+        prefetch_factor=prefetch_factor,
+        cache_pool=cache_pool,
+        watchdog_timeout_seconds=watchdog_timeout_seconds,
+        watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
+        fail_on_timeout=fail_on_timeout,
+    )

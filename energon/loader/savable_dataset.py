@@ -15,6 +15,7 @@ from typing import Any
 
 import torch.utils.data
 
+from energon import debug_log
 from energon.memory.batch_arena import BatchArena
 from energon.pipeline.executor import Executor, ItemMeta
 from energon.pipeline.snapshot import StreamSnapshot
@@ -57,14 +58,16 @@ class SavableDataset(torch.utils.data.IterableDataset):
         return sum(math.ceil(c / spec.batch_size) for c in counts)
 
     def len_rank(self) -> int:
-        """Micro-batches this rank yields per pass (``virtual_epoch_length`` / ``limit`` if set)."""
+        """Micro-batches this rank yields per pass (``limit`` / ``virtual_epoch_length`` if set)."""
         spec = self.spec
+        if spec.limit is not None and (spec.training or spec.repeat):
+            return spec.limit  # the data never runs out
         if spec.training and spec.virtual_epoch_length:
             return spec.virtual_epoch_length
         total = self.positions_per_pass() or 0
         wc = self.worker_config
         count = len(range(wc.rank, total, wc.world_size))
-        if not spec.training and spec.limit:
+        if spec.limit is not None:
             count = min(count, spec.limit)
         return count
 
@@ -143,6 +146,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
         worker = info.id if info is not None else 0
         if self.arena is not None:
             self.arena.activate(worker)
+        debug_log.activate(self.worker_config)
         return iter(self.executor(worker))
 
     def __iter__(self) -> Iterator[Any]:

@@ -55,6 +55,7 @@ class GPTConfig:
     sequences_path: str | None = None
     mock: bool = False
     mock_vocab_size: int = 100
+    inter_document_masking: bool = False
 
     @property
     def split_matrix(self) -> list[tuple[float, float] | None] | None:
@@ -320,6 +321,10 @@ class GPTTokenDataset:
 
     def window(self, k: int) -> np.ndarray:
         """The ``S + x`` token ids (int64) of window ``k`` in served order, padded with ``pad_token``."""
+        return self.window_and_documents(k)[0]
+
+    def window_and_documents(self, k: int) -> tuple[np.ndarray, list[int]]:
+        """Window ``k`` and the lengths of the documents it is made of (padding not included)."""
         pieces = [self.tokens.get(i, off, n) for i, off, n in self._parts(k)]
         text = np.concatenate(pieces).astype(np.int64)
         want = self.config.sequence_length + self.config.extra
@@ -327,18 +332,22 @@ class GPTTokenDataset:
             text = np.concatenate(
                 [text, np.full(want - len(text), self.config.pad_token, np.int64)]
             )
-        return text
+        return text, [len(p) for p in pieces]
 
     def __getitem__(self, k: int) -> dict[str, Any]:
-        return megatron_sample(self.window(k), self.config)
+        return megatron_sample(*self.window_and_documents(k), self.config)
 
 
-def megatron_sample(text: np.ndarray, config: GPTConfig) -> dict[str, Any]:
+def megatron_sample(
+    text: np.ndarray, document_lengths: Sequence[int], config: GPTConfig
+) -> dict[str, Any]:
     """megatron-core's GPT batch dict from one window (see docs/megatron.md for the semantics).
 
     ``tokens``/``labels`` int64 ``[S]`` (labels shifted by one), ``loss_mask`` float32 (0 on padding and,
     with ``eod_mask_loss``, on EOD), ``position_ids`` int64 (reset after EOD if asked),
     ``attention_mask`` bool ``[1, S, S]`` with True = masked (only if ``create_attention_mask``).
+    With ``inter_document_masking`` the window's document boundaries replace the attention mask:
+    ``cu_seqlens`` and ``max_seqlen`` (``document_lengths``: the window's pieces, padding excluded).
     """
     import torch
 
@@ -354,12 +363,61 @@ def megatron_sample(text: np.ndarray, config: GPTConfig) -> dict[str, Any]:
     loss_mask[labels == pad] = 0.0
     tokens[tokens == pad] = 0
     labels[labels == pad] = 0
+    if config.inter_document_masking:
+        cu_seqlens, max_seqlen = _document_boundaries(document_lengths, config)
+        return {
+            "tokens": tokens,
+            "labels": labels,
+            "loss_mask": loss_mask,
+            "position_ids": _positions_per_document(position_ids, cu_seqlens),
+            "cu_seqlens": cu_seqlens,
+            "max_seqlen": max_seqlen,
+        }
     sample = {"tokens": tokens, "labels": labels}
     if attention_mask is not None:
         sample["attention_mask"] = attention_mask
     sample["loss_mask"] = loss_mask
     sample["position_ids"] = position_ids
     return sample
+
+
+def _document_boundaries(document_lengths: Sequence[int], config: GPTConfig) -> tuple[Any, Any]:
+    """``cu_seqlens`` (int32 ``[S + 1]``, padded with ``S`` so samples stack) and ``max_seqlen``.
+
+    The extra label token belongs to no input position, and padding joins the last document, so
+    the boundaries always end at ``S`` (megatron-core's rules).
+    """
+    import torch
+
+    lengths = [int(n) for n in document_lengths]
+    if config.add_extra_token_to_sequence and lengths:
+        lengths[-1] -= 1
+        if lengths[-1] == 0:
+            lengths.pop()
+    seq = config.sequence_length
+    shortfall = seq - sum(lengths)
+    if shortfall > 0:
+        if lengths:
+            lengths[-1] += shortfall
+        else:
+            lengths.append(shortfall)
+    bounds = torch.tensor(np.cumsum([0, *lengths]), dtype=torch.int32)
+    max_seqlen = (bounds[1:] - bounds[:-1]).max()
+    cu_seqlens = torch.full((seq + 1,), seq, dtype=torch.int32)
+    cu_seqlens[: bounds.numel()] = bounds
+    return cu_seqlens, max_seqlen
+
+
+def _positions_per_document(position_ids: Any, cu_seqlens: Any) -> Any:
+    """Position ids that restart at 0 at every document boundary."""
+    import torch
+
+    out = position_ids.clone()
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds, bounds[1:]):
+        if end > start:
+            out[start:end] = torch.arange(end - start, dtype=torch.long)
+    return out
 
 
 def _masks_and_position_ids(tokens: Any, config: GPTConfig) -> tuple[Any, Any, Any]:
@@ -472,7 +530,8 @@ class BlendedTokenDataset:
 
     def __getitem__(self, k: int) -> dict[str, Any]:
         d, j = self.locate(k)
-        return {"dataset_id": d, **self.datasets[d][j]}
+        dataset_id = self.indices()["dataset_index"].dtype.type(d)  # int16, as megatron-core's
+        return {"dataset_id": dataset_id, **self.datasets[d][j]}
 
 
 # --------------------------------------------------------------------------------------------------

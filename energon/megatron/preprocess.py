@@ -160,7 +160,9 @@ def preprocess_jsonl(
 ) -> dict[str, str]:
     """Tokenize JSONL files into one ``.bin/.idx`` per key; returns ``{key: output prefix}``.
 
-    Empty token lists are skipped (as megatron does). The token dtype is uint16 when the
+    A record whose text tokenizes to nothing becomes an empty document (no sequence, no EOD), as in
+    Megatron-LM's ``preprocess_data.py``, so document numbers and document-based splits agree with
+    its output; blank lines (no JSON record) are skipped. The token dtype is uint16 when the
     tokenizer's vocabulary fits, else int32 (megatron's choice), unless ``dtype`` is given.
     """
     probe = load_tokenizer(tokenizer, eod=eod)
@@ -179,7 +181,7 @@ def preprocess_jsonl(
                     if ids is not None:
                         _check_range(ids, token_dtype, key)
                         writers[key].add_item(ids)
-                        writers[key].end_document()
+                    writers[key].end_document()  # an empty text is an empty document
             bar.update(nbytes)
     finally:
         bar.close()

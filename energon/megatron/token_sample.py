@@ -32,9 +32,10 @@ def token_sample(token_ids: Any, config: GPTConfig, *, like: Any = None) -> dict
     """
     want = config.sequence_length + config.extra
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)[:want]
+    document = len(ids)  # one sample is one document
     if len(ids) < want:
         ids = np.concatenate([ids, np.full(want - len(ids), config.pad_token, np.int64)])
-    sample = megatron_sample(ids, config)
+    sample = megatron_sample(ids, [document], config)
     if like is not None:
         for key in _BOOKKEEPING_KEYS:
             value = like.get(key) if isinstance(like, dict) else getattr(like, key, None)

@@ -454,6 +454,7 @@ TOKEN_CONFIG_FIELDS: dict[str, tuple[Any, str]] = {
         "a number >= 0",
     ),
     "sequences_path": (lambda v: v is None or isinstance(v, str), "null or a path"),
+    "inter_document_masking": (lambda v: isinstance(v, bool), "true or false"),
 }
 # relative to the folder of the YAML file that sets them
 TOKEN_CONFIG_PATHS = ("path_to_cache", "sequences_path")

@@ -420,15 +420,45 @@ def _absolute(path: str, base_dir: str) -> str:
 
 
 def _aux_path(value: str, base_dir: str) -> str:
-    if value.startswith("filesystem://"):
-        return "filesystem://" + _absolute(value[len("filesystem://") :], base_dir)
-    return _absolute(value, base_dir)
+    """An aux reference with its path made absolute (relative to the YAML's folder)."""
+    from energon.source.file_store import aux_reference, split_aux_reference
+
+    try:
+        kind, target = split_aux_reference(value)
+    except ValueError as e:
+        raise MetadatasetError(str(e)) from e
+    return aux_reference(kind, _absolute(target, base_dir))
 
 
-def traverse_metadataset(path: str, *, split_part: str) -> list[dict[str, Any]]:
-    """Leaves of one split (path, split_part, aux, hierarchy subflavors) without opening datasets."""
-    mds = load_metadataset(path)
-    out: list[dict[str, Any]] = []
+@dataclasses.dataclass
+class TraversedDatasetReference:
+    """One leaf of a metadataset split, as Megatron-Energon's ``traverse_metadataset`` gives it:
+    where it is, which split part, its aux sources (name -> path) and the subflavors the hierarchy
+    gives it (not those of its own dataset.yaml)."""
+
+    path: Any
+    split_part: str
+    aux: dict[str, Any]
+    subflavors: dict[str, Any]
+
+
+def _path_object(path: str) -> Any:
+    """The path type of the public API (``EPath`` where available, else the string)."""
+    path_type = getattr(epath, "EPath", None)
+    return path_type(path) if path_type is not None else path
+
+
+def traverse_metadataset(path: Any, *, split_part: str) -> list[TraversedDatasetReference]:
+    """Leaves of one split without opening any dataset (missing ones are no error). A ``join``
+    gives each of its members (with the join's subflavors)."""
+    from energon.source.file_store import split_aux_reference
+
+    mds = load_metadataset(os.fspath(path))
+    out: list[TraversedDatasetReference] = []
+
+    def reference(target: str, split: str, aux: dict[str, str], subflavors: dict) -> None:
+        aux_paths = {name: _path_object(split_aux_reference(v)[1]) for name, v in aux.items()}
+        out.append(TraversedDatasetReference(_path_object(target), split, aux_paths, subflavors))
 
     def walk(node: Any, base_dir: str, split: str, subflavors: dict[str, Any]) -> None:
         if isinstance(node, Blend):
@@ -436,7 +466,12 @@ def traverse_metadataset(path: str, *, split_part: str) -> list[dict[str, Any]]:
                 walk(entry, base_dir, split, {**node.subflavors, **subflavors})
             return
         if isinstance(node, Join):
-            raise NotImplementedError("traverse_metadataset does not expand joins")
+            joined = {**node.subflavors, **subflavors}
+            for member in node.members:
+                member_split = member.split_part or node.split_part or split
+                merged = {**member.subflavors, **joined}
+                reference(_absolute(member.path, base_dir), member_split, {}, merged)
+            return
         merged = {**node.subflavors, **subflavors}
         target = _absolute(node.path, base_dir)
         own_split = node.split_part or split
@@ -445,7 +480,7 @@ def traverse_metadataset(path: str, *, split_part: str) -> list[dict[str, Any]]:
             walk(nested.splits[own_split], nested.directory, own_split, merged)
             return
         aux = {name: _aux_path(value, base_dir) for name, value in node.aux.items()}
-        out.append({"path": target, "split_part": own_split, "aux": aux, "subflavors": merged})
+        reference(target, own_split, aux, merged)
 
     walk(mds.splits[split_part], mds.directory, split_part, {})
     return out

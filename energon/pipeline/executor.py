@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
+from energon import debug_log
 from energon.pipeline.keys import attach_restore_key, stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
@@ -29,10 +30,11 @@ class ItemMeta:
     stream: int
     snapshot: StreamSnapshot
     arena: bool = False
+    worker: int = 0  # the rank's worker that made it (debug logs)
 
     def __reduce__(self) -> tuple:
         # positional arguments: smaller and faster to pickle than the slots' name -> value mapping
-        return ItemMeta, (self.position, self.stream, self.snapshot, self.arena)
+        return ItemMeta, (self.position, self.stream, self.snapshot, self.arena, self.worker)
 
 
 class Executor:
@@ -50,6 +52,23 @@ class Executor:
         self.end = end
         self.build = build if build is not None else (lambda s: build_stream(self.spec, s))
         self.streams: dict[int, Stream] = {}
+        self._items = 0
+
+    def _log_item(self, value: Value) -> None:
+        """Debug log (level 1): the keys of every item this executor produced."""
+        index = self._items
+        self._items += 1
+        layout = self.layout
+        debug_log.emit(
+            1,
+            lambda: {
+                "t": "yield_batch",
+                "w": layout.rank * layout.num_workers + layout.worker,
+                "m": "train" if self.spec.training else "val",
+                "idx": index,
+                "keys": debug_log.batch_keys(value),
+            },
+        )
 
     def stream(self, stream_id: int) -> Stream:
         stream = self.streams.get(stream_id)
@@ -81,5 +100,6 @@ class Executor:
             except StopIteration:
                 exhausted.add(stream_id)
                 continue
-            attach_restore_key(value, stream_key(stream_id, key))
-            yield value, ItemMeta(m, stream_id, stream.state())
+            attach_restore_key(value, stream_key(stream_id, index, key))
+            self._log_item(value)
+            yield value, ItemMeta(m, stream_id, stream.state(), worker=self.layout.worker)

@@ -3,17 +3,24 @@
 Buffers and saved states hold keys, never decoded data, and every sample or batch a loader yields
 carries its key in ``__restore_key__``. This module is the only place that knows their shapes:
 
-===========================================  =========================================================
-``(kind, source, index)``                    sample ``index`` of source ``source`` of the stream, a
-                                             leaf of kind ``kind`` (``"webdataset"``, ``"jsonl"``,
-                                             ``"tokens"``, ``"join"``): a pointer
-``("Map", hook, sample_index, sub, input)``  output ``sub`` (0 unless the hook is a generator) of
-                                             ``hook`` called on the item that key ``input`` names
-``("Pack", pack_index, sub, members)``       output ``sub`` of the packer called on ``members``
-``("Batch", batch_index, members)``          the batch of the items that the keys ``members`` name
-``("Stream", stream_id, key)``               the loader-level key of a yielded item: ``key`` in
-                                             logical stream ``stream_id``
-===========================================  =========================================================
+=================================================  ===================================================
+``(kind, source, index)``                          sample ``index`` of source ``source`` of the
+                                                   stream, a leaf of kind ``kind``
+                                                   (``"webdataset"``, ``"jsonl"``, ``"tokens"``,
+                                                   ``"join"``): a pointer
+``("Map", hook, sample_index, sub, input, batch)``  output ``sub`` (0 unless the hook is a
+                                                   generator) of ``hook`` called on the item that key
+                                                   ``input`` names, under ``current_batch_index``
+                                                   ``batch`` (None if unknown)
+``("Pack", pack_index, sub, members)``             output ``sub`` of the packer called on ``members``
+``("Batch", batch_index, members)``                the batch of the items that the keys ``members``
+                                                   name
+``("Stream", stream_id, item, key)``               the loader-level key of a yielded item: item
+                                                   number ``item`` of logical stream ``stream_id``,
+                                                   made from ``key``
+=================================================  ===================================================
+
+A regenerated item sees the same ``current_sample_index`` / ``current_batch_index`` as the original.
 
 Keys are plain data. JSON turns their tuples into lists; :func:`as_key` turns them back.
 """
@@ -32,8 +39,8 @@ def pointer_key(kind: str, source: int, index: int) -> Key:
     return (kind, source, index)
 
 
-def map_key(hook: str, sample_index: int, sub: int, input_key: Key) -> Key:
-    return (MAP, hook, sample_index, sub, input_key)
+def map_key(hook: str, sample_index: int, sub: int, input_key: Key, batch_index: int | None) -> Key:
+    return (MAP, hook, sample_index, sub, input_key, batch_index)
 
 
 def pack_key(pack_index: int, sub: int, members: tuple[Key, ...]) -> Key:
@@ -44,8 +51,8 @@ def batch_key(batch_index: int, members: tuple[Key, ...]) -> Key:
     return (BATCH, batch_index, members)
 
 
-def stream_key(stream_id: int, key: Key) -> Key:
-    return (STREAM, stream_id, key)
+def stream_key(stream_id: int, item_index: int, key: Key) -> Key:
+    return (STREAM, stream_id, item_index, key)
 
 
 def pointer_target(key: Key) -> tuple[int, int]:
@@ -54,10 +61,11 @@ def pointer_target(key: Key) -> tuple[int, int]:
     return source, index
 
 
-def map_parts(key: Key) -> tuple[int, int, Key]:
-    """(sample_index, sub, input key) of a map key."""
-    _, _, sample_index, sub, input_key = key
-    return sample_index, sub, input_key
+def map_parts(key: Key) -> tuple[int, int, Key, int | None]:
+    """(sample_index, sub, input key, batch index) of a map key (keys of states saved before the
+    batch index was recorded have none)."""
+    _, _, sample_index, sub, input_key = key[:5]
+    return sample_index, sub, input_key, (key[5] if len(key) > 5 else None)
 
 
 def pack_parts(key: Key) -> tuple[int, int, tuple[Key, ...]]:
@@ -70,18 +78,20 @@ def batch_members(key: Key) -> tuple[Key, ...]:
     return key[2]
 
 
-def parse_stream_key(data: Any) -> tuple[int, Key]:
-    """(stream_id, key inside the stream) of a loader-level key, also one that went through JSON."""
+def parse_stream_key(data: Any) -> tuple[int, int, Key]:
+    """(stream_id, item index, key inside the stream) of a loader-level key, also one that went
+    through JSON."""
     key = as_key(data)
     if not (
         isinstance(key, tuple)
-        and len(key) == 3
+        and len(key) == 4
         and key[0] == STREAM
         and isinstance(key[1], int)
-        and isinstance(key[2], tuple)
+        and isinstance(key[2], int)
+        and isinstance(key[3], tuple)
     ):
         raise ValueError(f"not a restore key of this loader: {data!r}")
-    return key[1], key[2]
+    return key[1], key[2], key[3]
 
 
 def as_key(data: Any) -> Any:

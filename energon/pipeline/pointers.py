@@ -22,7 +22,6 @@ from energon.plan.rng import CounterRng, stable_seed
 from energon.plan.sharding import slice_bounds, stream_ranges
 
 DEFAULT_PARALLEL_SLICES = 16
-GOLDEN_FRACTION = 0.6180339887498949  # staggers the blend phase of consecutive streams
 
 
 class PointerSource(Stage):
@@ -83,6 +82,10 @@ class PointerSource(Stage):
             self.schedule.restore(state["schedule"])
         for reader, reader_state in zip(self.readers, state["readers"]):
             reader.restore(reader_state)
+
+    def epoch_of(self, source: int) -> int:
+        """The epoch source ``source``'s reader is in (for debug logs)."""
+        return self.readers[source].epoch
 
     def rebuild(self, key: Key) -> Key:
         return key
@@ -193,7 +196,9 @@ def _schedule(spec: PipelineSpec, stream_id: int, readers: list[SliceReader]) ->
         return None
     if spec.mode == "weight":
         weights = [s.weight if r.num_samples else 0.0 for s, r in zip(spec.sources, readers)]
-        return WeightedSchedule(weights, phase=(stream_id * GOLDEN_FRACTION) % 1.0)
+        # per-stream, per-source phases: streams do not pick their sources in lock-step
+        phase_rng = CounterRng(stable_seed(spec.seed, "blend-phase", stream_id))
+        return WeightedSchedule(weights, phases=[phase_rng.random() for _ in weights])
     if spec.mode == "repetitions":
         return QuotaSchedule([q[stream_id] for q in spec.source_stream_quotas()])
     return None

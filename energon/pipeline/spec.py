@@ -40,7 +40,8 @@ class PipelineSpec:
     error_handler: ErrorHandler | None = None
     failure_tolerance: int = 100
     virtual_epoch_length: int = 0
-    limit: int | None = None
+    limit: int | None = None  # a pass ends after this many batches per rank (LimitDataset)
+    limit_resets: bool = True  # ... and the next pass starts from the beginning again
     num_streams_fixed: bool = False
     packing_buffer_size: int | None = None
     group_max_wait: int | None = None
@@ -162,6 +163,7 @@ class PipelineSpec:
             "num_streams": self.num_streams,
             "virtual_epoch_length": self.virtual_epoch_length,
             "limit": self.limit,
+            "limit_resets": self.limit_resets,
             "datasets": [source.config() for source in self.sources],
         }
 

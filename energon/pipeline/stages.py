@@ -3,7 +3,8 @@
 Each is a :class:`~energon.pipeline.stage.Stage`. Buffers hold items whose restore keys
 (:mod:`energon.pipeline.keys`) can regenerate them, so states hold keys, never decoded data, and
 restoring re-reads only what sat in buffers. A hook that is a generator and was interrupted between
-outputs is saved as (its input, outputs already emitted) and resumed by re-running it.
+outputs is saved as (its input, outputs already emitted) and resumed by re-running it. A regenerated
+item sees the ``current_sample_index`` / ``current_batch_index`` its original was made with.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import inspect
 from collections.abc import Callable, Generator, Hashable
 from typing import Any
 
+from energon import debug_log
 from energon.decode.sample_decoder import SampleDecoder
 from energon.errors import ErrorPolicy, SampleException, SkipSample
 from energon.pipeline.keys import (
@@ -45,12 +47,15 @@ class LoadStage(Stage):
         decoder: SampleDecoder | None,
         policy: ErrorPolicy,
         cooks: list[Hook | None] | None = None,
+        epoch_of: Callable[[int], int] | None = None,
     ) -> None:
         self.upstream = upstream
         self.leaves = leaves
         self.decoder = decoder
         self.policy = policy
         self.cooks = cooks or [None] * len(leaves)
+        self.epoch_of = epoch_of  # source -> its reader's epoch (debug logs only)
+        self._loaded = 0  # debug logs only
 
     def next(self) -> Item:
         while True:
@@ -61,7 +66,27 @@ class LoadStage(Stage):
                 self.policy.failed(e)
                 continue
             self.policy.succeeded()
+            self._loaded += 1
+            debug_log.emit(1, self._log_record, sample, key)
             return sample, key
+
+    def _log_record(self, sample: Value, key: Key) -> dict[str, Any]:
+        """The reference's debug-log record of one sample read (reading order, before shuffling)."""
+        sources = (
+            sample.get("__sources__")
+            if isinstance(sample, dict)
+            else getattr(sample, "__sources__", None)
+        )
+        keys = debug_log.batch_keys(sample)
+        source, index = pointer_target(key)
+        return {
+            "t": "WebdatasetSampleLoaderDataset._slices_iter.yield",
+            "index": index,
+            "key": keys[0] if keys else None,
+            "shard": sources[0].shard_name if sources else None,
+            "count": self._loaded,
+            "epoch": self.epoch_of(source) if self.epoch_of is not None else None,
+        }
 
     def state(self) -> StageState:
         return self.counters()
@@ -95,6 +120,18 @@ def _call_hook(fn: Callable[..., Value], sample_index: int, *args: Any) -> Value
         hook_context.sample_index = previous
 
 
+def _in_batch(batch_index: int | None, fn: Callable[..., Value], *args: Any) -> Value:
+    """``fn(*args)`` with ``current_batch_index`` set to ``batch_index`` (if known)."""
+    if batch_index is None:
+        return fn(*args)
+    previous = hook_context.batch_index
+    hook_context.batch_index = batch_index
+    try:
+        return fn(*args)
+    finally:
+        hook_context.batch_index = previous
+
+
 def _rebuild_items(upstream: Stage, keys: list) -> list[Item]:
     """Buffered items of a saved state, regenerated from their keys through the upstream stages."""
     items = []
@@ -104,8 +141,12 @@ def _rebuild_items(upstream: Stage, keys: list) -> list[Item]:
     return items
 
 
-def _rebuild_batch(upstream: Stage, batcher: Batcher, key: Key) -> Value:
-    batch = batcher([upstream.rebuild(k) for k in batch_members(key)])
+def _rebuild_batch(
+    upstream: Stage, batcher: Batcher, key: Key, stream: int, num_streams: int
+) -> Value:
+    """A batch regenerated from its key; the batcher sees the ``current_sample_index`` it had."""
+    members = [upstream.rebuild(k) for k in batch_members(key)]
+    batch = _call_hook(batcher, key[1] * num_streams + stream, members)
     attach_restore_key(batch, key)
     return batch
 
@@ -168,7 +209,7 @@ class MapStage(Stage):
                 self._open = _OpenGenerator(result, sample_index, sample_index, key)
                 continue
             self.policy.succeeded()
-            out_key = map_key(self.name, sample_index, 0, key)
+            out_key = map_key(self.name, sample_index, 0, key, hook_context.batch_index)
             attach_restore_key(result, out_key)
             return result, out_key
 
@@ -186,7 +227,13 @@ class MapStage(Stage):
             self._open = None
             self.policy.failed(e)
             return None
-        out_key = map_key(self.name, open_gen.index, open_gen.emitted, open_gen.inputs)
+        out_key = map_key(
+            self.name,
+            open_gen.index,
+            open_gen.emitted,
+            open_gen.inputs,
+            hook_context.batch_index,
+        )
         open_gen.emitted += 1
         attach_restore_key(value, out_key)
         return value, out_key
@@ -210,7 +257,10 @@ class MapStage(Stage):
             self._open = _OpenGenerator(gen, sample_index, sample_index, in_key, emitted)
 
     def rebuild(self, key: Key) -> Value:
-        sample_index, sub, in_key = map_parts(key)
+        sample_index, sub, in_key, batch_index = map_parts(key)
+        return _in_batch(batch_index, self._regenerate, key, sample_index, sub, in_key)
+
+    def _regenerate(self, key: Key, sample_index: int, sub: int, in_key: Key) -> Value:
         result = _call_hook(self.fn, sample_index, self.upstream.rebuild(in_key))
         if inspect.isgenerator(result):
             for _ in range(sub):
@@ -231,12 +281,16 @@ class BatchStage(Stage):
         policy: ErrorPolicy,
         *,
         drop_last: bool = False,
+        stream: int = 0,
+        num_streams: int = 1,
     ) -> None:
         self.upstream = upstream
         self.sizes = sizes
         self.batcher = batcher
         self.policy = policy
         self.drop_last = drop_last
+        self.stream = stream
+        self.num_streams = num_streams
         self._batches = 0
 
     def next(self) -> Item:
@@ -255,9 +309,10 @@ class BatchStage(Stage):
             if not values or (self.drop_last and len(values) < size):
                 raise StopIteration
             key = batch_key(self._batches, tuple(keys))
+            hook_index = self._batches * self.num_streams + self.stream
             self._batches += 1
             try:
-                batch = self.batcher(values)
+                batch = _call_hook(self.batcher, hook_index, values)
             except Exception as e:
                 self.policy.failed(e, values)
                 continue
@@ -273,7 +328,7 @@ class BatchStage(Stage):
         self.restore_counters(state)
 
     def rebuild(self, key: Key) -> Value:
-        return _rebuild_batch(self.upstream, self.batcher, key)
+        return _rebuild_batch(self.upstream, self.batcher, key, self.stream, self.num_streams)
 
 
 class PackStage(Stage):
@@ -572,9 +627,10 @@ class GroupBatchStage(Stage):
 
     def _make_batch(self, items: list[Item]) -> Item | None:
         key = batch_key(self._batches, tuple(k for _, k in items))
+        hook_index = self._batches * self.num_streams + self.stream
         self._batches += 1
         try:
-            batch = self.batcher([v for v, _ in items])
+            batch = _call_hook(self.batcher, hook_index, [v for v, _ in items])
         except Exception as e:
             self.policy.failed(e, None)
             return None
@@ -605,4 +661,4 @@ class GroupBatchStage(Stage):
         self.restore_counters(state)
 
     def rebuild(self, key: Key) -> Value:
-        return _rebuild_batch(self.upstream, self.batcher, key)
+        return _rebuild_batch(self.upstream, self.batcher, key, self.stream, self.num_streams)

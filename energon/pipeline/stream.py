@@ -60,7 +60,7 @@ class Stream(Stage):
         """The next item; ``StopIteration`` at the end of a finite (validation) pass."""
         if self.max_items is not None and self.emitted >= self.max_items:
             raise StopIteration
-        hook_context.batch_index = self.emitted * self.spec.num_streams + self.stream_id
+        hook_context.batch_index = self.batch_index(self.emitted)
         hook_context.seed = self.spec.seed
         item = self.sink.next()
         self.emitted += 1
@@ -75,8 +75,17 @@ class Stream(Stage):
             stage.restore(stage_state)
         self.emitted = emitted(state)
 
-    def rebuild(self, key: Key) -> Value:
+    def batch_index(self, item_index: int) -> int:
+        """``current_batch_index`` of this stream's ``item_index``-th item (its global position)."""
+        return item_index * self.spec.num_streams + self.stream_id
+
+    def rebuild(self, key: Key, item_index: int | None = None) -> Value:
+        """Regenerate an item from its key; with ``item_index`` (this stream's ``item_index``-th
+        item) under the batch index it was first made with."""
+        if item_index is not None:
+            hook_context.batch_index = self.batch_index(item_index)
         hook_context.seed = self.spec.seed
+        hook_context.batch_index = self.batch_index(item_index)
         return self.sink.rebuild(key)
 
 
@@ -125,7 +134,16 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
 
     stages = build_pointer_stages(spec, stream_id, prefetch_observers(spec))
     cooks = [_cook_function(spec, source) for source in spec.sources]
-    stages.append(LoadStage(stages[-1], spec.leaves, spec.decoder, policy("load_sample"), cooks))
+    stages.append(
+        LoadStage(
+            stages[-1],
+            spec.leaves,
+            spec.decoder,
+            policy("load_sample"),
+            cooks,
+            epoch_of=stages[0].epoch_of,
+        )
+    )
     if te.is_active("preencode_sample"):
         if _user_defined(te, "encode_sample"):
             raise ValueError(
@@ -173,6 +191,8 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 te.batch,
                 policy("batch", te.batch),
                 drop_last=spec.batch_drop_last,
+                stream=stream_id,
+                num_streams=spec.num_streams,
             )
         )
     if (spec.batch_size is not None or te.is_active("batch_group_criterion")) and te.is_active(

@@ -69,26 +69,33 @@ class _DeficitCounts:
 
 
 class WeightedSchedule(_DeficitCounts):
-    """Infinite mix by weight; ``phase`` (in [0, 1)) staggers streams so their errors do not align."""
+    """Infinite mix by weight.
+
+    ``phases`` (one per source, in [0, 1)) give each source a head start of ``phase * weight`` picks.
+    Streams get different phases, so they do not pick their sources in lock-step (with equal weights
+    and no phases every stream would read source 1, 2, 1, 2, ... at the same positions, and a global
+    step of micro-batch 1 would hold one source only); a head start below one pick keeps every
+    source within about one pick of ``weight * picks``.
+    """
 
     finite = False
     done = False
 
-    def __init__(self, weights: Sequence[float], phase: float = 0.0) -> None:
+    def __init__(self, weights: Sequence[float], phases: Sequence[float] | None = None) -> None:
         total = sum(weights)
         if total <= 0:
             raise ValueError("a blend needs at least one source with a positive weight")
         super().__init__(len(weights))
         self.weights = [w / total for w in weights]
-        self.phase = phase
+        self.phases = list(phases) if phases is not None else [0.0] * len(weights)
 
     def next(self) -> int:
-        t = self.picks + 1 + self.phase
+        t = self.picks + 1
         best, best_deficit = -1, float("-inf")
         for i, w in enumerate(self.weights):
             if w <= 0:
                 continue
-            deficit = w * t - self.counts[i]
+            deficit = w * (t + self.phases[i]) - self.counts[i]
             if deficit > best_deficit:
                 best, best_deficit = i, deficit
         self.picks += 1

@@ -38,6 +38,7 @@ ACCEPTED_KEYS = {
     "parallel_shard_iters",
     "max_samples_per_sequence",
     "subset",
+    "allow_pickle",  # energon only: unpickle this dataset's pkl/pyd/pickle parts
 }
 
 _FLAVOR_SAMPLE_TYPES = {
@@ -70,6 +71,7 @@ class SampleBuilder:
     part_filter: Callable[[str], bool] | None = None
     subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
     split_config: str | None = None
+    allow_pickle: bool = False  # the dataset's owner trusts its pickled parts
 
     def wants_part(self, part: str) -> bool:
         """Only parts that will be used are decoded."""
@@ -138,6 +140,13 @@ def parse_dataset_config(root: str, data: dict[str, Any], *, where: str) -> Samp
     return _builder_for_sample_type(root, sample_type, data, where)
 
 
+def _allow_pickle(data: dict[str, Any], where: str) -> bool:
+    value = data.get("allow_pickle", False)
+    if not isinstance(value, bool):
+        raise DatasetConfigError(f"{where}: 'allow_pickle' must be true or false, got {value!r}")
+    return value
+
+
 def _resolve_sample_type(ref: Any, where: str) -> type:
     if not isinstance(ref, dict) or "__class__" not in ref:
         raise DatasetConfigError(
@@ -173,6 +182,7 @@ def _builder_for_sample_type(
             field_map=field_map,
             subflavors=subflavors,
             split_config=split_config,
+            allow_pickle=_allow_pickle(data, where),
         )
     nv_meta = epath.join(root, MAIN_FOLDER_NAME)
     if data.get("part_filter") is None:
@@ -184,6 +194,7 @@ def _builder_for_sample_type(
         part_filter=load_part_filter(nv_meta, data["part_filter"]),
         subflavors=subflavors,
         split_config=split_config,
+        allow_pickle=_allow_pickle(data, where),
     )
 
 
@@ -191,7 +202,7 @@ def _parse_class_style(
     root: str, module: str, class_name: str, data: dict[str, Any], where: str
 ) -> SampleBuilder:
     if class_name == "CrudeWebdataset":
-        unknown = set(data) - {"subflavors", "part_filter", "split_config"}
+        unknown = set(data) - {"subflavors", "part_filter", "split_config", "allow_pickle"}
         if unknown:
             raise DatasetConfigError(f"{where}: CrudeWebdataset does not accept {sorted(unknown)}")
         part_filter = None
@@ -202,6 +213,7 @@ def _parse_class_style(
             part_filter=part_filter,
             subflavors=dict(data.get("subflavors") or {}),
             split_config=data.get("split_config"),
+            allow_pickle=_allow_pickle(data, where),
         )
     if class_name in _FLAVOR_SAMPLE_TYPES:
         warnings.warn(

@@ -177,8 +177,43 @@ class PrimaryFileStore(FileStore):
         return self.inner.get_path()
 
 
+FILESYSTEM_PREFIX = "filesystem://"
+REMOTE_FILESYSTEM_PREFIX = "filesystem+"  # filesystem+msc://profile/folder, filesystem+s3://...
+_SUPPORTED_URLS = ("msc://", "s3://", "file://")
+
+
+def split_aux_reference(reference: str) -> tuple[str, str]:
+    """An aux reference in Megatron-Energon's notation -> (kind, path or URL).
+
+    ``filesystem://folder`` and ``filesystem+<scheme>://...`` are folders of files (kind
+    ``"filesystem"``); anything else (a local path, ``msc://...``, ``s3://...``) is a prepared
+    dataset read by ``<key>.<part>`` names (kind ``"dataset"``).
+    """
+    if reference.startswith(FILESYSTEM_PREFIX):
+        kind, target = "filesystem", reference[len(FILESYSTEM_PREFIX) :]
+    elif reference.startswith(REMOTE_FILESYSTEM_PREFIX) and "://" in reference:
+        kind, target = "filesystem", reference[len(REMOTE_FILESYSTEM_PREFIX) :]
+    else:
+        kind, target = "dataset", reference
+    if "://" in target and not target.startswith(_SUPPORTED_URLS):
+        scheme = target.partition("://")[0]
+        raise ValueError(
+            f"aux reference {reference!r}: '{scheme}://' is not a supported storage (use msc://, "
+            "s3:// or a local path; filesystem+msc:// for a remote folder)"
+        )
+    return kind, target
+
+
+def aux_reference(kind: str, target: str) -> str:
+    """The notation of :func:`split_aux_reference` for an already resolved path or URL."""
+    if kind == "dataset":
+        return target
+    return (REMOTE_FILESYSTEM_PREFIX if epath.is_remote(target) else FILESYSTEM_PREFIX) + target
+
+
 def open_file_store(reference: str) -> FileStore:
-    """An aux reference (``filesystem://folder`` or a prepared dataset path) as a store."""
-    if reference.startswith("filesystem://"):
-        return SystemFileStore(reference[len("filesystem://") :])
-    return WebdatasetFileStore(reference)
+    """An aux reference (a folder of files or a prepared dataset, local or remote) as a store."""
+    kind, target = split_aux_reference(reference)
+    if kind == "filesystem":
+        return SystemFileStore(target)
+    return WebdatasetFileStore(target)

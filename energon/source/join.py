@@ -88,7 +88,7 @@ class JoinLeaf:
             path = os.path.join(member.root, member.shards[shard])
             data = shard_reader().read(path, offset, offset + size, tar_byte_index)
             members = split_sample_bytes(data, base_offset=offset, path=path)
-            key, parts = _decode(members, builder, decoder, path, offset)
+            key, parts = _decode(members, builder, decoder, path, offset, member.root)
             base = {
                 "__key__": key,
                 "__restore_key__": restore_key,
@@ -149,7 +149,9 @@ class _JoinBuilder:
         return self.joiner if isinstance(self.joiner, type) else None
 
 
-def _decode(members, builder, decoder, path: str, offset: int) -> tuple[str, dict[str, Any]]:
+def _decode(
+    members, builder, decoder, path: str, offset: int, root: str
+) -> tuple[str, dict[str, Any]]:
     key = None
     parts: dict[str, Any] = {}
     for name, payload in members:
@@ -160,7 +162,17 @@ def _decode(members, builder, decoder, path: str, offset: int) -> tuple[str, dic
         if builder.wants_part(split[1]):
             raw = bytes(payload)
             try:
-                parts[split[1]] = decoder.decode_part(split[1], raw) if decoder is not None else raw
+                parts[split[1]] = (
+                    decoder.decode_part(
+                        split[1],
+                        raw,
+                        key=key,
+                        dataset=root,
+                        dataset_allows_pickle=builder.allow_pickle,
+                    )
+                    if decoder is not None
+                    else raw
+                )
             except Exception as e:
                 raise SampleException(f"{path} sample {key!r} at byte offset {offset}: {e}") from e
     if key is None:

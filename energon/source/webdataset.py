@@ -191,7 +191,15 @@ class WebdatasetLeaf:
             if wants(part):
                 raw = bytes(payload)
                 parts[part] = (
-                    decoder.decode_part(part, raw, key=key) if decoder is not None else raw
+                    decoder.decode_part(
+                        part,
+                        raw,
+                        key=key,
+                        dataset=self.root,
+                        dataset_allows_pickle=self.builder.allow_pickle,
+                    )
+                    if decoder is not None
+                    else raw
                 )
         if key is None:
             raise SampleReadError("no sample members with a key")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import pickle
 import threading
@@ -29,6 +30,7 @@ from energon.demo.av import (  # noqa: E402
     frame_number,
     pick_codec,
 )
+from tests.helpers.avi import avi_with_a_dropped_frame  # noqa: E402
 
 FPS = 30
 SECONDS = 3
@@ -123,6 +125,16 @@ def test_a_late_clip_decodes_only_from_the_keyframe_before_it(videos, monkeypatc
     assert numbers(clips[0]) == [75, 76, 77, 78]
     # keyframes every 15 frames: frame 75 is one; decoding everything would take 90 frames
     assert len(decoded) <= 15 + 5
+
+
+def test_avi_frame_count_is_the_decodable_frames():
+    data = avi_with_a_dropped_frame(20)
+    with av.open(io.BytesIO(data)) as container:
+        assert container.streams.video[0].frames == 21  # what the header says
+    decoder = AVDecoder(data)
+    assert decoder.get_video_duration(get_frame_count=True)[1] == 20
+    assert decoder.get_metadata().video_num_frames == 20
+    assert decoder.get_video().video_clips[0].shape[0] == 20
 
 
 def test_avi_uses_a_probed_keyframe_index(videos):

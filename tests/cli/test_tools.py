@@ -6,12 +6,22 @@ import io
 import json
 import tarfile
 
+import pytest
 import torch
 from click.testing import CliRunner
 
-from energon import WorkerConfig, get_savable_loader, get_train_dataset, load_state_file
+from energon import (
+    WorkerConfig,
+    get_savable_loader,
+    get_train_dataset,
+    load_state_file,
+    redistribute_states,
+    save_state_file,
+)
+from energon.cli.checkpoint import output_names
 from energon.cli.main import cli
 from energon.format.prepare import prepare_dataset
+from energon.state import state_file_format
 from tests.helpers.datasets import CAPTIONING_YAML
 
 
@@ -81,7 +91,7 @@ def test_checkpoint_info_and_redist(text_ds, tmp_path):
     files = []
     for rank, state in enumerate(states):
         path = tmp_path / f"dl_rank{rank:03d}.pt"
-        torch.save({"dataloader_state_dict": state}, path)
+        torch.save({"dataloader_state_dict": state, "iteration": 3}, path)
         files.append(str(path))
     result = CliRunner().invoke(cli, ["checkpoint", "info", *files])
     assert result.exit_code == 0, result.output
@@ -101,11 +111,70 @@ def test_checkpoint_info_and_redist(text_ds, tmp_path):
         cli, ["checkpoint", "redist", *files, str(out), "--new-world-size", "1"]
     )
     assert result.exit_code == 0, result.output
+    # torch.save files in, torch.save files out, named like the input, Megatron wrapping kept
     written = sorted(p.name for p in out.iterdir())
-    assert written == ["dl_rank000.json"]
-    new_state = load_state_file(out / "dl_rank000.json")["dataloader_state_dict"]
+    assert written == ["dl_rank000.pt"]
+    assert state_file_format(out / "dl_rank000.pt") == "torch"
+    saved = torch.load(out / "dl_rank000.pt", weights_only=True)
+    assert saved["iteration"] == 3
+    new_state = saved["dataloader_state_dict"]
     assert new_state["world_size"] == 1 and new_state["origin"] == 6
     json.dumps(new_state)
+
+
+@pytest.mark.parametrize("file_format", ["json", "torch"])
+def test_checkpoint_redist_keeps_format_names_and_wrapping(text_ds, tmp_path, file_format):
+    states = _states(text_ds, 2, 3)
+    ext = ".json" if file_format == "json" else ".pt"
+    files = []
+    for rank, state in enumerate(states):
+        files.append(str(tmp_path / f"state_rank{rank}{ext}"))
+        save_state_file(state, files[-1], file_format)  # bare states, one per rank
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["checkpoint", "redist", *files, str(out)], input="3\n")
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [f"state_rank{i}{ext}" for i in range(3)]
+    new = [load_state_file(out / n) for n in names]
+    assert all(state_file_format(out / n) == file_format for n in names)
+    assert [s["rank"] for s in new] == [0, 1, 2] and {s["world_size"] for s in new} == {3}
+    assert new == redistribute_states(states, 3)
+
+
+def test_checkpoint_redist_of_one_global_list_file(text_ds, tmp_path):
+    states = _states(text_ds, 2, 3)
+    path = tmp_path / "global.pt"
+    torch.save({"dataloader_state_dict": states, "iteration": 7}, path)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        cli, ["checkpoint", "redist", str(path), str(out), "--new-world-size", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in out.iterdir()] == ["global.pt"]
+    saved = torch.load(out / "global.pt", weights_only=True)
+    assert saved["iteration"] == 7
+    assert saved["dataloader_state_dict"] == redistribute_states(states, 4)
+
+
+@pytest.mark.parametrize(
+    "inputs,count,expected",
+    [
+        (
+            ["a/train_dataloader_dprank000.pt", "a/train_dataloader_dprank001.pt"],
+            3,
+            [
+                "train_dataloader_dprank000.pt",
+                "train_dataloader_dprank001.pt",
+                "train_dataloader_dprank002.pt",
+            ],
+        ),
+        (["iter_5/r0_of_2.json", "iter_5/r1_of_2.json"], 2, ["r0_of_2.json", "r1_of_2.json"]),
+        (["state.pt"], 2, ["state_rank0.pt", "state_rank1.pt"]),
+        (["ckpt_7.pt"], 2, ["ckpt_0.pt", "ckpt_1.pt"]),
+    ],
+)
+def test_checkpoint_output_names_follow_the_input(inputs, count, expected):
+    assert output_names(inputs, count) == expected
 
 
 def test_demo_runs_end_to_end(tmp_path):

@@ -1,71 +1,135 @@
-"""Shared helpers (no tests) for comparing with the real megatron-core, run as a black box in a side venv.
+"""Shared helpers (no tests) for comparing with the real megatron-core, run as a black box in side venvs.
 
-The venv (``.cache/mcore-venv``) is created on first use with CPU torch first, then megatron-core,
-then energon's own pure-python dependencies (energon runs there from the source tree); a file
-lock keeps parallel pytest workers from building it twice. Not a test module itself.
+Two releases are checked: 0.16.1 (``.cache/mcore-venv``, the last one whose metadata accepts Python
+3.11) and the current 0.19.x (``.cache/mcore019-venv``). Each venv is created on first use with the
+machine's CPU torch first (so that no CUDA wheels are pulled), then megatron-core, then energon's own
+pure-python dependencies (energon runs there from the source tree); a file lock per venv keeps
+parallel pytest workers from building it twice. Not a test module itself.
+
+Why 0.19 runs on Python 3.11 here: megatron-core 0.17+ declares ``Requires-Python >=3.12``, but NVIDIA
+publishes cp311 wheels of it too, and a CPU build of torch for Python 3.12 comes only from PyTorch's
+own index (PyPI's torch wheels for Linux declare the CUDA libraries as dependencies). So the 0.19
+venv uses the same CPU torch as 0.16.1 and installs megatron-core's cp311 wheel with
+``--ignore-requires-python``; its ``megatron.core`` also imports ``triton`` unconditionally, which is
+a plain CPU-installable wheel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.helpers.paths import REPO_ROOT
 
-MCORE_VENV = REPO_ROOT / ".cache" / "mcore-venv"
-MCORE_BASE_READY = MCORE_VENV / ".energon-mcore-ready"  # torch + megatron-core + psutil
-MCORE_READY = MCORE_VENV / ".energon-mcore-ready-2"  # ... plus energon's own pure-python deps
-MCORE_PYTHON = MCORE_VENV / "bin" / "python"
 # energon itself is not installed there (examples run with PYTHONPATH=<repo>); numpy comes with mcore
 ENERGON_DEPS = ["pyyaml", "pillow", "click", "tqdm", "braceexpand"]
 
 
-def _create_venv() -> str | None:
-    steps = []
-    if not MCORE_BASE_READY.is_file():  # an existing venv only gets the missing energon deps
-        steps = [
-            [sys.executable, "-m", "venv", "--clear", str(MCORE_VENV)],
-            # CPU torch first, so that megatron-core does not pull CUDA wheels
-            [str(MCORE_PYTHON), "-m", "pip", "install", "-q", "torch==2.13.0"],
-            [str(MCORE_PYTHON), "-m", "pip", "install", "-q", "megatron-core", "psutil"],
-        ]
-    steps.append([str(MCORE_PYTHON), "-m", "pip", "install", "-q", *ENERGON_DEPS])
-    for step in steps:
-        proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            return f"{' '.join(step[:4])} failed: {proc.stderr.strip()[-500:]}"
-        if step[-1] == "psutil":
-            MCORE_BASE_READY.write_text("ok\n")
-    MCORE_READY.write_text("ok\n")
-    return None
+@dataclasses.dataclass(frozen=True)
+class McoreVenv:
+    """One side venv: where it lives and the pip steps that make it."""
+
+    version: str
+    directory: Path
+    base_steps: tuple[tuple[str, ...], ...]  # pip install arguments, in order
+    base_marker: str  # torch + megatron-core installed
+    marker: str  # ... plus energon's own pure-python deps
+
+    @property
+    def python(self) -> Path:
+        return self.directory / "bin" / "python"
+
+    def create(self) -> str | None:
+        """Build (or complete) the venv; returns a reason string on failure."""
+        steps: list[list[str]] = []
+        if not (self.directory / self.base_marker).is_file():
+            steps.append([sys.executable, "-m", "venv", "--clear", str(self.directory)])
+            steps += [[str(self.python), "-m", "pip", "install", "-q", *a] for a in self.base_steps]
+        steps.append([str(self.python), "-m", "pip", "install", "-q", *ENERGON_DEPS])
+        for i, step in enumerate(steps):
+            proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)
+            if proc.returncode != 0:
+                return f"{' '.join(step[:6])} failed: {proc.stderr.strip()[-500:]}"
+            if i == len(steps) - 2:
+                (self.directory / self.base_marker).write_text("ok\n")
+        (self.directory / self.marker).write_text("ok\n")
+        return None
 
 
-def mcore_python() -> str | None:
+MCORE_VENVS = {
+    "0.16.1": McoreVenv(
+        version="0.16.1",
+        directory=REPO_ROOT / ".cache" / "mcore-venv",
+        base_steps=(("torch==2.13.0",), ("megatron-core==0.16.1", "psutil")),
+        base_marker=".energon-mcore-ready",
+        marker=".energon-mcore-ready-2",
+    ),
+    "0.19": McoreVenv(
+        version="0.19",
+        directory=REPO_ROOT / ".cache" / "mcore019-venv",
+        base_steps=(
+            # CPU torch first; numpy installed here, so that the next step (which ignores
+            # Requires-Python) keeps it rather than building a 3.12-only release from source
+            ("torch==2.13.0", "numpy<2.4", "psutil", "triton"),
+            ("--ignore-requires-python", "megatron-core>=0.19,<0.20"),
+        ),
+        base_marker=".energon-mcore-ready",
+        marker=".energon-mcore-ready-2",
+    ),
+}
+MCORE_VENV = MCORE_VENVS["0.16.1"].directory
+MCORE_PYTHON = MCORE_VENVS["0.16.1"].python
+
+
+def mcore_python(version: str = "0.16.1") -> str | None:
     """Path of the side venv's python, or None (with the reason printed) if it cannot be made."""
     if os.environ.get("ENERGON_SKIP_MCORE"):
         return None
-    MCORE_VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(MCORE_VENV.parent / "mcore-venv.lock", "w") as lock:
+    venv = MCORE_VENVS[version]
+    venv.directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{venv.directory}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not MCORE_READY.is_file():
-            reason = _create_venv()
+        if not (venv.directory / venv.marker).is_file():
+            reason = venv.create()
             if reason is not None:
-                print(f"skipping megatron-core comparisons: {reason}")
+                print(f"skipping megatron-core {version} comparisons: {reason}")
                 return None
-    return str(MCORE_PYTHON)
+    return str(venv.python)
 
 
 @pytest.fixture(scope="session")
 def mcore() -> str:
+    """megatron-core 0.16.1 (the training example's CPU workarounds are written for it)."""
     python = mcore_python()
     if python is None:
         pytest.skip("cannot create the megatron-core side venv (see printed reason)")
     return python
+
+
+class McorePython(str):
+    """A side venv's python path that also knows its megatron-core release."""
+
+    version: str
+
+
+@pytest.fixture(scope="session", params=sorted(MCORE_VENVS))
+def mcore_any(request) -> McorePython:
+    """Every checked megatron-core release in turn (index, cache and sample comparisons)."""
+    python = mcore_python(request.param)
+    if python is None:
+        pytest.skip(
+            f"cannot create the megatron-core {request.param} side venv (see printed reason)"
+        )
+    result = McorePython(python)
+    result.version = request.param
+    return result
 
 
 # Runs inside the side venv. argv[1] is a JSON job; it builds the datasets with megatron-core's own
@@ -97,26 +161,27 @@ class Tok:
         self.eod = eod
         self.pad = -1
 
-out = job["out"]
-if job.get("write"):
-    w = job["write"]
-    b = IndexedDatasetBuilder(w["prefix"] + ".bin", dtype=getattr(np, w["dtype"]),
-                              multimodal=w.get("multimodal", False))
-    for doc in w["docs"]:
-        for seq in doc:
-            if w.get("multimodal"):
-                b.add_item(torch.tensor(seq), mode=len(seq) % 2)
-            else:
-                b.add_item(torch.tensor(seq))
-        b.end_document()
-    for p in w.get("add_index", []):
-        b.add_index(p)
-    b.finalize(w["prefix"] + ".idx")
-if job.get("read"):
-    ds = IndexedDataset(job["read"], multimodal=job.get("read_multimodal", False))
-    np.save(os.path.join(out, "read_lengths.npy"), ds.sequence_lengths)
-    np.save(os.path.join(out, "read_docs.npy"), ds.document_indices)
-    np.save(os.path.join(out, "read_tokens.npy"), np.concatenate([ds[i][0] if ds.multimodal else ds[i] for i in range(len(ds))]))
+for io_job in job.get("io", []) + ([job] if job.get("write") or job.get("read") else []):
+    out = io_job["out"]
+    if io_job.get("write"):
+        w = io_job["write"]
+        b = IndexedDatasetBuilder(w["prefix"] + ".bin", dtype=getattr(np, w["dtype"]),
+                                  multimodal=w.get("multimodal", False))
+        for doc in w["docs"]:
+            for seq in doc:
+                if w.get("multimodal"):
+                    b.add_item(torch.tensor(seq), mode=len(seq) % 2)
+                else:
+                    b.add_item(torch.tensor(seq))
+            b.end_document()
+        for p in w.get("add_index", []):
+            b.add_index(p)
+        b.finalize(w["prefix"] + ".idx")
+    if io_job.get("read"):
+        ds = IndexedDataset(io_job["read"], multimodal=io_job.get("read_multimodal", False))
+        np.save(os.path.join(out, "read_lengths.npy"), ds.sequence_lengths)
+        np.save(os.path.join(out, "read_docs.npy"), ds.document_indices)
+        np.save(os.path.join(out, "read_tokens.npy"), np.concatenate([ds[i][0] if ds.multimodal else ds[i] for i in range(len(ds))]))
 for g in job.get("gpts", []):
     out = g["out"]
     os.makedirs(out, exist_ok=True)
@@ -130,6 +195,7 @@ for g in job.get("gpts", []):
         mid_level_dataset_surplus=g.get("surplus", 0.005),
         add_extra_token_to_sequence=g.get("extra", True),
         drop_last_partial_validation_sequence=g.get("drop_last_valid", True),
+        **({"inter_document_masking": True} if g.get("inter_document_masking") else {}),
     )
     datasets = BlendedMegatronDatasetBuilder(GPTDataset, g["sizes"], lambda: True, cfg).build()
     summary = []
@@ -147,8 +213,9 @@ for g in job.get("gpts", []):
         n = min(len(ds), g.get("samples", 4))
         for k in range(n):
             s = ds[k]
-            for key in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask"):
-                np.save(os.path.join(out, f"{i}_s{k}_{key}.npy"), s[key].numpy())
+            for key, value in s.items():
+                np.save(os.path.join(out, f"{i}_s{k}_{key}.npy"), np.asarray(value))
+            json.dump(sorted(s), open(os.path.join(out, f"{i}_s{k}_keys.json"), "w"))
         summary.append(entry)
     json.dump(summary, open(os.path.join(out, "summary.json"), "w"))
 """

@@ -46,6 +46,27 @@ def test_every_sample_once_and_ranks_even(text_val_ds, world_size, num_workers, 
         assert padded == 0, "with batches > 1 sample, balancing avoids any repetition"
 
 
+@pytest.mark.parametrize("world_size,num_workers,batch_size", [(4, 1, 1), (3, 2, 4), (2, 2, 11)])
+def test_uneven_ranks_on_request(text_val_ds, world_size, num_workers, batch_size):
+    """even_ranks=False (Megatron-Energon's behaviour): natural full batches, nothing repeated,
+    ranks may differ in length."""
+    counts = Counter()
+    for rank in range(world_size):
+        loader, batches = val_pass(
+            text_val_ds,
+            rank=rank,
+            world_size=world_size,
+            num_workers=num_workers,
+            batch_size=batch_size,
+            even_ranks=False,
+        )
+        assert len(batches) == len(loader)
+        partial = [b for b in batches if len(b) < batch_size]
+        assert len(partial) <= max(1, num_workers)  # at most each stream's last batch
+        counts.update(k for b in batches for k in b)
+    assert sorted(counts.values()) == [1] * 40
+
+
 def test_same_batches_every_pass_and_no_shuffle(text_val_ds):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=2)
     loader = get_loader(get_val_dataset(text_val_ds, worker_config=wc, batch_size=8))

@@ -58,7 +58,12 @@ def test_preprocess_bytes_parallel_equals_serial(tmp_path):
         assert (s.with_suffix(".bin")).read_bytes() == (p.with_suffix(".bin")).read_bytes()
         assert (s.with_suffix(".idx")).read_bytes() == (p.with_suffix(".idx")).read_bytes()
     ds = IndexedTokens(tmp_path / "s_text_document")
-    assert ds.dtype == np.uint16 and len(ds) == 4 * 40  # the empty document is skipped
+    # the empty text is an empty document (as Megatron-LM's preprocess_data.py writes it): no
+    # sequence, no EOD, but it keeps its document number, so document-based splits agree
+    assert ds.dtype == np.uint16 and len(ds) == 4 * 40
+    docs = ds.document_indices
+    assert len(docs) == 5 * 40 + 1
+    assert docs[1] == docs[2] == 1  # document 1 (the empty text) holds no sequence
     assert bytes(ds[1][:-1].astype(np.uint8)).decode() == "énergon ✓" and ds[1][-1] == 256
 
 

@@ -1,7 +1,7 @@
 """Equality with the real megatron-core: .bin/.idx bytes, GPT and blend indices, cache names, samples.
 
-megatron-core runs in a side venv (see tests/helpers/megatron_venv.py); skipped with a printed reason only
-when that venv cannot be created.
+Every check runs against megatron-core 0.16.1 and the current 0.19.x, each in its side venv (see
+tests/helpers/megatron_venv.py); skipped with a printed reason only when a venv cannot be created.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from energon.megatron.gpt_dataset import GPTConfig, build_gpt_datasets
 from energon.megatron.indexed import IndexedTokens, TokenFileWriter
-from tests.helpers.megatron_venv import mcore, run_mcore  # noqa: F401  (fixture)
+from tests.helpers.megatron_venv import mcore_any, run_mcore  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.compat
 
@@ -60,35 +60,50 @@ def read_bytes(prefix):
     return open(prefix + ".bin", "rb").read(), open(prefix + ".idx", "rb").read()
 
 
-@pytest.mark.parametrize(
-    "dtype,multimodal",
-    [("uint16", False), ("int32", False), ("int64", False), ("uint16", True)],
-)
-def test_writer_is_byte_identical_and_cross_readable(tmp_path, mcore, dtype, multimodal):  # noqa: F811
-    docs = random_docs(3, 25)
-    docs.insert(2, [])  # an empty document is legal
-    base = str(tmp_path / "base")
-    write_ours(base, random_docs(4, 5), dtype=dtype, multimodal=multimodal)
-    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
-    write_ours(ours, docs, dtype=dtype, multimodal=multimodal, add_index=[base])
-    job = {
-        "out": str(tmp_path),
-        "write": {
-            "prefix": theirs,
-            "dtype": dtype,
-            "docs": docs,
-            "multimodal": multimodal,
-            "add_index": [base],
-        },
-        "read": ours,
-        "read_multimodal": multimodal,
-    }
-    run_mcore(mcore, job)
+WRITER_CASES = [("uint16", False), ("int32", False), ("int64", False), ("uint16", True)]
+
+
+@pytest.fixture(scope="module")
+def written_by_both(mcore_any, tmp_path_factory):  # noqa: F811
+    """Every writer case written by us and by megatron-core (one megatron-core run for all)."""
+    root = tmp_path_factory.mktemp("writer")
+    jobs = []
+    for dtype, multimodal in WRITER_CASES:
+        case = root / f"{dtype}-{multimodal}"
+        case.mkdir()
+        docs = random_docs(3, 25)
+        docs.insert(2, [])  # an empty document is legal
+        base = str(case / "base")
+        write_ours(base, random_docs(4, 5), dtype=dtype, multimodal=multimodal)
+        ours, theirs = str(case / "ours"), str(case / "theirs")
+        write_ours(ours, docs, dtype=dtype, multimodal=multimodal, add_index=[base])
+        jobs.append(
+            {
+                "out": str(case),
+                "write": {
+                    "prefix": theirs,
+                    "dtype": dtype,
+                    "docs": docs,
+                    "multimodal": multimodal,
+                    "add_index": [base],
+                },
+                "read": ours,
+                "read_multimodal": multimodal,
+            }
+        )
+    run_mcore(mcore_any, {"out": str(root), "io": jobs})
+    return root
+
+
+@pytest.mark.parametrize("dtype,multimodal", WRITER_CASES)
+def test_writer_is_byte_identical_and_cross_readable(written_by_both, dtype, multimodal):
+    case = written_by_both / f"{dtype}-{multimodal}"
+    ours, theirs = str(case / "ours"), str(case / "theirs")
     assert read_bytes(ours) == read_bytes(theirs)
     mine = IndexedTokens(theirs)
     all_tokens = np.concatenate([mine[i] for i in range(len(mine))])
-    assert np.array_equal(np.load(tmp_path / "read_tokens.npy"), all_tokens)
-    assert np.array_equal(np.load(tmp_path / "read_docs.npy"), mine.document_indices)
+    assert np.array_equal(np.load(case / "read_tokens.npy"), all_tokens)
+    assert np.array_equal(np.load(case / "read_docs.npy"), mine.document_indices)
     assert (mine.modes is not None) == multimodal
 
 
@@ -117,7 +132,41 @@ GPT_CASES = {
     "per_split": dict(
         per_split=[["2", "c0", "1", "c1"], ["c2"], None], seq=10, seed=5, sizes=[300, 20, None]
     ),
+    # megatron-core 0.19's document boundaries (cu_seqlens, max_seqlen, per-document positions);
+    # long windows span several documents, the last validation window is padded
+    "inter_document": dict(
+        blend=["c1"],
+        split="80,20",
+        seq=96,
+        seed=9,
+        sizes=[60, None, None],
+        inter_document_masking=True,
+        drop_last_valid=False,
+        compare=1000,  # every sample
+        since="0.19",
+    ),
+    "inter_document_no_extra": dict(
+        blend=["0.5", "c0", "0.5", "c1"],
+        split="100,0,0",
+        seq=40,
+        seed=2,
+        sizes=[50, 0, 0],
+        inter_document_masking=True,
+        extra=False,
+        compare=1000,
+        since="0.19",
+    ),
 }
+
+
+def _cases_for(version: str) -> dict[str, dict]:
+    """The cases a megatron-core release supports (``since``: the first release with the feature)."""
+    key = tuple(int(x) for x in version.split(".")[:2])
+    return {
+        name: case
+        for name, case in GPT_CASES.items()
+        if tuple(int(x) for x in case.get("since", "0.0").split(".")) <= key
+    }
 
 
 def _resolve(blend, prefixes):
@@ -136,6 +185,7 @@ def _our_datasets(case, prefixes, cache):
         eod_token=EOD,
         add_extra_token_to_sequence=case.get("extra", True),
         drop_last_partial_validation_sequence=case.get("drop_last_valid", True),
+        inter_document_masking=case.get("inter_document_masking", False),
         path_to_cache=cache,
     )
     per_split = case.get("per_split")
@@ -148,11 +198,12 @@ def _our_datasets(case, prefixes, cache):
 
 
 @pytest.fixture(scope="module")
-def mcore_results(corpora, mcore, tmp_path_factory):  # noqa: F811
+def mcore_results(corpora, mcore_any, tmp_path_factory):  # noqa: F811
     """One megatron-core run builds every case (one interpreter start for all of them)."""
     root = tmp_path_factory.mktemp("mcore")
+    root.joinpath("version").write_text(mcore_any.version)
     gpts = []
-    for name, case in GPT_CASES.items():
+    for name, case in _cases_for(mcore_any.version).items():
         per_split = case.get("per_split")
         gpts.append(
             {
@@ -164,10 +215,10 @@ def mcore_results(corpora, mcore, tmp_path_factory):  # noqa: F811
                 "out": str(root / name / "arrays"),
                 "vocab": VOCAB,
                 "eod": EOD,
-                "samples": 3,
+                "samples": case.get("compare", 3),
             }
         )
-    run_mcore(mcore, {"out": str(root), "gpts": gpts})
+    run_mcore(mcore_any, {"out": str(root), "gpts": gpts})
     return root
 
 
@@ -178,6 +229,9 @@ def test_indices_samples_and_cache_names_equal_megatron_core(
     import json
 
     case = GPT_CASES[name]
+    version = (mcore_results / "version").read_text()
+    if name not in _cases_for(version):
+        pytest.skip(f"megatron-core {version} predates {case['since']}")
     theirs = mcore_results / name
     summary = json.loads((theirs / "arrays" / "summary.json").read_text())
     ours = _our_datasets(case, corpora, str(tmp_path / "cache"))
@@ -194,11 +248,14 @@ def test_indices_samples_and_cache_names_equal_megatron_core(
             expected = np.load(theirs / "arrays" / f"{i}_{array_name}.npy")
             assert array.dtype == expected.dtype, (i, array_name)
             assert np.array_equal(array, expected), (i, array_name)
-        for k in range(min(3, len(ds))):
+        for k in range(min(case.get("compare", 3), len(ds))):
             sample = ds[k]
-            for key in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask"):
+            keys = json.loads((theirs / "arrays" / f"{i}_s{k}_keys.json").read_text())
+            assert sorted(sample) == keys, (i, k)
+            for key in keys:
                 expected = np.load(theirs / "arrays" / f"{i}_s{k}_{key}.npy")
-                assert np.array_equal(sample[key].numpy(), expected), (i, k, key)
+                assert np.array_equal(np.asarray(sample[key]), expected), (i, k, key)
+                assert np.asarray(sample[key]).dtype == expected.dtype, (i, k, key)
     # same cache file names (and bytes of the arrays): the caches are interchangeable
     mine = sorted(os.listdir(tmp_path / "cache"))
     assert mine == sorted(os.listdir(theirs / "cache"))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.megatron_venv import REPO_ROOT, mcore  # noqa: F401  (fixture)
+from tests.helpers.megatron_venv import REPO_ROOT, mcore, mcore_any  # noqa: F401  (fixture)
 
 SCRIPT = REPO_ROOT / "tools" / "examples" / "train_megatron_gpt.py"
 ITERS, SAVE_AT, MICROBATCHES = 6, 3, 2
@@ -92,15 +92,17 @@ def check_loader_state_files(ckpt: Path, world: int) -> None:
     assert not (ckpt / f"iter_{SAVE_AT:07d}" / f"train_dataloader_dprank{world:03d}.pt").exists()
 
 
-def test_tokens_world1_stop_save_resume(mcore, tmp_path, data_dir):  # noqa: F811
-    """Three processes: 6 iterations; 3 then exit with a checkpoint; resume to 6 (0 workers)."""
-    full = train(mcore, tmp_path, data_dir, "--iters 6 --workers 1")
-    first = train(mcore, tmp_path, data_dir, "--iters 3 --save ckpt --workers 1")
+def test_tokens_world1_stop_save_resume(mcore_any, tmp_path, data_dir):  # noqa: F811
+    """Three processes: 6 iterations; 3 then exit with a checkpoint; resume to 6 (0 workers).
+    Runs with megatron-core 0.16.1 and 0.19.x."""
+    python = mcore_any
+    full = train(python, tmp_path, data_dir, "--iters 6 --workers 1")
+    first = train(python, tmp_path, data_dir, "--iters 3 --save ckpt --workers 1")
     assert sorted(by_event(first, "train")) == [1, 2, 3]
     assert first[:3] == full[:3]  # the same first three iterations
     check_loader_state_files(tmp_path / "ckpt", world=1)
     # resuming on another number of loader workers (0 = in the main process) sees the same data
-    resumed = train(mcore, tmp_path, data_dir, "--iters 6 --load ckpt --workers 0")
+    resumed = train(python, tmp_path, data_dir, "--iters 6 --load ckpt --workers 0")
     check_resume(full, resumed, world=1, saved=first)
 
 
@@ -116,6 +118,38 @@ def test_tokens_world2_torchrun_resume(mcore, tmp_path, data_dir):  # noqa: F811
     assert {b["tokens"] for b in ranks[0]["batches"]}.isdisjoint(
         b["tokens"] for b in ranks[1]["batches"]
     )
+    check_redistributed_resume(mcore, tmp_path, data_dir, full)
+
+
+def check_redistributed_resume(python: str, tmp: Path, data_dir: Path, full: list[dict]) -> None:
+    """`energon checkpoint redist` turns the 2 ranks' loader files into 1 rank's, in the same
+    format and names; the training script resumes from them on one rank and reads the next global
+    micro-batches in order: iteration 4 of both ranks, interleaved as the global sequence has them."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from energon.cli.main import cli
+
+    step = tmp / "ckpt" / f"iter_{SAVE_AT:07d}"
+    files = [str(step / f"train_dataloader_dprank{r:03d}.pt") for r in range(2)]
+    out = tmp / "redist"
+    result = CliRunner().invoke(
+        cli, ["checkpoint", "redist", *files, str(out), "--new-world-size", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in out.iterdir()] == ["train_dataloader_dprank000.pt"]
+    one_rank = tmp / "ckpt1"
+    shutil.copytree(tmp / "ckpt", one_rank)
+    for name in ("train_dataloader_dprank000.pt", "train_dataloader_dprank001.pt"):
+        (one_rank / f"iter_{SAVE_AT:07d}" / name).unlink()
+    shutil.copy(out / "train_dataloader_dprank000.pt", one_rank / f"iter_{SAVE_AT:07d}")
+    args = f"--iters {SAVE_AT + 2} --load ckpt1 --ckpt-step {SAVE_AT} --workers 1"
+    resumed = by_event(train(python, tmp, data_dir, args), "train")
+    before = by_event(full, "train")[SAVE_AT + 1]  # [rank 0, rank 1], 2 micro-batches each
+    expected = [before[r]["batches"][mb] for mb in range(MICROBATCHES) for r in range(2)]
+    got = [b for it in (SAVE_AT + 1, SAVE_AT + 2) for b in resumed[it][0]["batches"]]
+    assert got == expected
 
 
 def test_captioning_task_encoder_resume(mcore, tmp_path, data_dir):  # noqa: F811

@@ -79,6 +79,30 @@ def test_blend_mix_is_exact_over_every_window(two_datasets):
     assert len(a_keys) == 55 and all(abs(c - mean) <= 0.15 * mean for c in a_keys.values())
 
 
+def test_equal_weight_blend_global_steps_mix_sources(two_datasets):
+    """Streams are not in lock-step: with micro-batch 1 on 4 ranks, a global step (one micro-batch
+    per rank) holds both sources in most steps, and every rank still keeps the exact 50/50 mix
+    over every window."""
+    path = write(two_datasets, "blend_equal.yaml", blend_yaml(1, 1))
+    per_rank = [
+        [
+            b.__subflavors__[0]["src"]
+            for b in samples(path, 2000, rank=r, world_size=4, batch_size=1)
+        ]
+        for r in range(4)
+    ]
+    steps = list(zip(*per_rank))
+    single_source = sum(1 for step in steps if len(set(step)) == 1)
+    assert single_source < len(steps) / 2, f"{single_source} of {len(steps)} steps hold one source"
+    for sources in per_rank:
+        for start in range(0, 1001, 100):
+            window = sources[start : start + 1000]
+            assert abs(window.count("a") - 500) <= 20, start
+    global_order = [src for step in steps for src in step]
+    for start in range(0, 7001, 500):
+        assert abs(global_order[start : start + 1000].count("a") - 500) <= 20, start
+
+
 def test_blend_report_and_state_record_consumption(two_datasets):
     path = write(two_datasets, "blend2.yaml", blend_yaml())
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)

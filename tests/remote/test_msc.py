@@ -19,7 +19,12 @@ import pytest
 from click.testing import CliRunner
 
 from energon import (
+    Cooker,
+    DefaultTaskEncoder,
+    TextSample,
     WorkerConfig,
+    basic_sample_keys,
+    cooker,
     epath,
     get_loader,
     get_savable_loader,
@@ -277,6 +282,50 @@ def test_metadataset_mixing_s3_and_msc_leaves(msc_env):
 def _val(path):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     return get_val_dataset(path, split_part="train", worker_config=wc, batch_size=None)
+
+
+@cooker
+def _cook_with_remote_aux(sample, notes, twin):
+    key = sample["__key__"]
+    own = sample["txt"]  # decoded by the default decoder
+    return TextSample(
+        **basic_sample_keys(sample),
+        text="|".join([own, notes.get(f"{key}.txt", sample), twin.get(f"{key}.txt", sample)]),
+    )
+
+
+class _RemoteAuxEncoder(DefaultTaskEncoder):
+    cookers = [Cooker(_cook_with_remote_aux, has_subflavors={"kind": "crude"})]
+
+
+@pytest.mark.parametrize("notes_url", ["msc://objs/notes", "msc://disk/notes"])
+def test_aux_folders_and_datasets_under_msc(msc_env, tmp_path, notes_url):
+    """``aux`` in Megatron-Energon's remote forms: ``filesystem+msc://profile/folder`` (a folder of
+    files) and ``msc://profile/dataset`` (a prepared dataset read by ``<key>.<part>``)."""
+    crude = make_text_dataset(tmp_path / "crude", num_samples=60, num_shards=3)  # msc_env.text's
+    (crude / ".nv-meta" / "dataset.yaml").write_text(
+        "__module__: megatron.energon\n__class__: CrudeWebdataset\nsubflavors: {kind: crude}\n"
+    )
+    keys = [s["__key__"] for s in get_loader(_val(crude))]
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    for key in keys:
+        (notes / f"{key}.txt").write_text(f"note of {key}")
+    msc_env.put(notes, notes_url)
+    mds = tmp_path / "aux.yaml"
+    mds.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n"
+        f"    path: ./crude\n    aux:\n      notes: filesystem+{notes_url}\n"
+        "      twin: msc://objs/text\n"
+    )
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=1)
+    ds = get_val_dataset(
+        mds, split_part="train", worker_config=wc, batch_size=None, task_encoder=_RemoteAuxEncoder()
+    )
+    got = {s.__key__: s.text.split("|") for s in get_loader(ds)}
+    assert sorted(got) == sorted(keys)
+    for key, (own, note, twin) in got.items():
+        assert note == f"note of {key}" and twin == own
 
 
 # ---------------------------------------------------------------------------------------------

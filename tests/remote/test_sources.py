@@ -281,8 +281,10 @@ def test_a_rank_fetches_only_the_shards_it_reads(tmp_path, monkeypatch):
     from energon import epath
 
     root = make_text_dataset(tmp_path / "ranks", num_samples=96, num_shards=8)
-    upload_to_s3(root, f"s3://{BUCKET}/ranks")
-    url = f"s3://{BUCKET}/ranks"
+    # one copy per rank: the previous rank's prefetch threads may still be busy, and their reads
+    # must not count as this rank's
+    for rank in range(4):
+        upload_to_s3(root, f"s3://{BUCKET}/ranks{rank}")
     fetched: list[str] = []
     real_read_range = epath.read_range
 
@@ -292,6 +294,7 @@ def test_a_rank_fetches_only_the_shards_it_reads(tmp_path, monkeypatch):
 
     monkeypatch.setattr(epath, "read_range", recording_read_range)
     for rank in range(4):
+        url = f"s3://{BUCKET}/ranks{rank}"
         fetched.clear()
         wc = WorkerConfig(rank=rank, world_size=4, num_workers=0)
         ds = get_train_dataset(
@@ -302,7 +305,7 @@ def test_a_rank_fetches_only_the_shards_it_reads(tmp_path, monkeypatch):
         # taken, but never outside the rank's own range
         keys = [k for _ in range(12) for k in next(it)["__key__"]]
         shards_read = {int(k.split("_")[0]) for k in keys}
-        shard_files = {p.rsplit("/", 1)[1] for p in fetched if "/parts/" in p}
+        shard_files = {p.rsplit("/", 1)[1] for p in fetched if p.startswith(f"{url}/parts/")}
         fetched_shards = {int(name.split("-")[1].split(".")[0]) for name in shard_files}
         assert fetched_shards and fetched_shards <= shards_read, (rank, fetched_shards, shards_read)
         assert len(shards_read) <= 3  # 2 of 8 shards per rank, plus at most a boundary one

@@ -127,6 +127,17 @@ def apply_cpu_workarounds() -> bool:
     #    (see optimizer_config()).
     # 5. dist_checkpointing.save calls torch.cuda.synchronize() before writing.
     torch.cuda.synchronize = lambda *args, **kwargs: None
+
+    # 6. (megatron-core 0.19) DDP's gradient sync waits for CUDA-graph events on the current CUDA
+    #    stream; without CUDA there are no such events, so a stream that waits for nothing will do.
+    class CpuStream:
+        def wait_event(self, event: Any) -> None:
+            pass
+
+        def wait_stream(self, stream: Any) -> None:
+            pass
+
+    torch.cuda.current_stream = lambda *args, **kwargs: CpuStream()
     return True
 
 
