@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from energon.errors import ErrorPolicy, SkipSample
+from energon.loader import wrappers as core_wrappers
 from energon.loader.savable_dataset import SavableDataset
 from energon.pipeline.keys import as_key, attach_restore_key
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
@@ -344,10 +345,12 @@ def _check_child(parent: BaseWrapperDataset, child: Any, worker_config: WorkerCo
             f"{name}: the wrapped dataset was built for another worker config "
             f"({child.worker_config.config()} vs {worker_config.config()})"
         )
-    if isinstance(child, (EpochizeDataset, LimitDataset)):
+    limited = _is_plain(child) and child.spec.limit is not None  # the core's LimitDataset
+    if limited or isinstance(child, (EpochizeDataset, LimitDataset)):
+        kind = "LimitDataset" if limited else type(child).__name__
         raise ValueError(
-            f"{name} wraps a {type(child).__name__}: energon applies epoch lengths and limits per "
-            f"loader pass, so {type(child).__name__} must be the outermost wrapper"
+            f"{name} wraps a {kind}: energon applies epoch lengths and limits per "
+            f"loader pass, so {kind} must be the outermost wrapper"
         )
     if not isinstance(child, BaseWrapperDataset) and (
         child.spec.virtual_epoch_length or child.spec.limit
@@ -1006,7 +1009,25 @@ class _RepeatStage(Stage):
 
 
 class RepeatDataset(BaseWrapperDataset):
-    """The dataset again and again (``repeats=None``: forever; a number: that many passes)."""
+    """The dataset again and again (``repeats=None``: forever; a number: that many passes).
+
+    Over a dataset of ``get_train_dataset`` / ``get_val_dataset`` this is the core's pass-length
+    rule (:func:`energon.loader.wrappers.RepeatDataset`, exact totals, elastic); only a composed
+    chain gets a node."""
+
+    def __new__(
+        cls,
+        dataset: SavableDataset,
+        *,
+        repeats: int | float | None = None,
+        restart: bool = True,
+        worker_config: WorkerConfig,
+    ) -> Any:
+        if _is_plain(dataset):
+            return core_wrappers.RepeatDataset(
+                dataset, repeats=repeats, restart=restart, worker_config=worker_config
+            )
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -1066,7 +1087,22 @@ class EpochizeDataset(_PassThrough):
 class LimitDataset(_PassThrough):
     """Every loader pass yields at most ``length`` micro-batches per rank; with
     ``reset_after_epoch=True`` each pass starts from the beginning again (validation), else it
-    continues. Must be the outermost wrapper."""
+    continues. Must be the outermost wrapper. Over a dataset of ``get_train_dataset`` /
+    ``get_val_dataset`` this is the core's rule (:func:`energon.loader.wrappers.LimitDataset`)."""
+
+    def __new__(
+        cls,
+        dataset: SavableDataset,
+        length: int,
+        *,
+        reset_after_epoch: bool = False,
+        worker_config: WorkerConfig,
+    ) -> Any:
+        if _is_plain(dataset):
+            return core_wrappers.LimitDataset(
+                dataset, length, reset_after_epoch=reset_after_epoch, worker_config=worker_config
+            )
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -1094,6 +1130,11 @@ class LimitDataset(_PassThrough):
             "length": self.length,
             "reset_after_epoch": self.reset_after_epoch,
         }
+
+
+def _is_plain(dataset: Any) -> bool:
+    """A dataset the core pipeline builds alone (not a composition, not a task encoder's own)."""
+    return type(dataset) is SavableDataset
 
 
 def stream_rank_total(node: BaseWrapperDataset) -> int:

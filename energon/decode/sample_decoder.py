@@ -32,6 +32,7 @@ from energon.decode.deadline import DecodeTimeoutError, deadline
 from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, ImageMode, decode_image
 from energon.decode.sniff import guess_extension
 from energon.errors import SYSTEM_EXCEPTIONS, DecodeError
+from energon.format.layout import DATASET_YAML_FILENAME, MAIN_FOLDER_NAME
 
 __all__ = [
     "AV_DECODE_MODES",
@@ -152,7 +153,11 @@ class SampleDecoder:
         if extension == "pth":  # weights_only restricts unpickling to tensors and containers
             return torch.load(io.BytesIO(data), weights_only=not allowed)
         if not allowed:
-            where = f"{dataset}/.nv-meta/dataset.yaml" if dataset else "the dataset's dataset.yaml"
+            where = (
+                f"{dataset}/{MAIN_FOLDER_NAME}/{DATASET_YAML_FILENAME}"
+                if dataset
+                else "the dataset's dataset.yaml"
+            )
             raise ValueError(
                 f"refusing to unpickle a '.{extension}' part: pickle data can run arbitrary code. "
                 f"If you trust this dataset, allow it with one of: `allow_pickle: true` in {where} "

@@ -85,7 +85,6 @@ class Stream(Stage):
         if item_index is not None:
             hook_context.batch_index = self.batch_index(item_index)
         hook_context.seed = self.spec.seed
-        hook_context.batch_index = self.batch_index(item_index)
         return self.sink.rebuild(key)
 
 

@@ -13,21 +13,30 @@ from tests.helpers.stages import MemoryLeaf, memory_spec, take
 
 def test_every_key_shape_survives_json():
     pointer = keys.pointer_key("jsonl", 1, 42)
-    mapped = keys.map_key("encode_sample", 9, 2, pointer)
+    mapped = keys.map_key("encode_sample", 9, 2, pointer, 4)
     packed = keys.pack_key(3, 1, (mapped, keys.pointer_key("tokens", 0, 7)))
     batch = keys.batch_key(5, (packed, mapped))
-    loader_key = keys.stream_key(2, batch)
+    loader_key = keys.stream_key(2, 6, batch)
     again = keys.as_key(json.loads(json.dumps(loader_key)))
     assert again == loader_key
-    assert keys.parse_stream_key(json.loads(json.dumps(loader_key))) == (2, batch)
+    assert keys.parse_stream_key(json.loads(json.dumps(loader_key))) == (2, 6, batch)
     assert keys.pointer_target(pointer) == (1, 42)
-    assert keys.map_parts(mapped) == (9, 2, pointer)
+    assert keys.map_parts(mapped) == (9, 2, pointer, 4)
     assert keys.pack_parts(packed) == (3, 1, (mapped, ("tokens", 0, 7)))
     assert keys.batch_members(batch) == (packed, mapped)
 
 
 @pytest.mark.parametrize(
-    "bad", [("Batch", 0, ()), ["Stream", "1", []], ("Stream", 1), "Stream", None, ("Stream", 0, 5)]
+    "bad",
+    [
+        ("Batch", 0, ()),
+        ["Stream", "1", []],
+        ("Stream", 1),
+        "Stream",
+        None,
+        ("Stream", 0, 5),
+        ("Stream", 0, ("Batch", 0, ())),
+    ],
 )
 def test_parse_stream_key_rejects_other_data(bad):
     with pytest.raises(ValueError, match="not a restore key of this loader"):

@@ -22,8 +22,9 @@ def _picks(schedule, n):
 
 
 @FAST
-@given(weights=weights_strategy, phase=st.floats(0, 0.999))
-def test_weighted_mix_matches_the_weights_in_every_prefix_and_window(weights, phase):
+@given(weights=weights_strategy, data=st.data())
+def test_weighted_mix_matches_the_weights_in_every_prefix_and_window(weights, data):
+    phase = data.draw(st.lists(st.floats(0, 0.999), min_size=len(weights), max_size=len(weights)))
     shares = [w / sum(weights) for w in weights]
     picks = _picks(WeightedSchedule(weights, phase), 400)
     prefix = [[0] * len(weights)]
@@ -47,8 +48,9 @@ def test_weighted_schedule_needs_a_positive_weight():
 
 
 @FAST
-@given(weights=weights_strategy, phase=st.floats(0, 0.999), split=st.integers(0, 100))
-def test_weighted_schedule_resumes_from_its_state(weights, phase, split):
+@given(weights=weights_strategy, data=st.data(), split=st.integers(0, 100))
+def test_weighted_schedule_resumes_from_its_state(weights, data, split):
+    phase = data.draw(st.lists(st.floats(0, 0.999), min_size=len(weights), max_size=len(weights)))
     reference = _picks(WeightedSchedule(weights, phase), 150)
     first = WeightedSchedule(weights, phase)
     head = _picks(first, split)
