@@ -54,8 +54,11 @@ def make_rank_state(
     streams: dict[int, StreamSnapshot],
     micro_batch_size: int | None,
     version: int = STATE_VERSION,
+    weight_changes: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """``weight_changes``: the blend weight changes made online (``loader.set_blend_weights``), as
+    plain data; part of the position (not of the fingerprint), the same in every rank's state."""
+    state = {
         "format": STATE_FORMAT,
         "version": version,
         "fingerprint": fingerprint,
@@ -69,6 +72,19 @@ def make_rank_state(
         "micro_batch_size": micro_batch_size,
         "streams": [[s, streams[s]] for s in sorted(streams)],
     }
+    if weight_changes:
+        state["weight_changes"] = weight_changes
+    return state
+
+
+def weight_changes(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The online blend weight changes recorded in a rank state (none in older states)."""
+    changes = state.get("weight_changes", [])
+    if not isinstance(changes, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("position"), int) for c in changes
+    ):
+        raise StateError("loader state field 'weight_changes' is damaged")
+    return changes
 
 
 def check_state_shape(state: Any) -> dict[str, Any]:
@@ -174,6 +190,11 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
         for field in ("fingerprint_digest", "num_streams", "world_size", "version"):
             if st[field] != first[field]:
                 raise StateError(f"states disagree on {field}: {first[field]!r} vs {st[field]!r}")
+        if weight_changes(st) != weight_changes(first):
+            raise StateError(
+                "states disagree on the blend weight changes: set_blend_weights was not called "
+                "with the same values on every rank (use broadcast=True)"
+            )
     ranks = sorted(st["rank"] for st in states)
     if ranks != list(range(first["world_size"])):
         raise StateError(f"need one state per rank 0..{first['world_size'] - 1}, got ranks {ranks}")
@@ -196,6 +217,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
                 streams=merged,
                 micro_batch_size=first.get("micro_batch_size"),
                 version=first["version"],
+                weight_changes=weight_changes(first),
             )
         )
     return out

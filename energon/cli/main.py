@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "prepare-cache": "energon.cli.prepare_cache",
     "prepare-media": "energon.cli.prepare_media",
     "demo-av": "energon.cli.demo_av",
+    "blend-plan": "energon.cli.blend_plan",
 }
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}

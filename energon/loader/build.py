@@ -12,7 +12,7 @@ from typing import Any
 
 from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import resolve_dataset
-from energon.pipeline.spec import PipelineSpec
+from energon.pipeline.spec import PipelineSpec, check_blend_streams
 from energon.task_encoder import DefaultTaskEncoder, TaskEncoder
 from energon.worker import WorkerConfig
 
@@ -81,6 +81,16 @@ def _build(
     parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     sample_type = kwargs.pop("sample_type", None)
     even_ranks = kwargs.pop("even_ranks", True)
+    global_batch_size = kwargs.pop("global_batch_size", None)
+    if global_batch_size is not None and (
+        isinstance(global_batch_size, bool)
+        or not isinstance(global_batch_size, int)
+        or global_batch_size < 1
+    ):
+        raise ValueError(
+            f"global_batch_size must be an integer >= 1 (samples per training step), got "
+            f"{global_batch_size!r}"
+        )
     resolved = resolve_dataset(
         path,
         split_part=split_part,
@@ -90,6 +100,7 @@ def _build(
         dataset_config=kwargs.pop("dataset_config", None),
         split_config=kwargs.pop("split_config", None),
         token_config=kwargs.pop("token_config", None),
+        global_batch_size=global_batch_size,
     )
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
@@ -123,8 +134,11 @@ def _build(
         packing_buffer_size=packing_buffer_size or None,
         group_max_wait=group_max_wait,
         even_ranks=bool(even_ranks) and worker_config.world_size > 1,
+        mixture=resolved.mixture,
+        global_batch_size=global_batch_size or resolved.global_batch_size,
     )
     _check_streams_have_samples(spec)
+    _check_blend_streams(spec)
     compose = getattr(task_encoder, "compose_dataset", None)
     if compose is not None:  # a task encoder that builds its own pipeline from the spec
         composed = compose(spec, worker_config)
@@ -154,6 +168,14 @@ def _check_streams_have_samples(spec: PipelineSpec) -> None:
         )
 
 
+def _check_blend_streams(spec: PipelineSpec) -> None:
+    """Every stream of a scheduled blend must have a non-empty source with weight at every time
+    (a dataset with fewer samples than logical streams is absent from some streams)."""
+    if spec.mixture is None or spec.mode != "weight" or not spec.training:
+        return
+    check_blend_streams(spec, spec.mixture, "the weight schedules")
+
+
 def get_train_dataset(
     path: Any,
     *,
@@ -175,7 +197,9 @@ def get_train_dataset(
     ``batch_size``, ``shuffle_buffer_size`` and ``max_samples_per_sequence`` must be given (``None`` is
     allowed) so that the trade-off between randomness and read locality is a conscious choice.
     Extra keywords: ``num_streams`` (logical streams; default ``world_size * max(1, num_workers)``),
-    ``parallel_shard_iters``, ``dataset_config``, ``split_config``, ``subflavors``.
+    ``parallel_shard_iters``, ``dataset_config``, ``split_config``, ``subflavors``,
+    ``global_batch_size`` (samples per training step: converts blend weight schedules given in
+    steps, and ``loader.set_blend_weights(from_step=...)``).
     """
     return _build(
         path,

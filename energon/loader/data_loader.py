@@ -14,7 +14,7 @@ import functools
 import itertools
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -22,13 +22,16 @@ import torch.utils.data
 
 from energon import debug_log
 from energon.errors import SkipSample, StateError
+from energon.loader.blend_report import BlendReport, BlendTracker, source_names, source_rows
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
 from energon.pipeline import snapshot
 from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, as_key, attach_restore_key, parse_stream_key
 from energon.pipeline.snapshot import StreamSnapshot
+from energon.pipeline.spec import check_blend_streams
 from energon.pipeline.stage import Value
+from energon.plan.schedules import FlatWeights, WeightChange, WeightSchedule
 from energon.state import (
     check_compatible,
     check_state_shape,
@@ -36,9 +39,12 @@ from energon.state import (
     redistribute_states,
     stream_snapshots,
     upgrade_state,
+    weight_changes,
 )
 from energon.task_encoder.base import hook_context
 from energon.worker import WorkerConfig
+
+BLEND_REPORT_WINDOW = 1000  # global samples per window of Loader.blend_report()
 
 
 def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Value, ItemMeta]:
@@ -110,6 +116,8 @@ class Loader:
         self._snapshots: dict[int, StreamSnapshot] = {}
         self._source: Iterator[tuple[Value, ItemMeta]] | None = None
         self._arena: BatchArena | None = None
+        self._restart_at: int | None = None  # reopen the source here (blend weights changed)
+        self._blend_tracker = self._new_blend_tracker()
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
 
@@ -158,6 +166,8 @@ class Loader:
             self._source = self._open_source()
         iter_idx = 0
         while length is None or self._pass_offset < length:
+            if self._restart_at is not None and self._next_position() >= self._restart_at:
+                self._reopen_source()
             try:
                 value, meta = next(self._source)
             except StopIteration:
@@ -219,11 +229,14 @@ class Loader:
     def _record(self, meta: ItemMeta) -> None:
         wc = self.worker_config
         self._snapshots[meta.stream] = meta.snapshot
+        if self._blend_tracker is not None:
+            self._blend_tracker.observe(meta.stream, meta.snapshot)
         self._consumed = (meta.position - self._origin - wc.rank) // wc.world_size + 1
         self._pass_offset += 1
 
     def _open_source(self) -> Iterator[tuple[Value, ItemMeta]]:
         wc = self.worker_config
+        self._restart_at = None  # the new source runs the current spec
         hook_context.cache_pool = self.cache_pool  # workers inherit it through fork
         self.dataset.resume = ResumePoint(
             base=self._origin + self._consumed * wc.world_size,
@@ -248,6 +261,22 @@ class Loader:
             generator=generator,
         )
         return iter(loader)
+
+    def _next_position(self) -> int:
+        """The global micro-batch position this rank yields next."""
+        wc = self.worker_config
+        return self._origin + wc.rank + self._consumed * wc.world_size
+
+    def _consumed_boundary(self) -> int:
+        """Every global position below this one was consumed (ranks step together)."""
+        return self._origin + self._consumed * self.worker_config.world_size
+
+    def _reopen_source(self) -> None:
+        """Drop what the workers computed ahead and start them again from the consumed position
+        (with the current spec): how a blend weight change reaches every worker."""
+        self._restart_at = None
+        self._close_source()
+        self._source = self._open_source()
 
     def _close_source(self) -> None:
         source, self._source = self._source, None
@@ -279,6 +308,7 @@ class Loader:
             pass_offset=self._pass_offset,
             streams=self._snapshots,
             micro_batch_size=spec.batch_size,
+            weight_changes=[c.config() for c in spec.weight_changes],
         )
         return json.loads(json.dumps(state))
 
@@ -300,10 +330,18 @@ class Loader:
                 "energon.redistribute_states(states, new_world_size)"
             )
         self._set_num_streams(state["num_streams"])
+        self.dataset.spec = dataclasses.replace(
+            self.dataset.spec,
+            weight_changes=tuple(WeightChange.from_config(c) for c in weight_changes(state)),
+        )
         self._origin = state["origin"]
         self._consumed = state["consumed"]
         self._pass_offset = state["pass_offset"]
         self._snapshots = copy.deepcopy(stream_snapshots(state))
+        self._blend_tracker = self._new_blend_tracker()
+        if self._blend_tracker is not None:
+            for stream, snap in self._snapshots.items():
+                self._blend_tracker.prime(stream, snap)
 
     def _set_num_streams(self, num_streams: int) -> None:
         spec = self.dataset.spec
@@ -378,26 +416,149 @@ class Loader:
             return sorted(states, key=lambda s: s["rank"])
         return redistribute_states(states, world)
 
-    def blend_report(self) -> list[dict[str, Any]]:
-        """Requested weight vs. observed share of each source, over the samples this rank's
-        streams have read so far (samples waiting in shuffle buffers count as read)."""
+    # -- blending ----------------------------------------------------------------------------
+    def _new_blend_tracker(self) -> BlendTracker | None:
+        spec = self.dataset.spec
+        if not spec.training or spec.mode != "weight":
+            return None
+        return BlendTracker(len(spec.sources), spec.num_streams, BLEND_REPORT_WINDOW)
+
+    def blend_report(self) -> BlendReport:
+        """Requested against observed share of each source: in total over the samples this rank's
+        streams have picked so far (samples waiting in shuffle buffers count as picked) and, for a
+        weight blend, per window of ``BLEND_REPORT_WINDOW`` samples of the global clock (the most
+        recent ``MAX_WINDOWS`` windows). Iterating the report gives one dict per source."""
         spec = self.dataset.spec
         consumed = [0] * len(spec.sources)
         for snap in self._snapshots.values():
             for i, read in enumerate(snapshot.samples_read(snap)):
                 consumed[i] += read
-        total = sum(consumed) or 1
-        return [
-            {
-                "path": source.leaf.fingerprint()["path"],
-                "split_part": source.leaf.split_part,
-                "weight": source.weight if spec.mode == "weight" else None,
-                "repetitions": source.repetitions if spec.mode == "repetitions" else None,
-                "consumed": count,
-                "observed": count / total,
-            }
-            for source, count in zip(spec.sources, consumed)
-        ]
+        tracker = self._blend_tracker
+        expected = tracker.totals()[1] if tracker is not None else None
+        return BlendReport(
+            sources=source_rows(spec, consumed, expected),
+            windows=tracker.windows() if tracker is not None else [],
+            window=BLEND_REPORT_WINDOW,
+            streams=sorted(self._rank_streams()),
+            num_streams=spec.num_streams,
+            changes=[c.config() for c in spec.weight_changes],
+        )
+
+    def _rank_streams(self) -> set[int]:
+        workers = range(max(1, self.worker_config.num_workers))
+        return {s for w in workers for s in self.dataset.layout(w, self._origin).streams()}
+
+    def set_blend_weights(
+        self,
+        weights: Sequence[Any] | Mapping[str, Any] | None,
+        *,
+        from_step: int | None = None,
+        from_sample: int | None = None,
+        broadcast: bool = False,
+    ) -> int:
+        """Change the weights of a training blend from a point of the global sequence on.
+
+        ``weights``: one weight per source, in the order of :meth:`blend_report` (a number or a
+        :class:`~energon.plan.schedules.WeightSchedule`), or a mapping from a source's report
+        ``name`` to its weight (sources left out get 0); normalised, and final: they replace the
+        configured blend tree. None goes back to the configured weights (and schedules).
+
+        Where it starts: ``from_step`` (needs ``global_batch_size`` from ``get_train_dataset`` or
+        the metadataset), ``from_sample`` (global samples, a multiple of the micro-batch size), or
+        by default the next micro-batch (call it between training steps, all ranks at the same
+        step). It must not lie before what the ranks have already consumed. Logical stream ``s``
+        switches before its first micro-batch at or after that global position; workers already
+        ahead are restarted from the consumed position when the loader gets there, so the order is
+        the same as if the change had been in the config from the start, on any number of ranks
+        and workers.
+
+        Every rank must call it with the same values, or pass ``broadcast=True`` (a collective:
+        all ranks call, rank 0's arguments win, sent through ``torch.distributed`` over the
+        data-parallel group). The change is recorded in the loader state, so a restored run
+        repeats it. Returns the global micro-batch position where it starts.
+        """
+        if broadcast and self.worker_config.world_size > 1:
+            weights, from_step, from_sample = _broadcast(
+                [weights, from_step, from_sample], self.worker_config.data_parallel_group
+            )
+        spec = self.dataset.spec
+        if not spec.training or spec.mode != "weight":
+            raise ValueError(
+                "set_blend_weights needs a training loader over a weight blend ('blend' with at "
+                f"least two datasets); this loader's datasets are mixed as {spec.mode!r}"
+            )
+        position = self._change_position(from_step, from_sample)
+        function = None if weights is None else self._flat_weights(weights)
+        if function is not None:
+            check_blend_streams(spec, function, "set_blend_weights")
+        change = WeightChange(position, function)
+        kept = [c for c in spec.weight_changes if c.position != position]
+        if change in spec.weight_changes:
+            return position
+        changes = tuple(sorted([*kept, change], key=lambda c: c.position))
+        self.dataset.spec = dataclasses.replace(spec, weight_changes=changes)
+        if self._source is not None:
+            self._restart_at = min(position, self._restart_at or position)
+        return position
+
+    def _change_position(self, from_step: int | None, from_sample: int | None) -> int:
+        spec = self.dataset.spec
+        micro = spec.batch_size or 1
+        if from_step is not None and from_sample is not None:
+            raise ValueError("give from_step or from_sample, not both")
+        for name, value in (("from_step", from_step), ("from_sample", from_sample)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        boundary = self._consumed_boundary()
+        if from_step is not None:
+            if spec.global_batch_size is None:
+                raise ValueError(
+                    "from_step needs the global batch size: pass global_batch_size= to "
+                    "get_train_dataset (or set it in the metadataset), or use from_sample="
+                )
+            from_sample = from_step * spec.global_batch_size
+        if from_sample is None:
+            return boundary
+        if from_sample % micro:
+            raise ValueError(
+                f"from_sample={from_sample} is not a multiple of the micro-batch size {micro}"
+            )
+        position = from_sample // micro
+        if position < boundary:
+            raise ValueError(
+                f"the weight change would start at global micro-batch {position} (sample "
+                f"{from_sample}), but the ranks have consumed up to micro-batch {boundary} "
+                f"(sample {boundary * micro}): a change can only start at or after the next step"
+            )
+        return position
+
+    def _flat_weights(self, weights: Sequence[Any] | Mapping[str, Any]) -> FlatWeights:
+        spec = self.dataset.spec
+        names = source_names(spec)
+        if isinstance(weights, Mapping):
+            unknown = sorted(set(weights) - set(names))
+            if unknown:
+                raise KeyError(f"unknown blend source(s) {unknown}; the sources are {names}")
+            if len(set(names)) != len(names):
+                raise ValueError(
+                    "some sources share a name (the same dataset twice): give a list of weights"
+                )
+            weights = [weights.get(name, 0.0) for name in names]
+        weights = list(weights)
+        if len(weights) != len(names):
+            raise ValueError(f"{len(weights)} weights given for the blend's {len(names)} sources")
+        schedules = []
+        for i, weight in enumerate(weights):
+            if isinstance(weight, WeightSchedule):
+                try:
+                    schedules.append(weight.in_samples(spec.global_batch_size))
+                except ValueError as e:
+                    raise ValueError(f"weight {i}: {e} (pass global_batch_size=...)") from e
+            elif isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
+                raise ValueError(f"weight {i} ({names[i]}) must be a number >= 0, got {weight!r}")
+            else:
+                schedules.append(WeightSchedule.constant(float(weight)))
+        return FlatWeights(tuple(schedules))
 
     # -- debugging ---------------------------------------------------------------------------
     def can_restore_sample(self) -> bool:
@@ -511,6 +672,15 @@ def _warn_unused_options(**given: Any) -> None:
             warnings.warn(
                 f"{name}={value!r} has no effect in energon: {why}", UserWarning, stacklevel=4
             )
+
+
+def _broadcast(values: list[Any], group: Any) -> list[Any]:
+    """``values`` of the data-parallel group's first rank, on every rank of the group."""
+    import torch.distributed as dist
+
+    source = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(values, src=source, group=group)
+    return values
 
 
 def _check_worker_config(dataset: SavableDataset, worker_config: WorkerConfig | None) -> None:

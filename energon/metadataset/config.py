@@ -16,6 +16,11 @@ import yaml
 from energon.errors import MetadatasetError
 from energon.format.typeref import ENERGON_MODULE_ALIASES
 from energon.megatron.gpt_indices import parse_split
+from energon.plan.schedules import KINDS as SCHEDULE_KINDS
+from energon.plan.schedules import UNITS as SCHEDULE_UNITS
+from energon.plan.schedules import WeightSchedule
+
+Weight = float | WeightSchedule  # a blend weight: fixed, or a schedule over the training run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +52,7 @@ class Reference:
     split_config: str | None = None
     aux: dict[str, str] = dataclasses.field(default_factory=dict)
     subset: Subset | None = None
-    weight: float = 1.0
+    weight: Weight = 1.0
     repetitions: float = 1.0
     token_config: dict[str, Any] | None = None  # only for Megatron token prefixes (or nested YAMLs)
     where: str = ""  # "<file>: splits.train.blend[0]", for error messages
@@ -73,9 +78,10 @@ class Join:
     subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
     shuffle_over_epochs_multiplier: float | None = 1
     subset: Subset | None = None
-    weight: float = 1.0
+    weight: Weight = 1.0
     repetitions: float = 1.0
     named: bool = False
+    where: str = ""
 
 
 @dataclasses.dataclass
@@ -86,7 +92,7 @@ class Blend:
     entries: list[Any]
     subset: Subset | None = None
     subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
-    weight: float = 1.0
+    weight: Weight = 1.0
     repetitions: float = 1.0
     token_config: dict[str, Any] | None = None
     where: str = ""
@@ -97,6 +103,7 @@ class Metadataset:
     path: str  # the YAML file ("" for a Python-built one)
     splits: dict[str, Any]
     token_config: dict[str, Any] | None = None  # default for every token prefix in this file
+    global_batch_size: int | None = None  # converts weight schedules given in steps to samples
 
     @property
     def directory(self) -> str:
@@ -159,8 +166,14 @@ def parse_metadataset(data: Any, path: str = "") -> Metadataset:
         raise MetadatasetError(
             f"{where}: __module__ must be megatron.energon or energon, got {module!r}"
         )
-    _check_keys(data, {"splits", "token_config"}, where)
+    _check_keys(data, {"splits", "token_config", "global_batch_size"}, where)
     token_config = parse_token_config(data.get("token_config"), where)
+    global_batch_size = data.get("global_batch_size")
+    if global_batch_size is not None and not (_is_int(global_batch_size) and global_batch_size >= 1):
+        raise MetadatasetError(
+            f"{where}: global_batch_size must be an integer >= 1 (samples per training step), "
+            f"got {global_batch_size!r}"
+        )
     splits = data.get("splits")
     if not isinstance(splits, dict) or not splits:
         raise MetadatasetError(
@@ -178,7 +191,9 @@ def parse_metadataset(data: Any, path: str = "") -> Metadataset:
         raise MetadatasetError(
             f"{where}: unknown metadataset class {cls!r} (MetadatasetV2 or Metadataset)"
         )
-    return Metadataset(path, parsed, token_config=token_config)
+    return Metadataset(
+        path, parsed, token_config=token_config, global_batch_size=global_batch_size
+    )
 
 
 def _check_keys(data: dict, allowed: set[str], where: str) -> None:
@@ -234,7 +249,15 @@ def parse_node(node: Any, where: str) -> Any:
         other = "repetitions" if mode == "weight" else "weight"
         for i, item in enumerate(items):
             if isinstance(item, dict) and other in item:
-                raise MetadatasetError(f"{where}.{key}[{i}]: '{other}' is not allowed in '{key}'")
+                hint = (
+                    " (each dataset's count per pass is fixed by repetitions; weight schedules "
+                    "are only for 'blend')"
+                    if key == "blend_epochized"
+                    else ""
+                )
+                raise MetadatasetError(
+                    f"{where}.{key}[{i}]: '{other}' is not allowed in '{key}'{hint}"
+                )
         entries = [parse_node(item, f"{where}.{key}[{i}]") for i, item in enumerate(items)]
         return Blend(
             mode,
@@ -280,7 +303,7 @@ def _reference(node: dict, where: str) -> Reference:
     )
 
 
-def _parse_join(node: dict, where: str, weight: float, repetitions: float) -> Join:
+def _parse_join(node: dict, where: str, weight: Weight, repetitions: float) -> Join:
     _check_keys(node, _JOIN_KEYS, where)
     raw = node["join"]
     named = isinstance(raw, dict)
@@ -337,16 +360,106 @@ def _parse_join(node: dict, where: str, weight: float, repetitions: float) -> Jo
         weight=weight,
         repetitions=repetitions,
         named=named,
+        where=where,
     )
 
 
-def _weight(value: Any, where: str) -> float:
+def _weight(value: Any, where: str) -> Weight:
+    """A number >= 0, or a weight schedule (a mapping naming one kind; see parse_weight)."""
+    if isinstance(value, WeightSchedule | dict):
+        return parse_weight(value, where)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise MetadatasetError(f"{where}: weight must be a number >= 0, got {value!r}")
+        raise MetadatasetError(
+            f"{where}: weight must be a number >= 0 or a schedule ({{{' | '.join(SCHEDULE_KINDS)}: "
+            f"...}}), got {value!r}"
+        )
+    return float(value)
+
+
+def parse_weight(value: Any, where: str) -> Weight:
+    """A blend weight schedule, checked key by key; a schedule whose value never changes is its
+    number. The forms (``unit: samples | steps`` optional, default samples)::
+
+        {constant: 2}
+        {step: [[0, 1.0], [5000, 0.5]]}                       # 1.0 from 0, 0.5 from 5000 on
+        {piecewise_linear: [[0, 1.0], [5000, 0.5], [8000, 0.2]]}
+        {linear: {start: 8000, end: 10000, from: 1.0, to: 0.1}}
+        {cosine: {start: 0, end: 10000, from: 1.0, to: 0.1}}
+    """
+    if isinstance(value, WeightSchedule):
+        schedule = value
+    else:
+        data = dict(value)
+        unit = data.pop("unit", "samples")
+        if unit not in SCHEDULE_UNITS:
+            raise MetadatasetError(
+                f"{where}: weight.unit must be 'samples' or 'steps', got {unit!r}"
+            )
+        _check_keys(data, set(SCHEDULE_KINDS), f"{where}: weight")
+        if len(data) != 1:
+            raise MetadatasetError(
+                f"{where}: weight must name exactly one schedule ({', '.join(SCHEDULE_KINDS)}), "
+                f"got {sorted(data) or 'none'}"
+            )
+        ((kind, body),) = data.items()
+        schedule = _schedule(kind, body, unit, f"{where}: weight.{kind}")
+    if schedule.is_constant:
+        return schedule.points[0][1]
+    return schedule
+
+
+def _schedule(kind: str, body: Any, unit: str, where: str) -> WeightSchedule:
+    if kind == "constant":
+        return WeightSchedule.constant(_weight_number(body, where))
+    if kind in ("step", "piecewise_linear"):
+        if not isinstance(body, list) or not body:
+            raise MetadatasetError(f"{where} must be a non-empty list of [time, weight] points")
+        points = []
+        for i, point in enumerate(body):
+            if not isinstance(point, list | tuple) or len(point) != 2:
+                raise MetadatasetError(f"{where}[{i}] must be a [time, weight] pair, got {point!r}")
+            points.append(
+                (_time(point[0], f"{where}[{i}]"), _weight_number(point[1], f"{where}[{i}]"))
+            )
+        for i in range(1, len(points)):
+            if points[i][0] <= points[i - 1][0]:
+                raise MetadatasetError(
+                    f"{where}[{i}]: times must increase, got {points[i][0]} after "
+                    f"{points[i - 1][0]}"
+                )
+        return WeightSchedule(kind, tuple(points), unit)
+    if not isinstance(body, dict):
+        raise MetadatasetError(f"{where} must be a mapping {{start, end, from, to}}")
+    _check_keys(body, {"start", "end", "from", "to"}, where)
+    missing = sorted({"start", "end", "from", "to"} - set(body))
+    if missing:
+        raise MetadatasetError(f"{where} needs {', '.join(missing)} (start, end, from, to)")
+    start, end = _time(body["start"], f"{where}.start"), _time(body["end"], f"{where}.end")
+    if end <= start:
+        raise MetadatasetError(f"{where}: end must be after start, got start {start}, end {end}")
+    points = ((start, _weight_number(body["from"], f"{where}.from")),)
+    points += ((end, _weight_number(body["to"], f"{where}.to")),)
+    return WeightSchedule(kind, points, unit)
+
+
+def _time(value: Any, where: str) -> int:
+    if not _is_int(value) or value < 0:
+        raise MetadatasetError(f"{where}: times must be integers >= 0 (samples or steps), got {value!r}")
+    return int(value)
+
+
+def _weight_number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise MetadatasetError(f"{where}: weights must be numbers >= 0, got {value!r}")
     return float(value)
 
 
 def _repetitions(value: Any, where: str) -> float:
+    if isinstance(value, dict):
+        raise MetadatasetError(
+            f"{where}: repetitions must be a number > 0; weight schedules are only for 'blend' "
+            "weights (an epochized blend fixes each dataset's count per pass)"
+        )
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise MetadatasetError(f"{where}: repetitions must be a number > 0, got {value!r}")
     return float(value)

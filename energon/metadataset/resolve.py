@@ -2,7 +2,8 @@
 
 Inheritance follows the reference: ``split_part`` of a reference overrides the inherited split name;
 ``subflavors`` merge top-down with outer levels winning, on top of the leaf's ``dataset.yaml``;
-weights are normalised per blend and multiplied through nesting; repetitions multiply;
+weights are normalised per blend and multiplied through nesting (weight schedules too: a nested
+schedule times an outer one, see :class:`energon.plan.schedules.Mixture`); repetitions multiply;
 ``shuffle_over_epochs_multiplier``: ``None`` anywhere wins, else ``-1`` anywhere, else the product;
 subset ratios apply inside the window of the level below them (innermost first).
 """
@@ -27,10 +28,12 @@ from energon.metadataset.config import (
     MetadatasetError,
     Reference,
     Subset,
+    Weight,
     load_metadataset,
     parse_metadataset,
     parse_token_config,
 )
+from energon.plan.schedules import Mixture, WeightSchedule
 from energon.source.join import JoinSpec
 from energon.source.kinds import detect_kind, open_leaf
 from energon.source.leaf import LeafDataset
@@ -49,6 +52,8 @@ class Source:
     repetitions: float = 1.0
     shuffle_over_epochs: int | None = 1
     aux: dict[str, str] = dataclasses.field(default_factory=dict)
+    # the blends above this source, outermost first: (blend level, entry number); see _Level
+    weight_path: tuple[tuple[_Level, int], ...] = ()
 
     def __len__(self) -> int:
         return self.end - self.start
@@ -66,10 +71,19 @@ class Source:
         return {**self.leaf.config(), **self.fingerprint(), "aux": self.aux}
 
 
+@dataclasses.dataclass(eq=False)
+class _Level:
+    """One weight blend of the tree: its entries' weights as schedules on the sample clock."""
+
+    schedules: tuple[WeightSchedule, ...]
+
+
 @dataclasses.dataclass
 class Resolved:
     sources: list[Source]
     mode: str  # "none" (one source), "weight", "repetitions"
+    mixture: Mixture | None = None  # a weight blend with schedules
+    global_batch_size: int | None = None  # of the outermost metadataset file, if it sets one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +99,8 @@ class _Context:
     dataset_config: str | None = None
     split_config: str | None = None
     mds_path: str = ""
+    global_batch_size: int | None = None  # converts schedules in steps (innermost file wins)
+    weight_path: tuple[tuple[_Level, int], ...] = ()
     token_config: Any = None  # the token_config= argument: a GPTConfig (or a mapping), the default
     # token_config mappings of the YAML levels above (inner levels win), with the place last set
     token_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -96,9 +112,17 @@ class Blender:
 
     Usable wherever a dataset path is; equivalent to a YAML ``blend`` of the same references.
     Entries may also be dicts with any reference keys (``{"path": ..., "weight": ..., "subflavors": ...}``).
+    A weight may be a :class:`~energon.plan.schedules.WeightSchedule` (or its YAML mapping);
+    ``global_batch_size`` converts schedules given in steps (as the YAML's top-level key does).
     """
 
-    def __init__(self, entries: list[tuple[Any, float] | dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        entries: list[tuple[Any, Any] | dict[str, Any]],
+        *,
+        global_batch_size: int | None = None,
+    ) -> None:
+        self.global_batch_size = global_batch_size
         items = []
         for entry in entries:
             if isinstance(entry, dict):
@@ -109,7 +133,13 @@ class Blender:
         self.entries = items
 
     def as_metadataset(self, split_part: str) -> dict[str, Any]:
-        return {"__class__": "MetadatasetV2", "splits": {split_part: {"blend": self.entries}}}
+        mds: dict[str, Any] = {
+            "__class__": "MetadatasetV2",
+            "splits": {split_part: {"blend": self.entries}},
+        }
+        if self.global_batch_size is not None:
+            mds["global_batch_size"] = self.global_batch_size
+        return mds
 
 
 def resolve_dataset(
@@ -122,10 +152,13 @@ def resolve_dataset(
     dataset_config: str | None = None,
     split_config: str | None = None,
     token_config: Any = None,
+    global_batch_size: int | None = None,
 ) -> Resolved:
     """Sources of ``path`` (dataset dir, ``.jsonl``, Megatron token prefix, metadataset ``.yaml``,
-    ``Blender`` or dict)."""
+    ``Blender`` or dict). ``global_batch_size`` converts weight schedules given in steps, unless
+    the metadataset file sets its own."""
     ctx = _Context(
+        global_batch_size=global_batch_size,
         split_part=split_part,
         base_dir=os.getcwd(),
         training=training,
@@ -147,14 +180,74 @@ def resolve_dataset(
 def _finish(resolved: Resolved, training: bool) -> Resolved:
     sources = resolved.sources
     _warn_duplicates(sources)
+    mixture = None
     if resolved.mode == "weight":
-        sources = _normalise_weights(sources)
+        mixture = _mixture(sources)
+        if mixture is None:
+            sources = _normalise_weights(sources)
+        else:
+            sources, mixture = _normalise_scheduled(sources, mixture)
     if not sources:
         raise MetadatasetError("the metadataset has no datasets with a non-zero weight")
     mode = resolved.mode if len(sources) > 1 or resolved.mode == "repetitions" else "none"
     if not training:
         mode = "none" if len(sources) == 1 else "concat"
-    return Resolved(sources, mode)
+    if mode != "weight":
+        mixture = None
+    return Resolved(sources, mode, mixture, resolved.global_batch_size)
+
+
+def _mixture(sources: list[Source]) -> Mixture | None:
+    """The blend tree above ``sources`` as weight functions; None when no weight changes over time
+    (fixed weights keep their resolved numbers, so their order is what it always was)."""
+    levels: dict[int, tuple[int, _Level]] = {}
+    paths = []
+    for source in sources:
+        path = []
+        for level, entry in source.weight_path:
+            index, _ = levels.setdefault(id(level), (len(levels), level))
+            path.append((index, entry))
+        paths.append(tuple(path))
+    ordered = [level for _, level in sorted(levels.values(), key=lambda item: item[0])]
+    mixture = Mixture(tuple(level.schedules for level in ordered), tuple(paths))
+    return None if mixture.is_constant else mixture
+
+
+def _normalise_scheduled(
+    sources: list[Source], mixture: Mixture
+) -> tuple[list[Source], Mixture]:
+    """Drop sources whose scheduled weight is 0 at all times, check that some source has weight at
+    every time, and set each source's ``weight`` to its share at the start."""
+    times = mixture.check_times()
+    table = [mixture.weights_at(t) for t in times]
+    for t, weights in zip(times, table):
+        if sum(weights) <= 0:
+            raise MetadatasetError(
+                f"the blend weights are all 0 at global sample {t}: some dataset must have a "
+                "positive weight at every time"
+            )
+    kept, paths = [], []
+    for i, source in enumerate(sources):
+        peak = max(weights[i] / sum(weights) for weights in table)
+        if peak == 0:
+            warnings.warn(
+                f"{_name(source)} has weight 0 at all times and is left out of the blend",
+                stacklevel=4,
+            )
+            continue
+        if peak < TINY_WEIGHT:
+            warnings.warn(
+                f"{_name(source)} has a tiny blend weight (at most {peak:.2e}): it will rarely be "
+                "sampled",
+                stacklevel=4,
+            )
+        kept.append(source)
+        paths.append(mixture.paths[i])
+    mixture = Mixture(mixture.levels, tuple(paths))
+    start = mixture.weights_at(0)
+    for source, weight in zip(kept, start):
+        source.weight = weight / sum(start)
+    return kept, mixture
 
 
 def _normalise_weights(sources: list[Source]) -> list[Source]:
@@ -202,8 +295,13 @@ def _resolve_split(mds, split_part: str, ctx: _Context) -> Resolved:
             f"{mds.path or '<metadataset>'}: no split {split_part!r}; splits: {sorted(mds.splits)}"
         )
     ctx = dataclasses.replace(ctx, base_dir=mds.directory, mds_path=mds.path)
+    if mds.global_batch_size is not None:
+        ctx = dataclasses.replace(ctx, global_batch_size=mds.global_batch_size)
     ctx = _with_token_config(ctx, mds.token_config, f"{mds.path or '<metadataset>'}: token_config")
-    return _resolve_node(mds.splits[split_part], ctx)
+    resolved = _resolve_node(mds.splits[split_part], ctx)
+    if mds.global_batch_size is not None:  # the outermost file's is the run's step size
+        resolved.global_batch_size = mds.global_batch_size
+    return resolved
 
 
 def _resolve_node(node: Any, ctx: _Context) -> Resolved:
@@ -246,13 +344,24 @@ def _resolve_blend(node: Blend, ctx: _Context) -> Resolved:
     ctx = _with_token_config(ctx, node.token_config, f"{node.where}: token_config")
     ctx = _with_subflavors(ctx, node.subflavors)
     ctx = _with_subset(ctx, node.subset, "blend", leaf=False)
-    total = sum(e.weight for e in node.entries) if node.mode == "weight" else 1.0
+    level = None
+    if node.mode == "weight":
+        level = _Level(
+            tuple(
+                _in_samples(entry.weight, ctx, f"{node.where}.blend[{i}]")
+                for i, entry in enumerate(node.entries)
+            )
+        )
+        starts = [_fixed_or_start(entry.weight) for entry in node.entries]
+        total = sum(starts)
     sources: list[Source] = []
-    for entry in node.entries:
+    for i, entry in enumerate(node.entries):
         child = ctx
-        if node.mode == "weight":
+        if level is not None:
             child = dataclasses.replace(
-                ctx, weight=ctx.weight * (entry.weight / total if total else 0.0)
+                ctx,
+                weight=ctx.weight * (starts[i] / total if total else 0.0),
+                weight_path=ctx.weight_path + ((level, i),),
             )
         else:
             child = dataclasses.replace(ctx, repetitions=ctx.repetitions * entry.repetitions)
@@ -263,6 +372,23 @@ def _resolve_blend(node: Blend, ctx: _Context) -> Resolved:
             )
         sources += resolved.sources
     return Resolved(sources, node.mode)
+
+
+def _fixed_or_start(weight: Weight) -> float:
+    """A fixed weight, or a schedule's weight at the start (for the sources' start weights)."""
+    return weight.value_at(0) if isinstance(weight, WeightSchedule) else weight
+
+
+def _in_samples(weight: Weight, ctx: _Context, where: str) -> WeightSchedule:
+    if not isinstance(weight, WeightSchedule):
+        return WeightSchedule.constant(weight)
+    if weight.unit == "steps" and ctx.global_batch_size is None:
+        raise MetadatasetError(
+            f"{where}: the weight schedule is in steps, but no global batch size converts steps "
+            "to samples: set global_batch_size at the metadataset's top level, pass "
+            "get_train_dataset(..., global_batch_size=...), or give the schedule in samples"
+        )
+    return weight.in_samples(ctx.global_batch_size)
 
 
 def _resolve_reference(ref: Reference, ctx: _Context) -> Resolved:
@@ -294,6 +420,7 @@ def _resolve_reference(ref: Reference, ctx: _Context) -> Resolved:
         repetitions=ctx.repetitions,
         shuffle_over_epochs=ctx.shuffle,
         aux=aux,
+        weight_path=ctx.weight_path,
     )
     return Resolved([source], "none")
 
@@ -380,6 +507,7 @@ def _resolve_join(node: Join, ctx: _Context) -> Source:
         weight=ctx.weight,
         repetitions=ctx.repetitions,
         shuffle_over_epochs=_combine_shuffle(ctx.shuffle, node.shuffle_over_epochs_multiplier),
+        weight_path=ctx.weight_path,
     )
 
 

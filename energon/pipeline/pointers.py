@@ -27,7 +27,14 @@ DEFAULT_PARALLEL_SLICES = 16
 class PointerSource(Stage):
     """Sample pointers of one stream: its sources' readers, one after the other (no schedule) or
     interleaved by a blend schedule. ``kinds[i]`` is the kind of source ``i``'s leaf; it tags the
-    pointer keys."""
+    pointer keys.
+
+    Blend weights changed online start at an item boundary of the stream: whoever drives the
+    stream calls :meth:`begin_item` with the number of the item it is about to make, before pulling
+    that item's pointers (``Stream.next`` does; a simulation that runs the pointer stages alone
+    must do the same, else it only sees the configured weights). ``item_clock`` is False when
+    there is nothing to tell.
+    """
 
     def __init__(
         self,
@@ -45,6 +52,12 @@ class PointerSource(Stage):
         self.repeat = repeat
         self._current = 0
         self._passes = 0
+        self.item_clock = bool(getattr(schedule, "changes", None))
+
+    def begin_item(self, item: int) -> None:
+        """The stream is about to make its item number ``item`` (see the class docstring)."""
+        if self.item_clock:
+            self.schedule.begin_item(item)  # type: ignore[union-attr]
 
     def next(self) -> Item:
         source, index = self._next_pointer()
@@ -187,18 +200,28 @@ def pointer_source(
             )
         )
     return PointerSource(
-        readers, _schedule(spec, stream_id, readers), kinds=spec.pointer_kinds(), repeat=spec.repeat
+        readers, blend_schedule(spec, stream_id), kinds=spec.pointer_kinds(), repeat=spec.repeat
     )
 
 
-def _schedule(spec: PipelineSpec, stream_id: int, readers: list[SliceReader]) -> Schedule | None:
+def blend_schedule(spec: PipelineSpec, stream_id: int) -> Schedule | None:
+    """The schedule that picks the source of each sample of stream ``stream_id`` (None: the
+    stream reads its sources one after the other). Needs only the spec: ``energon blend-plan`` and
+    the blend report run it without readers."""
     if not spec.training:
         return None
     if spec.mode == "weight":
-        weights = [s.weight if r.num_samples else 0.0 for s, r in zip(spec.sources, readers)]
+        present = [counts[stream_id] > 0 for counts in spec.source_stream_counts()]
         # per-stream, per-source phases: streams do not pick their sources in lock-step
         phase_rng = CounterRng(stable_seed(spec.seed, "blend-phase", stream_id))
-        return WeightedSchedule(weights, phases=[phase_rng.random() for _ in weights])
+        return WeightedSchedule(
+            spec.blend_weights(),
+            phases=[phase_rng.random() for _ in spec.sources],
+            stream=stream_id,
+            num_streams=spec.num_streams,
+            present=present,
+            changes=spec.weight_changes,
+        )
     if spec.mode == "repetitions":
         return QuotaSchedule([q[stream_id] for q in spec.source_stream_quotas()])
     return None

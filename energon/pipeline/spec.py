@@ -8,7 +8,8 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from energon.errors import ErrorHandler
+from energon.errors import ErrorHandler, MetadatasetError
+from energon.plan.schedules import FlatWeights, Mixture, WeightChange, WeightFunction
 from energon.plan.sharding import stream_counts
 from energon.task_encoder.base import DefaultTaskEncoder, TaskEncoder
 
@@ -46,6 +47,17 @@ class PipelineSpec:
     packing_buffer_size: int | None = None
     group_max_wait: int | None = None
     even_ranks: bool = True  # validation: equalise batch counts across ranks (world_size > 1)
+    # weight blends whose weights follow schedules (None: the sources' fixed weights)
+    mixture: Mixture | None = None
+    # blend weights changed online (loader.set_blend_weights), by position; not in the fingerprint
+    weight_changes: tuple[WeightChange, ...] = ()
+    global_batch_size: int | None = None  # samples per training step, to convert steps
+
+    def blend_weights(self) -> WeightFunction:
+        """The configured raw weight of each source as a function of the global sample clock."""
+        if self.mixture is not None:
+            return self.mixture
+        return FlatWeights.constant([source.weight for source in self.sources])
 
     @property
     def data_dependent_counts(self) -> bool:
@@ -155,6 +167,7 @@ class PipelineSpec:
             "packing_buffer_size": self.packing_buffer_size,
             "group_max_wait": self.group_max_wait,
             "task_encoder": f"{type(te).__module__}.{type(te).__qualname__}",
+            **({"mixture": self.mixture.config()} if self.mixture is not None else {}),
         }
 
     def config(self) -> dict[str, Any]:
@@ -165,9 +178,34 @@ class PipelineSpec:
             "limit": self.limit,
             "limit_resets": self.limit_resets,
             "datasets": [source.config() for source in self.sources],
+            **({"global_batch_size": self.global_batch_size} if self.global_batch_size else {}),
+            **(
+                {"weight_changes": [c.config() for c in self.weight_changes]}
+                if self.weight_changes
+                else {}
+            ),
         }
 
 
 def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
     text = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_blend_streams(spec: PipelineSpec, weights: WeightFunction, what: str) -> None:
+    """Raise if at some time some logical stream holds no sample of any source with a positive
+    weight in ``weights`` (a source with fewer samples than streams is absent from some)."""
+    names = [f"{s.leaf.fingerprint()['path']} [{s.leaf.split_part}]" for s in spec.sources]
+    counts = spec.source_stream_counts()
+    for t in weights.check_times():
+        raw = weights.weights_at(t)
+        for stream in range(spec.num_streams):
+            if any(w > 0 and c[stream] > 0 for w, c in zip(raw, counts)):
+                continue
+            weighted = [n for n, w in zip(names, raw) if w > 0]
+            raise MetadatasetError(
+                f"{what}: at global sample {t} only {', '.join(weighted)} have weight, and logical "
+                f"stream {stream} of {spec.num_streams} has none of their samples (they have "
+                "fewer samples than there are streams): give another dataset weight there, or use "
+                "fewer logical streams"
+            )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from energon.errors import ErrorPolicy, FatalSampleError, MetadatasetError, log_exception
 from energon.pipeline.keys import Key
-from energon.pipeline.pointers import build_pointer_stages
+from energon.pipeline.pointers import PointerSource, build_pointer_stages
 from energon.pipeline.snapshot import StreamSnapshot, emitted, make_snapshot, stage_states
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage, Value
@@ -51,6 +51,11 @@ class Stream(Stage):
         self.stages = stages
         self.max_items = max_items
         self.emitted = 0
+        first = stages[0] if stages else None
+        # blend weights changed online start at an item boundary (see PointerSource)
+        self._begin_item = (
+            first.begin_item if isinstance(first, PointerSource) and first.item_clock else None
+        )
 
     @property
     def sink(self) -> Stage:
@@ -62,6 +67,8 @@ class Stream(Stage):
             raise StopIteration
         hook_context.batch_index = self.batch_index(self.emitted)
         hook_context.seed = self.spec.seed
+        if self._begin_item is not None:
+            self._begin_item(self.emitted)
         item = self.sink.next()
         self.emitted += 1
         return item

@@ -2,25 +2,34 @@
 
 A schedule is a small cursor over source numbers. :class:`~energon.pipeline.pointers.PointerSource`
 asks it ``next()`` for every sample pointer and saves its ``state()`` with the stream; nothing else
-about mixing lives anywhere else. A new way to mix (weights that change over training steps, online
-reweighting) is a new class here that keeps the protocol: a pure function of its constructor
-arguments and its state, so the order stays explainable and restorable.
+about mixing lives anywhere else. A new way to mix is a new class here that keeps the protocol: a
+pure function of its constructor arguments and its state, so the order stays explainable and
+restorable. Weights that change over training (:mod:`energon.plan.schedules`) and weight changes
+made online are part of :class:`WeightedSchedule`, so anything that runs the pointer stages (the
+ledger, ``energon blend-plan``) sees them.
 
 Both schedules below are deterministic "largest deficit" rules rather than random draws: after ``t``
-picks, source ``i`` has been picked ``round(w_i * t)`` times give or take one, so over any window the
-realised mix matches the weights to within a couple of samples (random draws would be off by about
-``sqrt(t w (1-w))``). Their state is a few integers.
+picks, source ``i`` has been picked ``round(w_i * t)`` times give or take one (with changing
+weights: the sum of its weights over the picks so far), so over any window the realised mix matches
+the weights to within a couple of samples (random draws would be off by about ``sqrt(t w (1-w))``).
+Their state is a few numbers.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Protocol, TypedDict, runtime_checkable
 
+from energon.plan.schedules import FlatWeights, WeightChange, WeightFunction
 
-class ScheduleState(TypedDict):
+
+class ScheduleState(TypedDict, total=False):
     picks: int
     counts: list[int]  # picks per source
+    expected: list[float]  # weighted schedules: target counts (for reports; not read on restore)
+    correction: list[float]  # weighted schedules whose weights change: see WeightedSchedule
+    regime: int  # ... and the position of the online weight change in force (-1: none)
 
 
 @runtime_checkable
@@ -69,38 +78,164 @@ class _DeficitCounts:
 
 
 class WeightedSchedule(_DeficitCounts):
-    """Infinite mix by weight.
+    """Infinite mix by weight: fixed weights, a weight schedule, and weight changes made online.
+
+    ``weights`` are fixed weights (one number per source) or a
+    :class:`~energon.plan.schedules.WeightFunction` of the global sample clock: pick ``k`` (0-based)
+    of this stream happens at clock ``k * num_streams + stream``. ``present[i]`` is False for a
+    source that has no samples in this stream (its weight counts as 0). At every pick the raw
+    weights are normalised to sum to 1.
 
     ``phases`` (one per source, in [0, 1)) give each source a head start of ``phase * weight`` picks.
     Streams get different phases, so they do not pick their sources in lock-step (with equal weights
     and no phases every stream would read source 1, 2, 1, 2, ... at the same positions, and a global
     step of micro-batch 1 would hold one source only); a head start below one pick keeps every
-    source within about one pick of ``weight * picks``.
+    source within about one pick of its target.
+
+    The rule: pick the source ``i`` with ``w_i > 0`` and the largest deficit
+    ``w_i * (k + 1 + phase_i) - counts_i + correction_i`` (the first one on ties), where ``w`` are
+    the weights in force at pick ``k``. ``correction_i`` is 0 while weights stay fixed; when they
+    change from ``w`` to ``w'`` before pick ``k`` it grows by ``(w_i - w'_i) * k``, so that
+    ``correction_i + w_i * k`` is always the sum of ``w_i`` over all picks so far: the target count
+    follows the integral of the time-varying weights. ``changes`` (global micro-batch position ->
+    weights, see :class:`~energon.plan.schedules.WeightChange`) take effect when the stream calls
+    :meth:`begin_item` with the item number where they start.
     """
 
     finite = False
     done = False
 
-    def __init__(self, weights: Sequence[float], phases: Sequence[float] | None = None) -> None:
-        total = sum(weights)
-        if total <= 0:
-            raise ValueError("a blend needs at least one source with a positive weight")
-        super().__init__(len(weights))
-        self.weights = [w / total for w in weights]
-        self.phases = list(phases) if phases is not None else [0.0] * len(weights)
+    def __init__(
+        self,
+        weights: Sequence[float] | WeightFunction,
+        phases: Sequence[float] | None = None,
+        *,
+        stream: int = 0,
+        num_streams: int = 1,
+        present: Sequence[bool] | None = None,
+        changes: Sequence[WeightChange] = (),
+    ) -> None:
+        if not hasattr(weights, "weights_at"):
+            values = [float(w) for w in weights]  # type: ignore[union-attr]
+            if sum(values) <= 0:
+                raise ValueError("a blend needs at least one source with a positive weight")
+            weights = FlatWeights.constant(values)
+        self.base: WeightFunction = weights  # type: ignore[assignment]
+        sources = len(weights.weights_at(0))
+        super().__init__(sources)
+        self.phases = list(phases) if phases is not None else [0.0] * sources
+        self.present = list(present) if present is not None else [True] * sources
+        self.stream = stream
+        self.num_streams = num_streams
+        self.changes = sorted(changes, key=lambda c: c.position)
+        self._change_items = [c.first_item(stream, num_streams) for c in self.changes]
+        self.dynamic = bool(self.changes) or weights.stable_until(0) is not None
+        self.regime = -1  # position of the change in force, -1: the configured weights
+        self.correction = [0.0] * sources
+        self.weights: list[float] = []
+        self._until: int | None = None
+        self._reweigh()
 
+    # -- weights in force ----------------------------------------------------------------------
+    @property
+    def clock(self) -> int:
+        """The global sample clock of the next pick."""
+        return self.picks * self.num_streams + self.stream
+
+    def _function(self) -> WeightFunction:
+        if self.regime < 0:
+            return self.base
+        change = next(c for c in self.changes if c.position == self.regime)
+        return change.weights if change.weights is not None else self.base
+
+    def _reweigh(self) -> None:
+        """Set the weights in force at the next pick (and when to look again)."""
+        t = self.clock
+        function = self._function()
+        raw = [w if p else 0.0 for w, p in zip(function.weights_at(t), self.present)]
+        total = sum(raw)
+        if total <= 0:
+            raise ValueError(
+                f"at global sample {t}, every source with a positive weight is empty in logical "
+                f"stream {self.stream}"
+            )
+        weights = [w / total for w in raw]
+        if self.weights:
+            for i, (old, new) in enumerate(zip(self.weights, weights)):
+                if old != new:
+                    self.correction[i] += (old - new) * self.picks
+        self.weights = weights
+        self._until = function.stable_until(t)
+
+    def begin_item(self, item: int) -> None:
+        """The stream is about to make its item number ``item``: apply the changes that start
+        there (the latest change whose first item is ``item`` or earlier is in force)."""
+        index = bisect.bisect_right(self._change_items, item) - 1
+        position = self.changes[index].position if index >= 0 else -1
+        if position != self.regime:
+            self.regime = position
+            self._reweigh()
+
+    def expected(self) -> list[float]:
+        """Per source, the sum of its normalised weight over all picks so far (its target count)."""
+        return [c + w * self.picks for c, w in zip(self.correction, self.weights)]
+
+    # -- picking -------------------------------------------------------------------------------
     def next(self) -> int:
         t = self.picks + 1
         best, best_deficit = -1, float("-inf")
-        for i, w in enumerate(self.weights):
-            if w <= 0:
-                continue
-            deficit = w * (t + self.phases[i]) - self.counts[i]
-            if deficit > best_deficit:
-                best, best_deficit = i, deficit
-        self.picks += 1
-        self.counts[best] += 1
+        weights, phases, counts = self.weights, self.phases, self.counts
+        if self.dynamic:
+            correction = self.correction
+            for i, w in enumerate(weights):
+                if w <= 0:
+                    continue
+                deficit = w * (t + phases[i]) - counts[i] + correction[i]
+                if deficit > best_deficit:
+                    best, best_deficit = i, deficit
+        else:
+            for i, w in enumerate(weights):
+                if w <= 0:
+                    continue
+                deficit = w * (t + phases[i]) - counts[i]
+                if deficit > best_deficit:
+                    best, best_deficit = i, deficit
+        self.picks = t
+        counts[best] += 1
+        if self._until is not None and t * self.num_streams + self.stream >= self._until:
+            self._reweigh()
         return best
+
+    def reset(self) -> None:
+        super().reset()
+        self.regime = -1
+        self.correction = [0.0] * len(self.counts)
+        self.weights = []
+        self._reweigh()
+
+    def state(self) -> ScheduleState:
+        state: ScheduleState = {
+            "picks": self.picks,
+            "counts": list(self.counts),
+            "expected": self.expected(),
+        }
+        if self.dynamic:
+            state["correction"] = list(self.correction)
+            state["regime"] = self.regime
+        return state
+
+    def restore(self, state: ScheduleState) -> None:
+        super().restore(state)
+        self.correction = [float(c) for c in state.get("correction", [0.0] * len(self.counts))]
+        self.regime = int(state.get("regime", -1))
+        if self.regime >= 0 and all(c.position != self.regime for c in self.changes):
+            raise ValueError(
+                f"this stream's state was saved after an online blend weight change at global "
+                f"micro-batch {self.regime}, which this loader does not know: restore the loader "
+                "state (it records every change) instead of a single stream's snapshot"
+            )
+        self.weights = []
+        self._reweigh()
 
 
 class QuotaSchedule(_DeficitCounts):

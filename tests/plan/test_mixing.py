@@ -98,4 +98,4 @@ def test_both_schedules_keep_the_schedule_protocol():
     assert quota.finite and not quota.done
     _picks(weighted, 5)
     weighted.reset()
-    assert weighted.state() == {"picks": 0, "counts": [0, 0]}
+    assert weighted.state() == {"picks": 0, "counts": [0, 0], "expected": [0.0, 0.0]}
