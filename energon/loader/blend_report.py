@@ -350,8 +350,7 @@ def _html_page(report: BlendReport, title: str) -> str:
     rows = "".join(
         f"<tr><td>{w.start:,}</td><td>{w.end:,}</td><td>{w.picks:,}</td>"
         + "".join(
-            f"<td>{r * 100:.2f}</td><td>{o * 100:.2f}</td>"
-            for r, o in zip(w.requested, w.observed)
+            f"<td>{r * 100:.2f}</td><td>{o * 100:.2f}</td>" for r, o in zip(w.requested, w.observed)
         )
         + "</tr>"
         for w in windows

@@ -169,7 +169,9 @@ def parse_metadataset(data: Any, path: str = "") -> Metadataset:
     _check_keys(data, {"splits", "token_config", "global_batch_size"}, where)
     token_config = parse_token_config(data.get("token_config"), where)
     global_batch_size = data.get("global_batch_size")
-    if global_batch_size is not None and not (_is_int(global_batch_size) and global_batch_size >= 1):
+    if global_batch_size is not None and not (
+        _is_int(global_batch_size) and global_batch_size >= 1
+    ):
         raise MetadatasetError(
             f"{where}: global_batch_size must be an integer >= 1 (samples per training step), "
             f"got {global_batch_size!r}"
@@ -191,9 +193,7 @@ def parse_metadataset(data: Any, path: str = "") -> Metadataset:
         raise MetadatasetError(
             f"{where}: unknown metadataset class {cls!r} (MetadatasetV2 or Metadataset)"
         )
-    return Metadataset(
-        path, parsed, token_config=token_config, global_batch_size=global_batch_size
-    )
+    return Metadataset(path, parsed, token_config=token_config, global_batch_size=global_batch_size)
 
 
 def _check_keys(data: dict, allowed: set[str], where: str) -> None:
@@ -444,12 +444,18 @@ def _schedule(kind: str, body: Any, unit: str, where: str) -> WeightSchedule:
 
 def _time(value: Any, where: str) -> int:
     if not _is_int(value) or value < 0:
-        raise MetadatasetError(f"{where}: times must be integers >= 0 (samples or steps), got {value!r}")
+        raise MetadatasetError(
+            f"{where}: times must be integers >= 0 (samples or steps), got {value!r}"
+        )
     return int(value)
 
 
 def _weight_number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value < float("inf")
+    ):
         raise MetadatasetError(f"{where}: weights must be numbers >= 0, got {value!r}")
     return float(value)
 

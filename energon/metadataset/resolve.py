@@ -213,9 +213,7 @@ def _mixture(sources: list[Source]) -> Mixture | None:
     return None if mixture.is_constant else mixture
 
 
-def _normalise_scheduled(
-    sources: list[Source], mixture: Mixture
-) -> tuple[list[Source], Mixture]:
+def _normalise_scheduled(sources: list[Source], mixture: Mixture) -> tuple[list[Source], Mixture]:
     """Drop sources whose scheduled weight is 0 at all times, check that some source has weight at
     every time, and set each source's ``weight`` to its share at the start."""
     times = mixture.check_times()

@@ -199,6 +199,8 @@ def check_blend_streams(spec: PipelineSpec, weights: WeightFunction, what: str) 
     counts = spec.source_stream_counts()
     for t in weights.check_times():
         raw = weights.weights_at(t)
+        if not any(w > 0 for w in raw):
+            raise MetadatasetError(f"{what}: the weights are all 0 at global sample {t}")
         for stream in range(spec.num_streams):
             if any(w > 0 and c[stream] > 0 for w, c in zip(raw, counts)):
                 continue

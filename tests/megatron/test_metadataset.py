@@ -348,3 +348,41 @@ def test_token_config_fields_are_gpt_config_fields():
 def test_all_token_samples_keep_int_ids(workspace):
     batch = next(iter(loader(workspace / "mds.yaml")))
     assert np.all(batch["tokens"].numpy() >= 0)
+
+
+SCHEDULED_YAML = """\
+__class__: MetadatasetV2
+global_batch_size: 8
+token_config: {{sequence_length: {seq}, split: "90, 10, 0", tokenizer: {{class: Byte}}, eod_token: 0,
+               path_to_cache: ./cache}}
+splits:
+  train:
+    blend:
+      - weight: {{step: [[0, 3], [40, 1]], unit: steps}}   # anneal away from tokens_a at step 40
+        path: ./tokens_a
+        subflavors: {{source: a}}
+      - weight: {{linear: {{start: 0, end: 40, from: 1, to: 3}}, unit: steps}}
+        path: ./tokens_b
+        subflavors: {{source: b}}
+"""
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_weight_schedules_apply_to_token_prefixes(workspace, num_workers):
+    """Megatron token prefixes in a metadataset blend follow weight schedules (in steps of a
+    global batch of 8), and restore exactly in the middle of one."""
+    path = workspace / "scheduled.yaml"
+    path.write_text(SCHEDULED_YAML.format(seq=SEQ))
+    ld = loader(path, num_workers=num_workers, num_streams=2, shuffle_buffer_size=None)
+    mixture = ld.dataset.spec.mixture
+    assert mixture.levels[0][0].points == ((0, 3.0), (320, 1.0))  # steps x 8 samples
+    it = iter(ld)
+    batches = take(it, 150)  # 600 samples: steps 0..74 of 8 samples
+    sources = [s for b in batches for s in b["__subflavors__"]["source"]]
+    assert abs(sources[:80].count("a") - 80 * 0.73) <= 4  # about 3 : 1.1 at the start
+    assert abs(sources[400:].count("a") - 200 * 0.25) <= 4  # 1 : 3 after step 40
+    state = json.loads(json.dumps(ld.save_state_rank()))
+    expected = take(it, 10)
+    restored = loader(path, num_workers=0, num_streams=2, shuffle_buffer_size=None)
+    restored.restore_state_rank(state)
+    same_batches(take(iter(restored), 10), expected)
