@@ -33,6 +33,7 @@ _EXPORTS = {
     "GPTConfig": "energon.megatron.gpt_dataset",
     "Blender": "energon.metadataset.resolve",
     "traverse_metadataset": "energon.metadataset.resolve",
+    "WeightSchedule": "energon.plan.schedules",
     "remote_stats": "energon.remote",
     "Batch": "energon.samples",
     "CaptioningSample": "energon.samples",

@@ -66,8 +66,26 @@ def describe(states: list[dict]) -> list[str]:
         f"config digest: {first['fingerprint_digest']}",
     ]
     from energon.pipeline import snapshot
-    from energon.state import dataset_consumption, merge_stream_snapshots, stream_snapshots
+    from energon.state import (
+        dataset_consumption,
+        merge_stream_snapshots,
+        stream_snapshots,
+        weight_changes,
+    )
 
+    if "mixture" in first["fingerprint"]:
+        lines.append("blend weights: scheduled (see the fingerprint's 'mixture')")
+    for change in weight_changes(first):
+        weights = change["weights"]
+        described = (
+            "the configured weights"
+            if weights is None
+            else ", ".join(_describe_weight(w) for w in weights)
+        )
+        lines.append(
+            f"blend weights changed online from global micro-batch {change['position']}: "
+            f"{described}"
+        )
     merged = dict(first, streams=[[s, snap] for s, snap in merge_stream_snapshots(states).items()])
     for entry in dataset_consumption(merged):
         lines.append(
@@ -86,6 +104,12 @@ def describe(states: list[dict]) -> list[str]:
                 f"  stream {stream_id}: {snapshot.emitted(snap)} batches emitted, epoch {epochs}"
             )
     return lines
+
+
+def _describe_weight(config: dict) -> str:
+    from energon.plan.schedules import WeightSchedule
+
+    return WeightSchedule.from_config(config).describe()
 
 
 @click.group(name="checkpoint")

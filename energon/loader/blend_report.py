@@ -77,6 +77,32 @@ class BlendReport:
             default=0.0,
         )
 
+    def merged(self, window: int) -> BlendReport:
+        """The same report in windows of ``window`` samples (a multiple of this report's)."""
+        if window < 1 or window % self.window:
+            raise ValueError(
+                f"window must be a positive multiple of the tracked window ({self.window})"
+            )
+        groups: dict[int, list[BlendWindow]] = {}
+        for w in self.windows:
+            groups.setdefault(w.start // window, []).append(w)
+        windows = []
+        for index, parts in sorted(groups.items()):
+            picks = sum(p.picks for p in parts)
+            n = len(self.sources)
+            counts = [sum(p.observed[i] * p.picks for p in parts) for i in range(n)]
+            expected = [sum(p.requested[i] * p.picks for p in parts) for i in range(n)]
+            windows.append(
+                BlendWindow(
+                    start=index * window,
+                    end=(index + 1) * window,
+                    picks=picks,
+                    requested=[e / (picks or 1) for e in expected],
+                    observed=[round(c) / (picks or 1) for c in counts],
+                )
+            )
+        return dataclasses.replace(self, windows=windows, window=window)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "window": self.window,

@@ -117,6 +117,7 @@ class Loader:
         self._source: Iterator[tuple[Value, ItemMeta]] | None = None
         self._arena: BatchArena | None = None
         self._restart_at: int | None = None  # reopen the source here (blend weights changed)
+        self._blend_window = BLEND_REPORT_WINDOW
         self._blend_tracker = self._new_blend_tracker()
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
@@ -330,18 +331,16 @@ class Loader:
                 "energon.redistribute_states(states, new_world_size)"
             )
         self._set_num_streams(state["num_streams"])
-        self.dataset.spec = dataclasses.replace(
-            self.dataset.spec,
-            weight_changes=tuple(WeightChange.from_config(c) for c in weight_changes(state)),
-        )
+        try:
+            changes = tuple(WeightChange.from_config(c) for c in weight_changes(state))
+        except (KeyError, TypeError, ValueError) as e:
+            raise StateError(f"loader state field 'weight_changes' is damaged: {e}") from e
+        self.dataset.spec = dataclasses.replace(self.dataset.spec, weight_changes=changes)
         self._origin = state["origin"]
         self._consumed = state["consumed"]
         self._pass_offset = state["pass_offset"]
         self._snapshots = copy.deepcopy(stream_snapshots(state))
         self._blend_tracker = self._new_blend_tracker()
-        if self._blend_tracker is not None:
-            for stream, snap in self._snapshots.items():
-                self._blend_tracker.prime(stream, snap)
 
     def _set_num_streams(self, num_streams: int) -> None:
         spec = self.dataset.spec
@@ -417,17 +416,37 @@ class Loader:
         return redistribute_states(states, world)
 
     # -- blending ----------------------------------------------------------------------------
+    @property
+    def blend_window(self) -> int:
+        """Samples of the global clock per window of :meth:`blend_report` (default 1,000); set it
+        before iterating (or right after a restore)."""
+        return self._blend_window
+
+    @blend_window.setter
+    def blend_window(self, window: int) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"blend_window must be an integer >= 1, got {window!r}")
+        if self._source is not None:
+            raise ValueError("set blend_window before iterating the loader")
+        self._blend_window = window
+        self._blend_tracker = self._new_blend_tracker()
+
     def _new_blend_tracker(self) -> BlendTracker | None:
+        """A tracker that counts from the current position (after a restore: the restored one)."""
         spec = self.dataset.spec
         if not spec.training or spec.mode != "weight":
             return None
-        return BlendTracker(len(spec.sources), spec.num_streams, BLEND_REPORT_WINDOW)
+        tracker = BlendTracker(len(spec.sources), spec.num_streams, self._blend_window)
+        for stream, snap in self._snapshots.items():
+            tracker.prime(stream, snap)
+        return tracker
 
-    def blend_report(self) -> BlendReport:
+    def blend_report(self, window: int | None = None) -> BlendReport:
         """Requested against observed share of each source: in total over the samples this rank's
         streams have picked so far (samples waiting in shuffle buffers count as picked) and, for a
-        weight blend, per window of ``BLEND_REPORT_WINDOW`` samples of the global clock (the most
-        recent ``MAX_WINDOWS`` windows). Iterating the report gives one dict per source."""
+        weight blend, per window of the global sample clock: ``window`` samples, a multiple of the
+        loader's ``blend_window`` (default: that; the most recent ``MAX_WINDOWS`` of them are
+        kept). Iterating the report gives one dict per source."""
         spec = self.dataset.spec
         consumed = [0] * len(spec.sources)
         for snap in self._snapshots.values():
@@ -435,14 +454,15 @@ class Loader:
                 consumed[i] += read
         tracker = self._blend_tracker
         expected = tracker.totals()[1] if tracker is not None else None
-        return BlendReport(
+        report = BlendReport(
             sources=source_rows(spec, consumed, expected),
             windows=tracker.windows() if tracker is not None else [],
-            window=BLEND_REPORT_WINDOW,
+            window=self.blend_window,
             streams=sorted(self._rank_streams()),
             num_streams=spec.num_streams,
             changes=[c.config() for c in spec.weight_changes],
         )
+        return report if window is None else report.merged(window)
 
     def _rank_streams(self) -> set[int]:
         workers = range(max(1, self.worker_config.num_workers))

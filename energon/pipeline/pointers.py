@@ -199,19 +199,22 @@ def pointer_source(
                 observer=observers[i] if observers is not None else None,
             )
         )
-    return PointerSource(
-        readers, blend_schedule(spec, stream_id), kinds=spec.pointer_kinds(), repeat=spec.repeat
-    )
+    schedule = blend_schedule(spec, stream_id, [r.num_samples > 0 for r in readers])
+    return PointerSource(readers, schedule, kinds=spec.pointer_kinds(), repeat=spec.repeat)
 
 
-def blend_schedule(spec: PipelineSpec, stream_id: int) -> Schedule | None:
+def blend_schedule(
+    spec: PipelineSpec, stream_id: int, present: Sequence[bool] | None = None
+) -> Schedule | None:
     """The schedule that picks the source of each sample of stream ``stream_id`` (None: the
-    stream reads its sources one after the other). Needs only the spec: ``energon blend-plan`` and
-    the blend report run it without readers."""
+    stream reads its sources one after the other). Needs only the spec (``energon blend-plan``
+    runs it without readers); ``present[i]``: the stream has samples of source ``i`` (computed from
+    the spec if not given)."""
     if not spec.training:
         return None
     if spec.mode == "weight":
-        present = [counts[stream_id] > 0 for counts in spec.source_stream_counts()]
+        if present is None:
+            present = [counts[stream_id] > 0 for counts in spec.source_stream_counts()]
         # per-stream, per-source phases: streams do not pick their sources in lock-step
         phase_rng = CounterRng(stable_seed(spec.seed, "blend-phase", stream_id))
         return WeightedSchedule(

@@ -104,3 +104,28 @@ def test_blend_plan_explains_what_it_cannot_simulate(tmp_path, text_ds, text_val
         cli, ["blend-plan", str(steps), "--no-progress", "--global-batch-size", "2"]
     )
     assert result.exit_code == 0, result.output
+
+
+def test_checkpoint_info_lists_online_weight_changes(config, tmp_path):
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    ds = get_train_dataset(
+        config,
+        worker_config=wc,
+        batch_size=2,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        num_streams=4,
+    )
+    loader = get_savable_loader(ds)
+    it = iter(loader)
+    for _ in range(10):
+        next(it)
+    loader.set_blend_weights([1.0, 3.0])
+    loader.set_blend_weights(None, from_step=7)  # sample 70: micro-batch 35
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(loader.save_state_rank()))
+    result = CliRunner().invoke(cli, ["checkpoint", "info", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "blend weights: scheduled" in result.output
+    assert "changed online from global micro-batch 10: 1, 3" in result.output
+    assert "changed online from global micro-batch 35: the configured weights" in result.output
