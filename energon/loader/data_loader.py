@@ -517,8 +517,8 @@ class Loader:
             return position
         changes = tuple(sorted([*kept, change], key=lambda c: c.position))
         self.dataset.spec = dataclasses.replace(spec, weight_changes=changes)
-        if self._source is not None:
-            self._restart_at = min(position, self._restart_at or position)
+        if self._source is not None and (self._restart_at is None or position < self._restart_at):
+            self._restart_at = position
         return position
 
     def _change_position(self, from_step: int | None, from_sample: int | None) -> int:

@@ -327,3 +327,21 @@ def test_blend_report_shows_requested_against_observed_per_window(root):
         and "<script" in page
         and "http" not in page.split("<svg", 1)[1].split('xmlns="http://www.w3.org/2000/svg"', 1)[1]
     )
+
+
+def test_changes_registered_out_of_order_start_where_they_say(root):
+    path = config(root, "order.yaml", STEP)
+    options = dict(batch_size=2, shuffle_buffer_size=5)
+    planned = loader(path, **options)
+    planned.set_blend_weights([1, 3], from_sample=2 * 40)
+    planned.set_blend_weights([5, 1], from_sample=2 * 60)
+    planned.set_blend_weights([5, 1], from_sample=2 * 60)  # the same again: nothing changes
+    reference = take(iter(planned), 120)
+    ld = loader(path, num_workers=2, **options)
+    it = iter(ld)
+    got = take(it, 40)
+    ld.set_blend_weights([5, 1], from_sample=2 * 60)  # later first
+    ld.set_blend_weights([1, 3])  # then now (micro-batch 40)
+    got += take(it, 80)
+    assert got == reference
+    assert [c.position for c in ld.dataset.spec.weight_changes] == [40, 60]

@@ -14,7 +14,9 @@ rotating order. What is measured is CPU time (of the main process and the loader
 wall-clock time, so that other jobs on a shared machine do not count; the overhead is the median
 over rounds of (scheduled CPU time / fixed CPU time) of the same round, and "samples/s" is samples
 per CPU second. A second table times the schedule alone (picks per CPU second of
-``WeightedSchedule.next()``, no data), which is the whole difference between the configurations.
+``WeightedSchedule.next()``, no data), which is the whole difference between the configurations. A third table times an online change: the first
+batch after ``loader.set_blend_weights`` (where the loader restarts its workers) against an
+ordinary batch (wall-clock).
 
     python tools/benchmarks/bench_schedule.py [--workers 0,2] [--chunk 100] [--rounds 30]
 """
@@ -108,6 +110,23 @@ def interleaved(root: str, workers: int, rounds: int, chunk: int) -> dict[str, l
     return seconds
 
 
+def change_latency(root: str, workers: int, changes: int) -> tuple[float, float]:
+    """Median wall-clock seconds of the batch right after ``set_blend_weights`` (the loader
+    restarts its workers there) and of an ordinary batch, over ``changes`` changes."""
+    loader, it = open_loader(blend(root, "fixed", 1), workers)
+    after, ordinary = [], []
+    for i in range(changes):
+        for _ in range(10):
+            t = time.perf_counter()
+            next(it)
+            ordinary.append(time.perf_counter() - t)
+        loader.set_blend_weights([1.0 + i % 2, 1.0, 1.0])
+        t = time.perf_counter()
+        next(it)
+        after.append(time.perf_counter() - t)
+    return statistics.median(after), statistics.median(ordinary)
+
+
 def picks_per_second(kind: str, picks: int) -> float:
     function = FlatWeights(
         tuple(
@@ -163,6 +182,14 @@ def main() -> None:
             "middle half of rounds",
         ),
         rows,
+    )
+    print_markdown_table(
+        ("workers", "batch after set_blend_weights ms (median of 10)", "ordinary batch ms"),
+        [
+            (w, f"{a * 1e3:.1f}", f"{b * 1e3:.2f}")
+            for w in (int(w) for w in args.workers.split(","))
+            for a, b in [change_latency(root, w, 10)]
+        ],
     )
     picks = 200_000
     rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
