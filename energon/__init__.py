@@ -104,6 +104,8 @@ _EXPORTS = {
     "Metadataset": "energon.compat.metadataset",
     "MetadatasetV2": "energon.compat.metadataset",
     "load_dataset": "energon.compat.metadataset",
+    # the core classes of energon.task_encoder, served through the module that registers the
+    # composition behind their build_* hooks (energon.task_encoder.composition)
     "AugmentTaskEncoder": "energon.compat.task_encoder",
     "DefaultTaskEncoder": "energon.compat.task_encoder",
     "TaskEncoder": "energon.compat.task_encoder",
