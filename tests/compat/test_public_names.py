@@ -13,7 +13,6 @@ import sys
 import pytest
 
 import energon
-from tests.compat.test_reference import ref_python  # noqa: F401 - the side-venv fixture
 from tests.helpers.paths import REPO_ROOT
 
 pytestmark = pytest.mark.compat
@@ -52,7 +51,7 @@ INTENTIONAL = {
 
 
 @pytest.fixture(scope="module")
-def reference_names(ref_python) -> dict:  # noqa: F811
+def reference_names(ref_python) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
         [ref_python, "-c", DUMP], capture_output=True, text=True, timeout=600, env=env, cwd="/"

@@ -21,7 +21,6 @@ import yaml
 
 from energon.format.prepare import prepare_dataset
 from tests.compat.programs import COMPARE, PRELUDE, PROGRAMS
-from tests.compat.test_reference import ref_python  # noqa: F401 - the side-venv fixture
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.tarfiles import write_tar
 
@@ -141,7 +140,7 @@ def _run(python: str, data: dict[str, str], alias: bool, side: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def results(data, ref_python):  # noqa: F811
+def results(data, ref_python):
     return {
         "ref": _run(ref_python, data, alias=False, side="ref"),
         "ours": _run(sys.executable, data, alias=True, side="ours"),
