@@ -521,7 +521,8 @@ TRAVERSE_SCRIPT = """
 import json, sys
 # energon: alias
 from megatron.energon import traverse_metadataset
-out = [[type(r).__name__, str(r.path), r.split_part, {k: str(v) for k, v in r.aux.items()}, r.subflavors]
+out = [[type(r).__name__, str(r.path), r.split_part, {k: str(v) for k, v in r.aux.items()}, r.subflavors,
+        sorted({type(p).__name__ for p in [r.path, *r.aux.values()]}), (r.path / "x").name]
        for r in traverse_metadataset(sys.argv[1], split_part="train")]
 print(json.dumps(out))
 """
@@ -546,6 +547,7 @@ def test_traverse_metadataset_gives_the_references_objects(ref_python, tmp_path,
     )
     assert ours == theirs
     assert [r[0] for r in ours] == ["TraversedDatasetReference"] * 3
+    assert [r[5:] for r in ours] == [[["EPath"], "x"]] * 3
     assert ours[0][3] == {
         "img": str(tmp_path / "files"),
         "remote_img": "msc://profile/some/folder",

@@ -41,12 +41,6 @@ INTENTIONAL = {
     "log_exception": "the exception parameter is named 'exc' (handlers are called positionally)",
     "reraise_exception": "the exception parameter is named 'exc' (handlers are called positionally)",
     "SourceInfo": "fields are not keyword-only (positional construction also works)",
-    "traverse_metadataset": "returns the reference's objects on branch compat-behaviour",
-    "get_loader": "the reference's named parameters come with branch compat-behaviour "
-    "(strict keywords); they are accepted through **kwargs here",
-    "get_savable_loader": "as get_loader",
-    "SavableDataLoader": "as get_loader",
-    "get_val_datasets": "as get_loader",
 }
 
 
