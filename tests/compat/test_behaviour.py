@@ -281,11 +281,19 @@ def test_debug_logs_have_the_references_files_and_records(ref_python, text50, tm
         return {r["t"]: set(r) for records in files.values() for r in records}
 
     mine, ref = shapes(ours), shapes(theirs)
-    assert set(mine) <= set(ref)  # only events the reference writes too
+    # only events the reference writes too (these three only once a slice or epoch ends)
+    ends = {
+        f"WebdatasetSampleLoaderDataset._slices_iter.{e}" for e in ("exhausted", "all_exhausted")
+    }
+    assert set(mine) <= set(ref) | ends | {"RepeatDataset.repeat"}
     for event, fields in mine.items():
+        if event not in ref:
+            continue
         # the pass boundaries are the loader's here (one per rank, not one per worker)
         missing = ref[event] - fields
-        assert missing <= {"epoch_count", "local_length"}, (event, missing)
+        assert missing <= {"local_length"}, (event, missing)
+    for event in ("__iter__", "_slices_iter.next_epoch", "_slices_iter.yield"):
+        assert f"WebdatasetSampleLoaderDataset.{event}" in mine
     for name in ("0.jsonl", "3.jsonl"):  # the loader's records in the main processes
         events = [r["t"] for r in ours[name]]
         assert events[0] == "SavableLoader.__init__"
@@ -304,6 +312,32 @@ def test_debug_logs_have_the_references_files_and_records(ref_python, text50, tm
         read = [r["key"] for w in workers for r in ours[w] if r["t"].endswith("_slices_iter.yield")]
         assert all(keys in produced for keys in handed)
         assert {k for keys in handed for k in keys} <= set(read)
+
+
+VAL_LOG_SCRIPT = """
+import sys
+# energon: alias
+from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+wc = WorkerConfig(rank=0, world_size=1, num_workers=1, worker_debug_path=sys.argv[2] + "/{worker_id}.jsonl",
+                  worker_log_level=2)
+for batch in get_loader(get_val_dataset(sys.argv[1], split_part="train", batch_size=4, worker_config=wc)):
+    pass
+"""
+
+
+def test_debug_log_of_a_validation_pass_is_the_references(ref_python, text50, tmp_path):
+    """One worker, one pass: the same reader records (epoch start, every sample with its
+    epoch_count, each exhausted slice, the end of the epoch) and batches, in the same order."""
+    for who, python in (("theirs", ref_python), ("ours", OUR_PYTHON)):
+        run_script(python, VAL_LOG_SCRIPT, str(text50), str(tmp_path / who))
+    theirs, ours = _records(tmp_path / "theirs")["1.jsonl"], _records(tmp_path / "ours")["1.jsonl"]
+    events = [r["t"] for r in ours]
+    assert events.count("WebdatasetSampleLoaderDataset._slices_iter.exhausted") == 2  # 2 shards
+    assert events[-2:] == [
+        "WebdatasetSampleLoaderDataset._slices_iter.all_exhausted",
+        "yield_batch",
+    ]
+    assert ours == theirs
 
 
 def _pixels(path):
