@@ -22,6 +22,15 @@ def keys(batch):
 
 PROGRAMS: dict[str, str] = {}
 COMPARE: dict[str, str] = {}
+THEMES = ("programs_datasets", "programs_encoders", "programs_loaders", "programs_tools")
+
+
+def load_all() -> None:
+    """Register the programs of every theme module (each registers on import)."""
+    import importlib
+
+    for theme in THEMES:
+        importlib.import_module(f"tests.compat.{theme}")
 
 
 def program(name: str, compare: str = "equal"):

@@ -1,0 +1,3 @@
+"""Reference-style programs (see programs.py)."""
+
+from tests.compat.programs import program  # noqa: F401
