@@ -64,7 +64,7 @@ def _run(python: str, data: dict[str, str], alias: bool, side: str) -> dict:
         [python, "-c", _script(alias), json.dumps(data), json.dumps(list(PROGRAMS)), side],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=int(os.environ.get("PROGRAMS_TIMEOUT", "900")),
         env=env,
         cwd="/",
     )
@@ -99,6 +99,14 @@ def _check(kind: str, ref: object, ours: object) -> None:
             assert ours[key] == ref[key], key
         assert ours["pure"] and ours["n"] == 40
         assert abs(_share(ours) - 0.2) < 0.12 and abs(_share(ref) - 0.2) < 0.12
+    elif kind == "blend_ratio_v1":  # weights 1:1, and the same validation samples
+        assert ours["val"] == ref["val"]
+        assert abs(_share(ref) - 0.5) < 0.07 and abs(_share(ours) - 0.5) < 0.07
+    elif kind == "nested_blend":  # b2: 1/2, the nested blend 1/2 (a 1/10, b 4/10)
+        assert ours["nested"] and ref["nested"]
+        for side in (ref, ours):
+            total = side["a"] + side["b"] + side["b2"]
+            assert abs(side["b2"] / total - 0.5) < 0.06 and abs(side["a"] / total - 0.1) < 0.04
     else:
         raise AssertionError(f"unknown comparison {kind}")
 
