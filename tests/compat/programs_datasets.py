@@ -266,3 +266,32 @@ for b in get_loader(ds):
 return out
 """
 )
+
+program("every_sample_type_fields_and_batching")(
+    """
+import dataclasses
+types = [CaptioningSample, ImageSample, ImageClassificationSample, InterleavedSample, MultiChoiceVQASample,
+         OCRSample, SimilarityInterleavedSample, TextSample, VidQASample, VQASample, CrudeSample]
+out = []
+for t in types:
+    if t is CrudeSample:
+        out.append([t.__name__, issubclass(t, dict)])
+        continue
+    names = [f.name for f in dataclasses.fields(t)]
+    out.append([t.__name__, names])
+return out
+"""
+)
+
+program("train_shuffle_over_epochs_multiplier")(
+    """
+out = []
+for mult in (1, 2, -1):
+    ds = get_train_dataset(data["b"], batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           worker_config=wc(), shuffle_over_epochs_multiplier=mult)
+    it = iter(get_loader(ds))
+    got = [next(it).__key__ for _ in range(120)]
+    out.append([mult, len(set(got))])
+return out
+"""
+)

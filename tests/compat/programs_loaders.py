@@ -311,3 +311,47 @@ return [w.rank, w.world_size, w.num_workers, w.seed_offset, w.worker_log_level, 
         WorkerConfig.default_worker_config(num_workers=2).num_workers]
 """
 )
+
+program("save_and_restore_state_global")(
+    """
+import socket
+import torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+try:
+    def make():
+        return get_savable_loader(get_train_dataset(data["b"], batch_size=3, shuffle_buffer_size=4,
+                                  max_samples_per_sequence=2, worker_config=wc()))
+    loader = make()
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    states = loader.save_state_global(global_dst_rank=0)
+    expected = [keys(next(it)) for _ in range(4)]
+    resumed = make()
+    resumed.restore_state_global(states)
+    it2 = iter(resumed)
+    return [type(states).__name__, len(states), [keys(next(it2)) for _ in range(4)] == expected]
+finally:
+    dist.destroy_process_group()
+"""
+)
+
+program("train_packing_with_task_encoder")(
+    """
+class TE(DefaultTaskEncoder):
+    def select_samples_to_pack(self, samples):
+        return [samples[i:i + 2] for i in range(0, len(samples), 2)]
+    @stateless
+    def pack_selected_samples(self, samples):
+        return TextSample.derive_from(samples[0], text="+".join(s.text for s in samples))
+    def batch(self, samples):
+        return [s.text.count("+") + 1 for s in samples]
+ds = get_train_dataset(data["b"], batch_size=2, packing_buffer_size=6, shuffle_buffer_size=None,
+                       max_samples_per_sequence=None, worker_config=wc(), task_encoder=TE())
+it = iter(get_savable_loader(ds))
+return [next(it) for _ in range(6)]
+"""
+)
