@@ -64,7 +64,7 @@ def _run(python: str, data: dict[str, str], alias: bool, side: str) -> dict:
         [python, "-c", _script(alias), json.dumps(data), json.dumps(list(PROGRAMS)), side],
         capture_output=True,
         text=True,
-        timeout=int(os.environ.get("PROGRAMS_TIMEOUT", "900")),
+        timeout=900,
         env=env,
         cwd="/",
     )
