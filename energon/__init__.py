@@ -32,7 +32,6 @@ _EXPORTS = {
     "MultiEpochDatasetResampler": "energon.megatron.epoch_index",
     "GPTConfig": "energon.megatron.gpt_dataset",
     "Blender": "energon.metadataset.resolve",
-    "traverse_metadataset": "energon.metadataset.resolve",
     "WeightSchedule": "energon.plan.schedules",
     "remote_stats": "energon.remote",
     "Batch": "energon.samples",
@@ -105,6 +104,9 @@ _EXPORTS = {
     "Metadataset": "energon.compat.metadataset",
     "MetadatasetV2": "energon.compat.metadataset",
     "load_dataset": "energon.compat.metadataset",
+    "traverse_metadataset": "energon.compat.metadataset",
+    # the core classes of energon.task_encoder, served through the module that registers the
+    # composition behind their build_* hooks (energon.task_encoder.composition)
     "AugmentTaskEncoder": "energon.compat.task_encoder",
     "DefaultTaskEncoder": "energon.compat.task_encoder",
     "TaskEncoder": "energon.compat.task_encoder",

@@ -9,9 +9,13 @@ for appending: use a fresh directory per run.
 Records (``"t"`` is the event), level 1: the loader's ``<Loader>.__init__`` (with its config),
 ``.iter``, ``.yield`` (the keys of every batch handed to the user, in order) and ``.StopIteration``;
 in the process that computes them, ``yield_batch`` (keys of every batch a worker produced) and
-``WebdatasetSampleLoaderDataset._slices_iter.yield`` (every sample read, in reading order). Level 2
-adds the pass boundaries (``EpochizeDataset.epoch_start|epoch_end`` for virtual epochs,
-``LimitDataset.start|done`` for limited validation passes).
+``WebdatasetSampleLoaderDataset._slices_iter.yield`` (every sample read, in reading order, with its
+reader's ``epoch`` and ``epoch_count``), and per reader (one per logical stream and source)
+``WebdatasetSampleLoaderDataset.__iter__`` + ``._slices_iter.next_epoch`` when an epoch starts. Level 2
+adds ``._slices_iter.exhausted`` (a slice is done), ``._slices_iter.all_exhausted`` (the epoch is
+done), ``RepeatDataset.repeat`` (a repeating pass starts the next epoch) and the pass boundaries
+(``EpochizeDataset.epoch_start|epoch_end`` for virtual epochs, ``LimitDataset.start|done`` for limited
+validation passes).
 
 Logging is off unless a level is set, and every call site checks the level before building a record.
 """
@@ -106,6 +110,11 @@ def activate(target: LogTarget | None) -> None:
     """Make ``target`` the log of the pipeline stages running in this process (None: off)."""
     global _active
     _active = target if target is not None and target.worker_log_level > 0 else None
+
+
+def logs(level: int) -> bool:
+    """Whether the active log records ``level`` (for call sites that must prepare a record)."""
+    return _active is not None and _active.worker_log_level >= level
 
 
 def emit(level: int, make_record: Callable[..., dict[str, Any]], *args: Any) -> None:

@@ -84,8 +84,9 @@ def cli(ctx: click.Context) -> None:
         click.echo(ctx.get_help())
 
 
-def main() -> None:
-    cli()
+# The ``energon`` command; Megatron-Energon's ``cli.main.main`` is the click group itself, which
+# scripts invoke as a command (``main()``) or pass to ``click.testing.CliRunner().invoke(main, ...)``.
+main = cli
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ energon's core. Everything reference-shaped lives here; the core never imports t
 - ``megatron_energon``: the module object ``megatron.energon`` is under ``energon.megatron_alias``.
 - ``wrappers``: ``MapDataset``, ``BlendDataset``, ``BatchDataset``, ... as nodes of one composition
   that compiles into energon's per-stream stage chains (plain-data state, restorable).
-- ``task_encoder``: ``TaskEncoder`` with the reference's ``build_*`` pipeline hooks.
+- ``task_encoder``: the composition behind the ``build_*`` hooks of the core ``TaskEncoder``.
 - ``flavors`` / ``metadataset`` / ``dataset_config``: factories, ``load_dataset``, ``get_dataset_from_config``.
 - ``cache``, ``epathlib``, ``errors``, ``av_reader``, ``filesystem_prepare``, ``transforms``.
 """

@@ -7,6 +7,7 @@ POSIX profile ``msc://__filesystem__/x`` is the local path ``/x``. Holding only 
 
 from __future__ import annotations
 
+import glob as pyglob
 import io
 import os
 import re
@@ -176,8 +177,12 @@ class EPath:
         )()
 
     def glob(self, pattern: str) -> Iterator[EPath]:
-        """Files below this folder matching ``pattern`` (``*`` stays within one folder level,
-        ``**`` spans any number)."""
+        """Paths below this folder matching ``pattern`` (``*`` stays within one folder level,
+        ``**`` spans any number): files and, on local disks, folders (object stores have none)."""
+        if self.is_local():
+            for found in sorted(pyglob.glob(os.path.join(self._path, pattern), recursive=True)):
+                yield EPath(found)
+            return
         regex = re.compile(_glob_regex(pattern))
         base = self._path.rstrip("/") + "/"
         for found in epath.walk(self._path):

@@ -18,8 +18,8 @@ import yaml
 
 from energon import epath
 from energon.format.join_index import prepare_metadataset
-from energon.metadataset.resolve import resolve_dataset
-from energon.metadataset.resolve import traverse_metadataset as _traverse
+from energon.metadataset.resolve import TraversedDatasetReference, resolve_dataset
+from energon.metadataset.resolve import traverse_metadataset as core_traverse
 from energon.worker import WorkerConfig
 
 __path__: list[str] = []  # a package for the alias: metadataset.* map here
@@ -69,14 +69,6 @@ class LoadedDataset:
 class LoadedDatasetList:
     datasets: list[LoadedDataset]
     blend_mode: DatasetBlendMode = DatasetBlendMode.NONE
-
-
-@dataclasses.dataclass
-class TraversedDatasetReference:
-    path: Any
-    split_part: str
-    aux: dict[str, Any]
-    subflavors: dict[str, Any]
 
 
 def _loaded(resolved: Any, **factory_options: Any) -> LoadedDatasetList:
@@ -282,15 +274,14 @@ def load_dataset(path: Any, **kwargs: Any) -> DatasetLoaderInterface:
 def traverse_metadataset(
     path: Any, *, split_part: str, **kwargs: Any
 ) -> list[TraversedDatasetReference]:
-    """Leaves of one split of a metadataset (nested YAMLs followed), without opening them."""
+    """Leaves of one split of a metadataset (nested YAMLs followed, joins expanded into their
+    members), without opening them: the core's references with ``EPath`` paths, as the
+    reference gives them."""
     return [
-        TraversedDatasetReference(
-            path=_epath(leaf["path"]),
-            split_part=leaf["split_part"],
-            aux={name: _epath(p) for name, p in leaf["aux"].items()},
-            subflavors=leaf["subflavors"],
+        dataclasses.replace(
+            ref, path=_epath(ref.path), aux={name: _epath(p) for name, p in ref.aux.items()}
         )
-        for leaf in _traverse(epath.normalize(os.fspath(path)), split_part=split_part)
+        for ref in core_traverse(epath.normalize(os.fspath(path)), split_part=split_part)
     ]
 
 

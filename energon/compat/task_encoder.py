@@ -1,11 +1,14 @@
-"""``megatron.energon.task_encoder``: energon's task encoders plus the reference's pipeline hooks.
+"""``megatron.energon.task_encoder``: energon's task encoders, and the composition behind their
+``build_*`` hooks.
 
-The reference builds every pipeline through overridable methods of the task encoder
+The reference builds every pipeline through overridable task-encoder methods
 (``build_train_datasets``, ``build_val_datasets``, ``build_batch``, ``build_encode_sample``,
-``build_cook_crude_sample``, ``_load_dataset``). Here they compose the wrappers of
-``energon.compat.wrappers``. A task encoder that overrides none of them keeps energon's own pipeline
-(exact blends, even validation ranks, ...); one that overrides any of them gets the composition its
-methods describe (``compose_dataset`` is the hook ``get_train_dataset`` asks).
+``build_cook_crude_sample``, ``_load_dataset``). energon's ``TaskEncoder`` declares them
+(``energon.task_encoder.composition``); their default bodies are :class:`ReferenceComposition`,
+which composes the wrappers of ``energon.compat.wrappers`` and is registered with the core when this
+module is imported (``from energon import TaskEncoder`` imports it). A task encoder that overrides
+none of the hooks keeps energon's own pipeline (exact blends, even validation ranks, ...); one that
+overrides any of them gets the composition its methods describe.
 """
 
 from __future__ import annotations
@@ -14,12 +17,27 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from energon.compat.cache import aux_file_stores
+from energon.compat.metadataset import DatasetBlendMode, loaded_datasets_for
+from energon.compat.wrappers import (
+    BatchDataset,
+    BlendDataset,
+    ConcatDataset,
+    EpochizeDataset,
+    GroupBatchDataset,
+    LimitDataset,
+    MapDataset,
+    PackingDataset,
+    RepeatDataset,
+    ShuffleBufferDataset,
+)
 from energon.loader import build as core_build
 from energon.loader.build import get_train_dataset, get_val_dataset
 from energon.samples import Batch
 from energon.samples.collate import batch_list, batch_pad_stack, batch_stack, generic_batch
-from energon.task_encoder import base as core
-from energon.task_encoder.base import hook_context, stateless
+from energon.source.file_store import DecodeFileStore, PrimaryFileStore
+from energon.task_encoder.base import AugmentTaskEncoder, DefaultTaskEncoder, TaskEncoder, stateless
+from energon.task_encoder.composition import register_composition
 from energon.task_encoder.cooking import Cooker, basic_sample_keys, cooker, select_cooker
 
 __path__: list[str] = []  # a package for the alias: task_encoder.base/.cooking/.loader map here
@@ -43,15 +61,6 @@ __all__ = [
     "get_val_datasets",
     "stateless",
 ]
-
-_BUILDERS = (
-    "build_train_datasets",
-    "build_val_datasets",
-    "build_batch",
-    "build_encode_sample",
-    "build_cook_crude_sample",
-    "_load_dataset",
-)
 
 
 @functools.wraps(core_build.get_val_datasets)
@@ -82,32 +91,16 @@ def get_failure_tolerance(fn: Callable, default: int = 100) -> int:
     return int(getattr(fn, "__failure_tolerance__", default))
 
 
-class PipelineHooks:
-    """The reference's ``build_*`` methods (mixed into the task encoder classes below)."""
+class ReferenceComposition:
+    """The reference's default ``build_*`` bodies; ``te`` is the task encoder they belong to."""
 
-    @property
-    def cache(self) -> Any:
-        """The loader's cache pool (``get_loader(..., cache_pool=...)``), inside loader hooks."""
-        if hook_context.cache_pool is None:
-            raise RuntimeError(
-                "no cache pool: pass cache_pool=... to get_loader / get_savable_loader"
-            )
-        return hook_context.cache_pool
-
-    # -- when energon's own pipeline is replaced ---------------------------------------------
-    def _composes_itself(self) -> bool:
-        return any(getattr(type(self), n) is not getattr(PipelineHooks, n) for n in _BUILDERS)
-
-    def compose_dataset(self, spec: Any, worker_config: Any) -> Any:
-        """Called by ``get_train_dataset`` / ``get_val_dataset``: the composed dataset, or None to
-        keep energon's pipeline (when no ``build_*`` method is overridden)."""
-        if not self._composes_itself():
-            return None
-        from energon.compat.metadataset import loaded_datasets_for
+    def compose(self, te: TaskEncoder, spec: Any, worker_config: Any) -> Any:
+        """Called by ``get_train_dataset`` / ``get_val_dataset`` for a task encoder that
+        overrides a ``build_*`` hook: the dataset its hooks compose."""
 
         loaded = loaded_datasets_for(spec, worker_config)
         if spec.training:
-            return self.build_train_datasets(
+            return te.build_train_datasets(
                 datasets=loaded.datasets,
                 worker_config=worker_config,
                 batch_size=spec.batch_size,
@@ -118,7 +111,7 @@ class PipelineHooks:
                 blend_mode=loaded.blend_mode,
                 repeat=spec.repeat,
             )
-        return self.build_val_datasets(
+        return te.build_val_datasets(
             datasets=loaded.datasets,
             worker_config=worker_config,
             batch_size=spec.batch_size,
@@ -127,14 +120,13 @@ class PipelineHooks:
             limit=spec.limit,
         )
 
-    # -- the reference's default composition -------------------------------------------------
-    def _load_dataset(self, dataset: Any, worker_rotation_offset: int, worker_config: Any) -> Any:
+    def load_dataset(
+        self, te: TaskEncoder, dataset: Any, worker_rotation_offset: int, worker_config: Any
+    ) -> Any:
         """A loaded dataset's samples: the factory's dataset, cooked if it is crude."""
         built = dataset.dataset.build(worker_rotation_offset=worker_rotation_offset)
         if getattr(dataset.dataset, "is_crude", False):
-            from energon.compat.cache import aux_file_stores
-
-            built = self.build_cook_crude_sample(
+            built = te.build_cook_crude_sample(
                 built,
                 worker_config=worker_config,
                 subflavors=dataset.dataset.subflavors,
@@ -145,6 +137,7 @@ class PipelineHooks:
 
     def build_cook_crude_sample(
         self,
+        te: TaskEncoder,
         dataset: Any,
         *,
         worker_config: Any,
@@ -152,13 +145,11 @@ class PipelineHooks:
         get_primary_aux: Callable[[], Any],
         aux: dict[str, Any] | None = None,
     ) -> Any:
-        from energon.compat.wrappers import MapDataset
-        from energon.source.file_store import DecodeFileStore, PrimaryFileStore
 
-        selected = select_cooker(self, subflavors)
+        selected = select_cooker(te, subflavors)
         if selected is None:
             raise AssertionError("a crude dataset needs cookers on the task encoder")
-        decoder = self.decoder
+        decoder = te.decoder
         stores = {
             name: DecodeFileStore(store, decoder=decoder) if decoder is not None else store
             for name, store in (aux or {}).items()
@@ -176,28 +167,28 @@ class PipelineHooks:
             if primary is not None:
                 extra["primary"] = PrimaryFileStore(primary, sample["__key__"])
             if selected.need_cache:
-                extra["cache"] = self.cache
-            return self.cook_crude_sample(sample, selected, extra)
+                extra["cache"] = te.cache
+            return te.cook_crude_sample(sample, selected, extra)
 
         return MapDataset(dataset, cook, stateless_map_fn=True, worker_config=worker_config)
 
-    def build_encode_sample(self, dataset: Any, *, worker_config: Any) -> Any:
-        from energon.compat.wrappers import MapDataset
+    def build_encode_sample(self, te: TaskEncoder, dataset: Any, *, worker_config: Any) -> Any:
 
         for hook in ("preencode_sample", "encode_sample"):
-            if self.is_active(hook):
-                fn = getattr(self, hook)
+            if te.is_active(hook):
+                fn = getattr(te, hook)
                 return MapDataset(
                     dataset,
                     fn,
                     stateless_map_fn=get_stateless(fn),
-                    failure_tolerance=get_failure_tolerance(fn, self.__default_failure_tolerance__),
+                    failure_tolerance=get_failure_tolerance(fn, te.__default_failure_tolerance__),
                     worker_config=worker_config,
                 )
         return dataset
 
     def build_batch(
         self,
+        te: TaskEncoder,
         dataset: Any,
         *,
         batch_size: int | None,
@@ -205,29 +196,23 @@ class PipelineHooks:
         packing_buffer_size: int | None = None,
         worker_config: Any,
     ) -> Any:
-        from energon.compat.wrappers import (
-            BatchDataset,
-            GroupBatchDataset,
-            MapDataset,
-            PackingDataset,
-        )
 
-        tolerance = self.__default_failure_tolerance__
-        post = self.postencode_sample if self.is_active("postencode_sample") else None
+        tolerance = te.__default_failure_tolerance__
+        post = te.postencode_sample if te.is_active("postencode_sample") else None
         if packing_buffer_size is not None:
             dataset = PackingDataset(
                 dataset,
                 buffer_size=packing_buffer_size,
-                pre_packer=self.select_samples_to_pack,
-                final_packer=self.pack_selected_samples,
-                final_packer_stateless=get_stateless(self.pack_selected_samples),
+                pre_packer=te.select_samples_to_pack,
+                final_packer=te.pack_selected_samples,
+                final_packer_stateless=get_stateless(te.pack_selected_samples),
                 sample_encoder=post,
                 sample_encoder_stateless=post is not None and get_stateless(post),
                 pre_packer_failure_tolerance=get_failure_tolerance(
-                    self.select_samples_to_pack, tolerance
+                    te.select_samples_to_pack, tolerance
                 ),
                 final_packer_failure_tolerance=get_failure_tolerance(
-                    self.pack_selected_samples, tolerance
+                    te.pack_selected_samples, tolerance
                 ),
                 worker_config=worker_config,
             )
@@ -235,40 +220,41 @@ class PipelineHooks:
             dataset = MapDataset(
                 dataset, post, stateless_map_fn=get_stateless(post), worker_config=worker_config
             )
-        if self.is_active("batch_group_criterion"):
+        if te.is_active("batch_group_criterion"):
             dataset = GroupBatchDataset(
                 dataset,
                 fixed_batch_size=batch_size,
-                sample_group_key=self.batch_group_criterion,
-                batcher=self.batch,
+                sample_group_key=te.batch_group_criterion,
+                batcher=te.batch,
                 drop_last=batch_drop_last,
-                failure_tolerance=get_failure_tolerance(self.batch, tolerance),
+                failure_tolerance=get_failure_tolerance(te.batch, tolerance),
                 worker_config=worker_config,
             )
         elif batch_size is not None:
             dataset = BatchDataset(
                 dataset,
                 batch_size=batch_size,
-                batcher=self.batch,
-                batcher_stateless=get_stateless(self.batch),
+                batcher=te.batch,
+                batcher_stateless=get_stateless(te.batch),
                 drop_last=batch_drop_last,
-                failure_tolerance=get_failure_tolerance(self.batch, tolerance),
+                failure_tolerance=get_failure_tolerance(te.batch, tolerance),
                 worker_config=worker_config,
             )
         else:
             return dataset
-        if self.is_active("encode_batch"):
+        if te.is_active("encode_batch"):
             dataset = MapDataset(
                 dataset,
-                self.encode_batch,
-                stateless_map_fn=get_stateless(self.encode_batch),
-                failure_tolerance=get_failure_tolerance(self.encode_batch, tolerance),
+                te.encode_batch,
+                stateless_map_fn=get_stateless(te.encode_batch),
+                failure_tolerance=get_failure_tolerance(te.encode_batch, tolerance),
                 worker_config=worker_config,
             )
         return dataset
 
     def build_train_datasets(
         self,
+        te: TaskEncoder,
         *,
         datasets: list[Any],
         worker_config: Any,
@@ -280,17 +266,10 @@ class PipelineHooks:
         blend_mode: Any = None,
         repeat: bool = True,
     ) -> Any:
-        from energon.compat.metadataset import DatasetBlendMode
-        from energon.compat.wrappers import (
-            BlendDataset,
-            EpochizeDataset,
-            RepeatDataset,
-            ShuffleBufferDataset,
-        )
 
         blend_mode = blend_mode or DatasetBlendMode.NONE
         loaded = [
-            self._load_dataset(d, offset, worker_config)
+            te._load_dataset(d, offset, worker_config)
             for d, offset in zip(datasets, _rotation_offsets(datasets, worker_config))
         ]
         if blend_mode == DatasetBlendMode.SAMPLE_REPETITIONS:
@@ -322,8 +301,8 @@ class PipelineHooks:
             dataset = ShuffleBufferDataset(
                 dataset, size=shuffle_buffer_size, worker_config=worker_config
             )
-        dataset = self.build_encode_sample(dataset, worker_config=worker_config)
-        dataset = self.build_batch(
+        dataset = te.build_encode_sample(dataset, worker_config=worker_config)
+        dataset = te.build_batch(
             dataset,
             batch_size=batch_size,
             batch_drop_last=batch_drop_last,
@@ -338,6 +317,7 @@ class PipelineHooks:
 
     def build_val_datasets(
         self,
+        te: TaskEncoder,
         *,
         datasets: list[Any],
         worker_config: Any,
@@ -346,17 +326,16 @@ class PipelineHooks:
         packing_buffer_size: int | None = None,
         limit: int | None = None,
     ) -> Any:
-        from energon.compat.wrappers import ConcatDataset, LimitDataset
 
         loaded = [
-            self._load_dataset(d, offset, worker_config)
+            te._load_dataset(d, offset, worker_config)
             for d, offset in zip(datasets, _rotation_offsets(datasets, worker_config))
         ]
         dataset = (
             loaded[0] if len(loaded) == 1 else ConcatDataset(*loaded, worker_config=worker_config)
         )
-        dataset = self.build_encode_sample(dataset, worker_config=worker_config)
-        dataset = self.build_batch(
+        dataset = te.build_encode_sample(dataset, worker_config=worker_config)
+        dataset = te.build_batch(
             dataset,
             batch_size=batch_size,
             batch_drop_last=batch_drop_last,
@@ -380,16 +359,4 @@ def _rotation_offsets(datasets: list[Any], worker_config: Any) -> list[int]:
     return offsets
 
 
-_Ts = (core.T_sample, core.T_encoded_sample, core.T_raw_batch, core.T_batch)
-
-
-class TaskEncoder(PipelineHooks, core.TaskEncoder[_Ts]):  # type: ignore[misc]
-    __doc__ = core.TaskEncoder.__doc__
-
-
-class DefaultTaskEncoder(PipelineHooks, core.DefaultTaskEncoder[_Ts]):  # type: ignore[misc]
-    __doc__ = core.DefaultTaskEncoder.__doc__
-
-
-class AugmentTaskEncoder(PipelineHooks, core.AugmentTaskEncoder[_Ts]):  # type: ignore[misc]
-    __doc__ = core.AugmentTaskEncoder.__doc__
+register_composition(ReferenceComposition())

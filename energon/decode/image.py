@@ -119,7 +119,8 @@ def decode_image(data: bytes | memoryview, mode: ImageMode) -> Any:
     """Decode one encoded image into the container, value type and colour mode of ``mode``."""
     image = open_image(data, mode.pil_mode)
     if mode.container == "pil":
-        return image
+        # a plain Image, as the reference's convert() gives (not the file's PngImageFile, ...)
+        return image if type(image) is Image.Image else image.copy()
     if mode.container == "numpy":
         return _interleaved(image, mode.value_type or "uint8")
     dtype = np.float32 if mode.value_type == "float" else np.uint8

@@ -14,6 +14,7 @@ from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import resolve_dataset
 from energon.pipeline.spec import PipelineSpec, check_blend_streams
 from energon.task_encoder import DefaultTaskEncoder, TaskEncoder
+from energon.task_encoder.composition import composition
 from energon.worker import WorkerConfig
 
 _DECODE_KWARGS = ("auto_decode", "image_decode", "av_decode", "video_decode_audio")
@@ -139,11 +140,8 @@ def _build(
     )
     _check_streams_have_samples(spec)
     _check_blend_streams(spec)
-    compose = getattr(task_encoder, "compose_dataset", None)
-    if compose is not None:  # a task encoder that builds its own pipeline from the spec
-        composed = compose(spec, worker_config)
-        if composed is not None:
-            return composed
+    if task_encoder.composes_pipeline():  # Megatron-Energon's build_* hooks, overridden
+        return composition().compose(task_encoder, spec, worker_config)
     return SavableDataset(spec, worker_config)
 
 

@@ -560,18 +560,13 @@ def _aux_path(value: str, base_dir: str) -> str:
 class TraversedDatasetReference:
     """One leaf of a metadataset split, as Megatron-Energon's ``traverse_metadataset`` gives it:
     where it is, which split part, its aux sources (name -> path) and the subflavors the hierarchy
-    gives it (not those of its own dataset.yaml)."""
+    gives it (not those of its own dataset.yaml). Paths are normalised strings here;
+    ``energon.traverse_metadataset`` (the reference's shape) gives the same objects with ``EPath``s."""
 
     path: Any
     split_part: str
     aux: dict[str, Any]
     subflavors: dict[str, Any]
-
-
-def _path_object(path: str) -> Any:
-    """The path type of the public API (``EPath`` where available, else the string)."""
-    path_type = getattr(epath, "EPath", None)
-    return path_type(path) if path_type is not None else path
 
 
 def traverse_metadataset(path: Any, *, split_part: str) -> list[TraversedDatasetReference]:
@@ -583,8 +578,8 @@ def traverse_metadataset(path: Any, *, split_part: str) -> list[TraversedDataset
     out: list[TraversedDatasetReference] = []
 
     def reference(target: str, split: str, aux: dict[str, str], subflavors: dict) -> None:
-        aux_paths = {name: _path_object(split_aux_reference(v)[1]) for name, v in aux.items()}
-        out.append(TraversedDatasetReference(_path_object(target), split, aux_paths, subflavors))
+        aux_paths = {name: split_aux_reference(v)[1] for name, v in aux.items()}
+        out.append(TraversedDatasetReference(target, split, aux_paths, subflavors))
 
     def walk(node: Any, base_dir: str, split: str, subflavors: dict[str, Any]) -> None:
         if isinstance(node, Blend):

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from energon import debug_log
 from energon.pipeline.keys import Key, as_key, pointer_key
 from energon.pipeline.snapshot import PointerState
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage, StageState, Value
 from energon.plan.mixing import QuotaSchedule, Schedule, WeightedSchedule
-from energon.plan.reader import ReadObserver, SliceReader
+from energon.plan.reader import ReaderProgress, ReadObserver, SliceReader
 from energon.plan.rng import CounterRng, stable_seed
 from energon.plan.sharding import slice_bounds, stream_ranges
 
@@ -58,6 +59,7 @@ class PointerSource(Stage):
         """The stream is about to make its item number ``item`` (see the class docstring)."""
         if self.item_clock:
             self.schedule.begin_item(item)  # type: ignore[union-attr]
+        self._log_later: list[dict] = []  # debug-log records due after the last read's sample
 
     def next(self) -> Item:
         source, index = self._next_pointer()
@@ -68,7 +70,7 @@ class PointerSource(Stage):
         if self.schedule is None:
             while self._current < len(self.readers):
                 try:
-                    return self._current, self.readers[self._current].next()
+                    return self._current, self._read(self._current)
                 except StopIteration:
                     self._current += 1
             raise StopIteration
@@ -78,7 +80,19 @@ class PointerSource(Stage):
             self.schedule.reset()
             self._passes += 1
         source = self.schedule.next()
-        return source, self.readers[source].next()
+        return source, self._read(source)
+
+    def _read(self, source: int) -> int:
+        reader = self.readers[source]
+        if not debug_log.logs(1):
+            return reader.next()
+        for record in self._log_later:  # the end of an epoch, logged after its last sample
+            debug_log.emit(2, lambda r=record: r)
+        before = reader.progress()
+        try:
+            return reader.next()
+        finally:
+            self._log_later = log_reader_events(reader, before, reader.progress())
 
     def state(self) -> PointerState:
         return {
@@ -96,12 +110,85 @@ class PointerSource(Stage):
         for reader, reader_state in zip(self.readers, state["readers"]):
             reader.restore(reader_state)
 
-    def epoch_of(self, source: int) -> int:
-        """The epoch source ``source``'s reader is in (for debug logs)."""
-        return self.readers[source].epoch
+    def epoch_of(self, source: int) -> tuple[int, int]:
+        """The epoch source ``source``'s reader is in, and how far (for debug logs)."""
+        progress = self.readers[source].progress()
+        return progress.epoch, progress.position
 
     def rebuild(self, key: Key) -> Key:
         return key
+
+
+_LOADER = "WebdatasetSampleLoaderDataset"  # the reference's name of a reader, in its debug logs
+
+
+def log_reader_events(
+    reader: SliceReader, before: ReaderProgress, after: ReaderProgress
+) -> list[dict]:
+    """The reference's debug-log records of what one ``reader.next()`` did: the start of an epoch
+    (level 1, and ``RepeatDataset.repeat`` at level 2 when a repeating pass goes on) and each
+    slice it finished (level 2) are logged now; the record of the epoch's end (level 2) is
+    returned, to be logged after the sample handed out, where the reference logs it."""
+    count = reader.yielded
+    if before.started and after.epoch == before.epoch:
+        finished = (after.opened - len(after.open_remaining)) - (
+            before.opened - len(before.open_remaining)
+        )
+        for _ in range(finished):
+            debug_log.emit(2, _exhausted, reader, after, count)
+        if finished and not after.open_remaining and after.opened == reader.num_slices:
+            return [_all_exhausted(after, count)]
+        return []
+    if before.started:
+        debug_log.emit(
+            2, lambda: {"t": "RepeatDataset.repeat", "offset": before.epoch, "repeats": None}
+        )
+    debug_log.emit(1, _iter_record, reader)
+    debug_log.emit(1, _next_epoch_record, reader, after, count - after.position)
+    return []
+
+
+def _iter_record(reader: SliceReader) -> dict:
+    return {
+        "t": f"{_LOADER}.__iter__",
+        "slice_offsets": [int(b) for b in reader.bounds],
+        "parallel_slice_iters": reader.parallel_slices,
+        "shuffle_over_epochs": reader.shuffle_over_epochs,
+    }
+
+
+def _next_epoch_record(reader: SliceReader, progress: ReaderProgress, count: int) -> dict:
+    return {
+        "t": f"{_LOADER}._slices_iter.next_epoch",
+        "pending_slice_indexes": reader.slice_order()[::-1],  # a stack: the last opens first
+        "count": count,
+        "epoch": progress.epoch,
+        "epoch_count": 0,
+        "probs": [0.0] * reader.parallel_slices,
+        "shuffle_over_epochs": reader.shuffle_over_epochs,
+    }
+
+
+def _exhausted(reader: SliceReader, progress: ReaderProgress, count: int) -> dict:
+    return {
+        "t": f"{_LOADER}._slices_iter.exhausted",
+        "remaining": reader.num_slices - progress.opened,
+        "count": count,
+        "epoch": progress.epoch,
+        "epoch_count": progress.position,
+        # one entry per parallel slot, as the reference's slot table
+        "probs": [float(r) for r in progress.open_remaining]
+        + [0.0] * (reader.parallel_slices - len(progress.open_remaining)),
+    }
+
+
+def _all_exhausted(progress: ReaderProgress, count: int) -> dict:
+    return {
+        "t": f"{_LOADER}._slices_iter.all_exhausted",
+        "count": count,
+        "epoch": progress.epoch,
+        "epoch_count": progress.position,
+    }
 
 
 class ShuffleBuffer(Stage):

@@ -47,14 +47,14 @@ class LoadStage(Stage):
         decoder: SampleDecoder | None,
         policy: ErrorPolicy,
         cooks: list[Hook | None] | None = None,
-        epoch_of: Callable[[int], int] | None = None,
+        epoch_of: Callable[[int], tuple[int, int]] | None = None,
     ) -> None:
         self.upstream = upstream
         self.leaves = leaves
         self.decoder = decoder
         self.policy = policy
         self.cooks = cooks or [None] * len(leaves)
-        self.epoch_of = epoch_of  # source -> its reader's epoch (debug logs only)
+        self.epoch_of = epoch_of  # source -> its reader's (epoch, position) (debug logs only)
         self._loaded = 0  # debug logs only
 
     def next(self) -> Item:
@@ -79,13 +79,15 @@ class LoadStage(Stage):
         )
         keys = debug_log.batch_keys(sample)
         source, index = pointer_target(key)
+        epoch, epoch_count = self.epoch_of(source) if self.epoch_of is not None else (None, None)
         return {
             "t": "WebdatasetSampleLoaderDataset._slices_iter.yield",
             "index": index,
             "key": keys[0] if keys else None,
             "shard": sources[0].shard_name if sources else None,
             "count": self._loaded,
-            "epoch": self.epoch_of(source) if self.epoch_of is not None else None,
+            "epoch": epoch,
+            "epoch_count": epoch_count,
         }
 
     def state(self) -> StageState:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Protocol, TypedDict
+from typing import NamedTuple, Protocol, TypedDict
 
 import numpy as np
 
@@ -45,6 +45,16 @@ class ReaderState(TypedDict):
     padded: int  # padding indices handed out in this pass
     yielded: int  # indices handed out so far, all epochs
     started: bool
+
+
+class ReaderProgress(NamedTuple):
+    """Where a reader is in its epoch (a read-only view for debug logs; not part of the state)."""
+
+    epoch: int
+    started: bool
+    opened: int  # slices of the epoch's order opened so far
+    open_remaining: list[int]  # samples left in each open slice
+    position: int  # sample positions of this epoch handed out so far (padding included)
 
 
 class SliceReader:
@@ -104,6 +114,26 @@ class SliceReader:
     @property
     def epoch(self) -> int:
         return self._epoch
+
+    @property
+    def parallel_slices(self) -> int:
+        return self.parallel
+
+    @property
+    def shuffle_over_epochs(self) -> int | None:
+        return self.over_epochs if self.shuffle else None
+
+    def slice_order(self) -> list[int]:
+        """The current epoch's slice order."""
+        return [int(s) for s in self._slice_order()]
+
+    def progress(self) -> ReaderProgress:
+        remaining = [self._ends[i] - c for i, c in self._active]
+        opened = self._slice_order()[: self._pos] if self._started else []
+        sizes = sum(int(self.bounds[s + 1] - self.bounds[s]) for s in opened)
+        return ReaderProgress(
+            self._epoch, self._started, self._pos, remaining, sizes - sum(remaining) + self._padded
+        )
 
     def state(self) -> ReaderState:
         return {

@@ -198,24 +198,15 @@ def generic_batch(batch: Sequence[Any]) -> Any:
     return _collate_by_structure(batch, generic_batch, batch_list)
 
 
-def _concat_leaves(values: list[Any]) -> Any:
-    """Lists and tuples are joined end to end (they already are per-sample columns); other
-    values are kept as a list."""
-    if all(isinstance(v, list) for v in values):
-        return [x for v in values for x in v]
-    if all(isinstance(v, tuple) for v in values):
-        return tuple(x for v in values for x in v)
-    return values
-
-
 def generic_concat(batch: Sequence[Any]) -> Any:
-    """Join already-batched values: tensors with ``concat_pad``, lists/tuples end to end,
-    dicts, dataclasses and namedtuples field by field."""
+    """Join already-batched values: tensors with ``concat_pad``, dicts, dataclasses and
+    namedtuples field by field, anything else (lists and tuples included) as the list of the
+    batches' values, as Megatron-Energon joins them (a list column becomes a list of lists)."""
     if not batch:
         return []
     if isinstance(batch[0], torch.Tensor):
         return concat_pad(batch)
-    return _collate_by_structure(batch, generic_concat, _concat_leaves)
+    return _collate_by_structure(batch, generic_concat, list)
 
 
 def homogeneous_concat_mix(samples: Sequence[Any]) -> Any:

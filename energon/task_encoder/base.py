@@ -20,6 +20,7 @@ from energon.errors import SkipSample
 from energon.plan.rng import stable_seed
 from energon.samples import Sample
 from energon.samples.collate import generic_batch
+from energon.task_encoder.composition import BUILD_HOOKS, composition
 
 T_sample = TypeVar("T_sample")
 T_encoded_sample = TypeVar("T_encoded_sample")
@@ -211,6 +212,117 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
         if hook_context.batch_index is None:
             raise RuntimeError("current_batch_index is only available inside a loader hook")
         return hook_context.batch_index
+
+    @property
+    def cache(self) -> Any:
+        """The loader's cache pool (``get_loader(..., cache_pool=...)``), inside loader hooks."""
+        if hook_context.cache_pool is None:
+            raise RuntimeError(
+                "no cache pool: pass cache_pool=... to get_loader / get_savable_loader"
+            )
+        return hook_context.cache_pool
+
+    # -- Megatron-Energon's pipeline hooks (see energon.task_encoder.composition) -----------------
+    # Overriding any of them replaces energon's pipeline by the composition they describe; the
+    # default bodies are the reference's and come from the registered composition.
+
+    def composes_pipeline(self) -> bool:
+        """True when a ``build_*`` hook (or ``_load_dataset``) is overridden."""
+        return any(getattr(type(self), h) is not getattr(TaskEncoder, h) for h in BUILD_HOOKS)
+
+    def build_train_datasets(
+        self,
+        *,
+        datasets: list[Any],
+        worker_config: Any,
+        batch_size: int | None,
+        batch_drop_last: bool = False,
+        packing_buffer_size: int | None = None,
+        virtual_epoch_length: int = 0,
+        shuffle_buffer_size: int | None = None,
+        blend_mode: Any = None,
+        repeat: bool = True,
+    ) -> Any:
+        """The training dataset composed of ``datasets`` (``LoadedDataset``s of the metadataset)."""
+        return composition().build_train_datasets(
+            self,
+            datasets=datasets,
+            worker_config=worker_config,
+            batch_size=batch_size,
+            batch_drop_last=batch_drop_last,
+            packing_buffer_size=packing_buffer_size,
+            virtual_epoch_length=virtual_epoch_length,
+            shuffle_buffer_size=shuffle_buffer_size,
+            blend_mode=blend_mode,
+            repeat=repeat,
+        )
+
+    def build_val_datasets(
+        self,
+        *,
+        datasets: list[Any],
+        worker_config: Any,
+        batch_size: int,
+        batch_drop_last: bool = False,
+        packing_buffer_size: int | None = None,
+        limit: int | None = None,
+    ) -> Any:
+        """The validation dataset composed of ``datasets``."""
+        return composition().build_val_datasets(
+            self,
+            datasets=datasets,
+            worker_config=worker_config,
+            batch_size=batch_size,
+            batch_drop_last=batch_drop_last,
+            packing_buffer_size=packing_buffer_size,
+            limit=limit,
+        )
+
+    def build_batch(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int | None,
+        batch_drop_last: bool = False,
+        packing_buffer_size: int | None = None,
+        worker_config: Any,
+    ) -> Any:
+        """Packing, grouping, batching and ``encode_batch`` over ``dataset``."""
+        return composition().build_batch(
+            self,
+            dataset,
+            batch_size=batch_size,
+            batch_drop_last=batch_drop_last,
+            packing_buffer_size=packing_buffer_size,
+            worker_config=worker_config,
+        )
+
+    def build_encode_sample(self, dataset: Any, *, worker_config: Any) -> Any:
+        """``encode_sample`` (or ``preencode_sample``) over ``dataset``."""
+        return composition().build_encode_sample(self, dataset, worker_config=worker_config)
+
+    def build_cook_crude_sample(
+        self,
+        dataset: Any,
+        *,
+        worker_config: Any,
+        subflavors: dict[str, Any],
+        get_primary_aux: Callable[[], Any],
+        aux: dict[str, Any] | None = None,
+    ) -> Any:
+        """The cooker selected by ``subflavors`` over a crude ``dataset``."""
+        return composition().build_cook_crude_sample(
+            self,
+            dataset,
+            worker_config=worker_config,
+            subflavors=subflavors,
+            get_primary_aux=get_primary_aux,
+            aux=aux,
+        )
+
+    def _load_dataset(self, dataset: Any, worker_rotation_offset: int, worker_config: Any) -> Any:
+        """One ``LoadedDataset``'s samples (cooked when it is crude)."""
+        return composition().load_dataset(self, dataset, worker_rotation_offset, worker_config)
 
     def is_active(self, hook: str) -> bool:
         """True when ``hook`` is overridden relative to ``TaskEncoder``."""

@@ -1,5 +1,6 @@
 """Programs written against Megatron-Energon's public API (no energon names), run unchanged by the
-reference in its side venv and by energon through ``import energon.megatron_alias``.
+reference in its side venv and by energon through ``import energon.megatron_alias``. This module
+holds the registry and the first programs; ``THEMES`` name the modules holding the others.
 
 Each program is the body of a function ``run(data) -> JSON-able result``; ``data`` holds the paths
 of the shared datasets. ``COMPARE`` says how the two results must relate: ``"equal"`` (the
@@ -22,6 +23,15 @@ def keys(batch):
 
 PROGRAMS: dict[str, str] = {}
 COMPARE: dict[str, str] = {}
+THEMES = ("programs_datasets", "programs_encoders", "programs_loaders", "programs_tools")
+
+
+def load_all() -> None:
+    """Register the programs of every theme module (each registers on import)."""
+    import importlib
+
+    for theme in THEMES:
+        importlib.import_module(f"tests.compat.{theme}")
 
 
 def program(name: str, compare: str = "equal"):

@@ -19,7 +19,7 @@ from PIL import Image
 
 from energon.cli.main import cli
 from tests.helpers.datasets import make_text_dataset
-from tests.helpers.ref_venv import OUR_PYTHON, ref_cli, reference, run_script  # noqa: F401
+from tests.helpers.ref_venv import OUR_PYTHON, ref_cli, run_script
 
 pytestmark = pytest.mark.compat
 
@@ -30,8 +30,8 @@ def text50(tmp_path_factory):
     return make_text_dataset(tmp_path_factory.mktemp("text50"), num_samples=50, num_shards=2)
 
 
-def both(reference, script: str, *args: str) -> tuple[str, str]:  # noqa: F811
-    return run_script(reference, script, *args), run_script(OUR_PYTHON, script, *args)
+def both(ref_python, script: str, *args: str) -> tuple[str, str]:
+    return run_script(ref_python, script, *args), run_script(OUR_PYTHON, script, *args)
 
 
 # ---- restore_sample re-creates the indices the hooks saw -----------------------------------
@@ -92,10 +92,10 @@ print(json.dumps({"yielded": [row(b) for b in batches], "restored": [row(b) for 
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_restore_sample_recreates_sample_and_batch_indices(reference, text50, num_workers):  # noqa: F811
+def test_restore_sample_recreates_sample_and_batch_indices(ref_python, text50, num_workers):
     theirs, ours = (
         json.loads(out.splitlines()[-1])
-        for out in both(reference, RESTORE_SCRIPT, str(text50), str(num_workers))
+        for out in both(ref_python, RESTORE_SCRIPT, str(text50), str(num_workers))
     )
     for result in (theirs, ours):
         assert result["restored"] == result["yielded"]
@@ -121,8 +121,8 @@ print(json.dumps(out))
 """
 
 
-def test_loader_and_wrapper_parameters_are_the_references(reference):  # noqa: F811
-    theirs, ours = (json.loads(out.splitlines()[-1]) for out in both(reference, SIGNATURE_SCRIPT))
+def test_loader_and_wrapper_parameters_are_the_references(ref_python):
+    theirs, ours = (json.loads(out.splitlines()[-1]) for out in both(ref_python, SIGNATURE_SCRIPT))
     assert ours == theirs
 
 
@@ -222,9 +222,9 @@ print(json.dumps({"id_steps": [j - ids[0] for j in ids], "list": isinstance(stat
 """
 
 
-def test_save_state_restore_state_ids_and_worker_check(reference, text50):  # noqa: F811
+def test_save_state_restore_state_ids_and_worker_check(ref_python, text50):
     theirs, ours = (
-        json.loads(out.splitlines()[-1]) for out in both(reference, STATE_API_SCRIPT, str(text50))
+        json.loads(out.splitlines()[-1]) for out in both(ref_python, STATE_API_SCRIPT, str(text50))
     )
     assert ours == theirs
     assert ours == {
@@ -270,8 +270,8 @@ def _records(folder) -> dict[str, list[dict]]:
     }
 
 
-def test_debug_logs_have_the_references_files_and_records(reference, text50, tmp_path):  # noqa: F811
-    _write_logs(reference, text50, tmp_path / "theirs")
+def test_debug_logs_have_the_references_files_and_records(ref_python, text50, tmp_path):
+    _write_logs(ref_python, text50, tmp_path / "theirs")
     _write_logs(OUR_PYTHON, text50, tmp_path / "ours")
     theirs, ours = _records(tmp_path / "theirs"), _records(tmp_path / "ours")
     # rank r's main process writes file r * (num_workers + 1), its workers the next ones
@@ -281,11 +281,19 @@ def test_debug_logs_have_the_references_files_and_records(reference, text50, tmp
         return {r["t"]: set(r) for records in files.values() for r in records}
 
     mine, ref = shapes(ours), shapes(theirs)
-    assert set(mine) <= set(ref)  # only events the reference writes too
+    # only events the reference writes too (these three only once a slice or epoch ends)
+    ends = {
+        f"WebdatasetSampleLoaderDataset._slices_iter.{e}" for e in ("exhausted", "all_exhausted")
+    }
+    assert set(mine) <= set(ref) | ends | {"RepeatDataset.repeat"}
     for event, fields in mine.items():
+        if event not in ref:
+            continue
         # the pass boundaries are the loader's here (one per rank, not one per worker)
         missing = ref[event] - fields
-        assert missing <= {"epoch_count", "local_length"}, (event, missing)
+        assert missing <= {"local_length"}, (event, missing)
+    for event in ("__iter__", "_slices_iter.next_epoch", "_slices_iter.yield"):
+        assert f"WebdatasetSampleLoaderDataset.{event}" in mine
     for name in ("0.jsonl", "3.jsonl"):  # the loader's records in the main processes
         events = [r["t"] for r in ours[name]]
         assert events[0] == "SavableLoader.__init__"
@@ -306,16 +314,42 @@ def test_debug_logs_have_the_references_files_and_records(reference, text50, tmp
         assert {k for keys in handed for k in keys} <= set(read)
 
 
+VAL_LOG_SCRIPT = """
+import sys
+# energon: alias
+from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+wc = WorkerConfig(rank=0, world_size=1, num_workers=1, worker_debug_path=sys.argv[2] + "/{worker_id}.jsonl",
+                  worker_log_level=2)
+for batch in get_loader(get_val_dataset(sys.argv[1], split_part="train", batch_size=4, worker_config=wc)):
+    pass
+"""
+
+
+def test_debug_log_of_a_validation_pass_is_the_references(ref_python, text50, tmp_path):
+    """One worker, one pass: the same reader records (epoch start, every sample with its
+    epoch_count, each exhausted slice, the end of the epoch) and batches, in the same order."""
+    for who, python in (("theirs", ref_python), ("ours", OUR_PYTHON)):
+        run_script(python, VAL_LOG_SCRIPT, str(text50), str(tmp_path / who))
+    theirs, ours = _records(tmp_path / "theirs")["1.jsonl"], _records(tmp_path / "ours")["1.jsonl"]
+    events = [r["t"] for r in ours]
+    assert events.count("WebdatasetSampleLoaderDataset._slices_iter.exhausted") == 2  # 2 shards
+    assert events[-2:] == [
+        "WebdatasetSampleLoaderDataset._slices_iter.all_exhausted",
+        "yield_batch",
+    ]
+    assert ours == theirs
+
+
 def _pixels(path):
     return np.asarray(Image.open(path).convert("RGB"))
 
 
-def test_analyze_debug_draws_the_references_picture(reference, text50, tmp_path):  # noqa: F811
+def test_analyze_debug_draws_the_references_picture(ref_python, text50, tmp_path):
     """Both tools render the reference's logs into the same image (pixel for pixel)."""
     logs = tmp_path / "logs"
-    _write_logs(reference, text50, logs, steps=24, level=1, one_process=False)
+    _write_logs(ref_python, text50, logs, steps=24, level=1, one_process=False)
     ref_out = ref_cli(
-        reference, "analyze-debug", str(logs), "--heatmap-path", str(tmp_path / "r.png")
+        ref_python, "analyze-debug", str(logs), "--heatmap-path", str(tmp_path / "r.png")
     )
     result = CliRunner().invoke(
         cli,
@@ -445,12 +479,12 @@ def _load_texts(root, **env):
     return sorted([s.__key__, s.text] for s in get_loader(ds))
 
 
-def test_pickled_parts_need_one_switch(reference, pickled_dataset, tmp_path, monkeypatch):  # noqa: F811
+def test_pickled_parts_need_one_switch(ref_python, pickled_dataset, tmp_path, monkeypatch):
     from energon.errors import SampleException
 
     expected = [[f"{i:03d}", f"text {i}"] for i in range(6)]
     # the reference unpickles by default
-    assert json.loads(run_script(reference, PICKLE_SCRIPT, str(pickled_dataset))) == expected
+    assert json.loads(run_script(ref_python, PICKLE_SCRIPT, str(pickled_dataset))) == expected
     # energon refuses, and says exactly how to allow it
     monkeypatch.delenv("ENERGON_ALLOW_PICKLE", raising=False)
     with pytest.raises(SampleException) as refused:
@@ -521,13 +555,14 @@ TRAVERSE_SCRIPT = """
 import json, sys
 # energon: alias
 from megatron.energon import traverse_metadataset
-out = [[type(r).__name__, str(r.path), r.split_part, {k: str(v) for k, v in r.aux.items()}, r.subflavors]
+out = [[type(r).__name__, str(r.path), r.split_part, {k: str(v) for k, v in r.aux.items()}, r.subflavors,
+        sorted({type(p).__name__ for p in [r.path, *r.aux.values()]}), (r.path / "x").name]
        for r in traverse_metadataset(sys.argv[1], split_part="train")]
 print(json.dumps(out))
 """
 
 
-def test_traverse_metadataset_gives_the_references_objects(reference, tmp_path, monkeypatch):  # noqa: F811
+def test_traverse_metadataset_gives_the_references_objects(ref_python, tmp_path, monkeypatch):
     # the reference's path objects look msc profiles up: a POSIX profile named "profile"
     config = {
         "profiles": {
@@ -542,10 +577,11 @@ def test_traverse_metadataset_gives_the_references_objects(reference, tmp_path, 
     (tmp_path / "nested.yaml").write_text(NESTED_YAML)  # the datasets need not exist
     theirs, ours = (
         json.loads(out.splitlines()[-1])
-        for out in both(reference, TRAVERSE_SCRIPT, str(tmp_path / "m.yaml"))
+        for out in both(ref_python, TRAVERSE_SCRIPT, str(tmp_path / "m.yaml"))
     )
     assert ours == theirs
     assert [r[0] for r in ours] == ["TraversedDatasetReference"] * 3
+    assert [r[5:] for r in ours] == [[["EPath"], "x"]] * 3
     assert ours[0][3] == {
         "img": str(tmp_path / "files"),
         "remote_img": "msc://profile/some/folder",
@@ -575,13 +611,13 @@ print(json.dumps([decoder.get_metadata().video_num_frames,
 """
 
 
-def test_avi_frame_count_is_the_references(reference, tmp_path):  # noqa: F811
+def test_avi_frame_count_is_the_references(ref_python, tmp_path):
     from tests.helpers.avi import avi_with_a_dropped_frame
 
     path = tmp_path / "dropped.avi"
     path.write_bytes(avi_with_a_dropped_frame(20))  # the header says 21
     theirs, ours = (
-        json.loads(out.splitlines()[-1]) for out in both(reference, AVI_SCRIPT, str(path))
+        json.loads(out.splitlines()[-1]) for out in both(ref_python, AVI_SCRIPT, str(path))
     )
     assert ours == theirs == [20, 20]
 
@@ -604,16 +640,16 @@ for rank in range(2):  # 2 x 2 workers: the reference re-splits whole workers ov
 """
 
 
-def test_checkpoint_redist_names_and_format_match_the_reference(reference, text50, tmp_path):  # noqa: F811
+def test_checkpoint_redist_names_and_format_match_the_reference(ref_python, text50, tmp_path):
     import zipfile
 
-    for who, python in (("theirs", reference), ("ours", OUR_PYTHON)):
+    for who, python in (("theirs", ref_python), ("ours", OUR_PYTHON)):
         (tmp_path / who).mkdir()
         run_script(python, REDIST_STATES_SCRIPT, str(text50), str(tmp_path / who))
     inputs = {who: sorted(str(p) for p in (tmp_path / who).iterdir()) for who in ("theirs", "ours")}
     (tmp_path / "out_theirs").mkdir()  # the reference needs the folder to exist
     ref_cli(
-        reference,
+        ref_python,
         "checkpoint",
         "redist",
         *inputs["theirs"],

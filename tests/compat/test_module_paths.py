@@ -13,9 +13,6 @@ import pytest
 from energon.compat.modules import REFERENCE_MODULES, energon_module_for
 from tests.helpers.paths import REPO_ROOT
 
-# Built on another branch (compat-behaviour); mapped here so it resolves once that lands.
-ELSEWHERE = {"tools.analyze_debug": "energon.cli.analyze_debug"}
-
 # What the issue names explicitly, each with one object that must be importable from it.
 REQUIRED = {
     "epathlib": ["EPath", "DEFAULT_PROFILE_NAME"],
@@ -52,7 +49,12 @@ REQUIRED = {
     "tools.lint": ["command"],
     "tools.preview": ["command"],
     "tools.checkpoint": ["command"],
+    "tools.analyze_debug": ["command"],
     "cli.main": ["main"],
+    "transforms": ["MergeTransform", "CustomTransform", "TransformMapper"],
+    "transforms.mappers": ["ResizeMapper", "RandomPerspectiveMapper"],
+    "transforms.custom": ["CustomTransform"],
+    "transforms.merge": ["MergeTransform"],
 }
 
 CHECK = r"""
@@ -94,16 +96,9 @@ def test_required_paths_are_mapped():
     assert set(REQUIRED) <= set(REFERENCE_MODULES)
 
 
-@pytest.mark.parametrize("suffix", sorted(set(REFERENCE_MODULES) - set(ELSEWHERE)))
+@pytest.mark.parametrize("suffix", sorted(REFERENCE_MODULES))
 def test_module_path_resolves_to_one_energon_module(resolved, suffix):
     assert resolved[suffix] == "ok"
-
-
-@pytest.mark.parametrize("suffix", sorted(ELSEWHERE))
-def test_module_built_on_another_branch_is_mapped(resolved, suffix):
-    assert REFERENCE_MODULES[suffix] == ELSEWHERE[suffix]
-    outcome = resolved[suffix]
-    assert outcome == "ok" or outcome.startswith("ModuleNotFoundError"), outcome
 
 
 def test_unmapped_paths_are_not_found():

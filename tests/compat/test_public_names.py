@@ -13,7 +13,6 @@ import sys
 import pytest
 
 import energon
-from tests.compat.test_reference import ref_python  # noqa: F401 - the side-venv fixture
 from tests.helpers.paths import REPO_ROOT
 
 pytestmark = pytest.mark.compat
@@ -42,17 +41,11 @@ INTENTIONAL = {
     "log_exception": "the exception parameter is named 'exc' (handlers are called positionally)",
     "reraise_exception": "the exception parameter is named 'exc' (handlers are called positionally)",
     "SourceInfo": "fields are not keyword-only (positional construction also works)",
-    "traverse_metadataset": "returns the reference's objects on branch compat-behaviour",
-    "get_loader": "the reference's named parameters come with branch compat-behaviour "
-    "(strict keywords); they are accepted through **kwargs here",
-    "get_savable_loader": "as get_loader",
-    "SavableDataLoader": "as get_loader",
-    "get_val_datasets": "as get_loader",
 }
 
 
 @pytest.fixture(scope="module")
-def reference_names(ref_python) -> dict:  # noqa: F811
+def reference_names(ref_python) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
         [ref_python, "-c", DUMP], capture_output=True, text=True, timeout=600, env=env, cwd="/"

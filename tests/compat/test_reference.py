@@ -11,7 +11,6 @@ Set ENERGON_SKIP_COMPAT=1 to skip on purpose.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -34,43 +33,7 @@ from tests.helpers.tarfiles import png_bytes, write_tar
 
 pytestmark = pytest.mark.compat
 
-REF_VENV = REPO_ROOT / ".cache" / "ref-venv"
-REF_READY = REF_VENV / ".energon-ref-ready"
-REF_PYTHON = REF_VENV / "bin" / "python"
 REF_CLI = "from megatron.energon.cli.main import main; main()"
-
-
-def _create_reference_venv() -> str | None:
-    """Create the side venv; returns a reason string on failure."""
-    steps = [
-        [sys.executable, "-m", "venv", "--clear", str(REF_VENV)],
-        # CPU torch first, so that megatron-energon does not pull CUDA wheels
-        [str(REF_PYTHON), "-m", "pip", "install", "-q", "torch==2.13.0"],
-        [str(REF_PYTHON), "-m", "pip", "install", "-q", "megatron-energon>=7,<8"],
-        # PyAV: the reference's av.* modules (AVProbeIndex, AVDecoder) import it
-        [str(REF_PYTHON), "-m", "pip", "install", "-q", "av>=12"],
-    ]
-    for step in steps:
-        proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            return f"{' '.join(step[:4])} failed: {proc.stderr.strip()[-500:]}"
-    REF_READY.write_text("ok\n")
-    return None
-
-
-@pytest.fixture(scope="session")
-def ref_python() -> str:
-    if os.environ.get("ENERGON_SKIP_COMPAT"):
-        pytest.skip("ENERGON_SKIP_COMPAT is set")
-    REF_VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(REF_VENV.parent / "ref-venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers: only one creates the venv
-        if not REF_READY.is_file():
-            reason = _create_reference_venv()
-            if reason is not None:
-                print(f"skipping reference compatibility tests: {reason}")
-                pytest.skip(f"cannot create the reference venv: {reason}")
-    return str(REF_PYTHON)
 
 
 def _run_ref(

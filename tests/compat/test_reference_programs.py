@@ -14,88 +14,21 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-import yaml
 
-from energon.format.prepare import prepare_dataset
-from tests.compat.programs import COMPARE, PRELUDE, PROGRAMS
-from tests.compat.test_reference import ref_python  # noqa: F401 - the side-venv fixture
+from tests.compat import program_data
+from tests.compat.programs import COMPARE, PRELUDE, PROGRAMS, load_all
 from tests.helpers.paths import REPO_ROOT
-from tests.helpers.tarfiles import write_tar
+
+load_all()
 
 pytestmark = pytest.mark.compat
 
 
-def _text_dataset(
-    root: Path, prefix: str, count: int, per_shard: int, split, yaml_text: str
-) -> str:
-    for shard, first in enumerate(range(0, count, per_shard)):
-        members = [
-            (f"{prefix}{i:03d}.txt", f"{prefix}-text-{i}".encode())
-            for i in range(first, min(count, first + per_shard))
-        ]
-        write_tar(root / "parts" / f"data-{shard}.tar", members)
-    prepare_dataset(root, split_parts_ratio=split, progress=False, num_workers=1)
-    (root / ".nv-meta" / "dataset.yaml").write_text(yaml_text)
-    return str(root)
-
-
-def _text_yaml(src: str) -> str:
-    return yaml.safe_dump(
-        {
-            "sample_type": {"__module__": "megatron.energon", "__class__": "TextSample"},
-            "field_map": {"text": "txt"},
-            "subflavors": {"src": src},
-        }
-    )
-
-
-CRUDE_YAML = yaml.safe_dump(
-    {"__module__": "megatron.energon", "__class__": "CrudeWebdataset", "subflavors": {"c": 1}}
-)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("programs")
-    out = {
-        "a": _text_dataset(
-            root / "a", "a", 55, 20, [("train", 0.67), ("val", 0.33)], _text_yaml("a")
-        ),
-        "b": _text_dataset(root / "b", "b", 30, 10, [("train", 1.0)], _text_yaml("b")),
-        "crude": _text_dataset(root / "crude", "b", 12, 6, [("train", 1.0)], CRUDE_YAML),
-    }
-    mds = root / "mds.yaml"
-    mds.write_text(
-        yaml.safe_dump(
-            {
-                "__module__": "megatron.energon",
-                "__class__": "MetadatasetV2",
-                "splits": {
-                    "train": {"blend": [{"path": "a", "weight": 1}, {"path": "b", "weight": 4}]}
-                },
-            }
-        )
-    )
-    out["mds"] = str(mds)
-    crude_mds = root / "crude_mds.yaml"
-    crude_mds.write_text(
-        yaml.safe_dump(
-            {
-                "__module__": "megatron.energon",
-                "__class__": "MetadatasetV2",
-                "splits": {"train": {"path": "crude", "aux": {"other": "b"}}},
-            }
-        )
-    )
-    out["crude_mds"] = str(crude_mds)
-    files = root / "files"
-    files.mkdir()
-    (files / "hello.txt").write_text("hello")
-    out["files"] = str(files)
-    return out
+    return program_data.build(tmp_path_factory.mktemp("programs"))
 
 
 def _script(alias: bool) -> str:
@@ -141,7 +74,7 @@ def _run(python: str, data: dict[str, str], alias: bool, side: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def results(data, ref_python):  # noqa: F811
+def results(data, ref_python):
     return {
         "ref": _run(ref_python, data, alias=False, side="ref"),
         "ours": _run(sys.executable, data, alias=True, side="ours"),
@@ -166,6 +99,14 @@ def _check(kind: str, ref: object, ours: object) -> None:
             assert ours[key] == ref[key], key
         assert ours["pure"] and ours["n"] == 40
         assert abs(_share(ours) - 0.2) < 0.12 and abs(_share(ref) - 0.2) < 0.12
+    elif kind == "blend_ratio_v1":  # weights 1:1, and the same validation samples
+        assert ours["val"] == ref["val"]
+        assert abs(_share(ref) - 0.5) < 0.07 and abs(_share(ours) - 0.5) < 0.07
+    elif kind == "nested_blend":  # b2: 1/2, the nested blend 1/2 (a 1/10, b 4/10)
+        assert ours["nested"] and ref["nested"]
+        for side in (ref, ours):
+            total = side["a"] + side["b"] + side["b2"]
+            assert abs(side["b2"] / total - 0.5) < 0.06 and abs(side["a"] / total - 0.1) < 0.04
     else:
         raise AssertionError(f"unknown comparison {kind}")
 

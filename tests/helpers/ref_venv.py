@@ -1,13 +1,14 @@
-"""Running the same script on the reference (megatron-energon 7.x in ``.cache/ref-venv``) and on
-energon (through ``import energon.megatron_alias``), as black boxes, for side-by-side tests.
+"""The reference (megatron-energon 7.x in ``.cache/ref-venv``), run as a black box beside energon
+(through ``import energon.megatron_alias``) for side-by-side tests.
 
-The venv is the one ``tests/compat/test_reference.py`` creates (same path, same lock, same steps);
-tests are skipped with the reason only when it cannot be created. Not a test module itself.
+The one place that creates the side venv: on first use, under a file lock (pytest-xdist workers
+share it), with the machine's CPU torch first so that megatron-energon pulls no CUDA wheels.
+Tests are skipped, with the reason printed, only when it cannot be created (e.g. without network
+access); ENERGON_SKIP_COMPAT=1 skips them on purpose. Not a test module itself.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import sys
 import pytest
 
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.side_venv import ensure_venv
 
 REF_VENV = REPO_ROOT / ".cache" / "ref-venv"
 REF_READY = REF_VENV / ".energon-ref-ready"
@@ -23,34 +25,24 @@ OUR_PYTHON = sys.executable
 # a script starts with this line; for energon it becomes the alias import
 ALIAS_LINE = "# energon: alias"
 
-
-def _create() -> str | None:
-    steps = [
-        [sys.executable, "-m", "venv", "--clear", str(REF_VENV)],
-        # CPU torch first, so that megatron-energon does not pull CUDA wheels
-        [str(REF_PYTHON), "-m", "pip", "install", "-q", "torch==2.13.0"],
-        [str(REF_PYTHON), "-m", "pip", "install", "-q", "megatron-energon>=7,<8"],
-    ]
-    for step in steps:
-        proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            return f"{' '.join(step[:4])} failed: {proc.stderr.strip()[-500:]}"
-    REF_READY.write_text("ok\n")
-    return None
+REF_PIP_STEPS: tuple[tuple[str, ...], ...] = (
+    # CPU torch first, so that megatron-energon does not pull CUDA wheels
+    ("torch==2.13.0",),
+    ("megatron-energon>=7,<8",),
+    # PyAV: the reference's av.* modules (AVProbeIndex, AVDecoder) import it
+    ("av>=12",),
+)
 
 
 @pytest.fixture(scope="session")
-def reference() -> str:
+def ref_python() -> str:
     """The reference venv's python (created on first use)."""
     if os.environ.get("ENERGON_SKIP_COMPAT"):
         pytest.skip("ENERGON_SKIP_COMPAT is set")
-    REF_VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(REF_VENV.parent / "ref-venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not REF_READY.is_file():
-            reason = _create()
-            if reason is not None:
-                pytest.skip(f"cannot create the reference venv: {reason}")
+    reason = ensure_venv(REF_VENV, REF_PIP_STEPS, REF_READY)
+    if reason is not None:
+        print(f"skipping reference compatibility tests: {reason}")
+        pytest.skip(f"cannot create the reference venv: {reason}")
     return str(REF_PYTHON)
 
 

@@ -144,13 +144,16 @@ def test_generic_concat_joins_batches_field_by_field():
     first = {"t": torch.ones(2, 2), "keys": ["a", "b"], "rk": ("x",)}
     second = {"t": torch.zeros(1, 3), "keys": ["c"], "rk": ("y",)}
     out = generic_concat([first, second])
-    assert out["t"].shape == (3, 3) and out["keys"] == ["a", "b", "c"] and out["rk"] == ("x", "y")
+    # tensors are concatenated; other columns become the list of the batches' values, as
+    # Megatron-Energon's generic_concat gives them
+    assert out["t"].shape == (3, 3)
+    assert out["keys"] == [["a", "b"], ["c"]] and out["rk"] == [("x",), ("y",)]
 
 
 def test_homogeneous_concat_mix_requires_one_type():
     a = Plain(values=torch.ones(1, 2), label=[1])  # type: ignore[arg-type]
     mixed = homogeneous_concat_mix([a, a])
-    assert isinstance(mixed, Plain) and mixed.values.shape == (2, 2) and mixed.label == [1, 1]
+    assert isinstance(mixed, Plain) and mixed.values.shape == (2, 2) and mixed.label == [[1], [1]]
     with pytest.raises(TypeError, match="one type"):
         homogeneous_concat_mix([a, {"values": torch.ones(1)}])
 
