@@ -54,12 +54,12 @@ class PointerSource(Stage):
         self._current = 0
         self._passes = 0
         self.item_clock = bool(getattr(schedule, "changes", None))
+        self._log_later: list[dict] = []  # debug-log records due after the last read's sample
 
     def begin_item(self, item: int) -> None:
         """The stream is about to make its item number ``item`` (see the class docstring)."""
         if self.item_clock:
             self.schedule.begin_item(item)  # type: ignore[union-attr]
-        self._log_later: list[dict] = []  # debug-log records due after the last read's sample
 
     def next(self) -> Item:
         source, index = self._next_pointer()
