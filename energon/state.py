@@ -20,6 +20,7 @@ from energon.errors import StateError
 from energon.pipeline import snapshot
 from energon.pipeline.keys import retag_legacy_pointers
 from energon.pipeline.snapshot import StreamSnapshot
+from energon.plan.edits import edits_from_json
 
 STATE_FORMAT = "energon-loader-state"
 # 2: pointer keys name their leaf's kind ("webdataset", "jsonl", ...); 1 tagged all "Webdataset"
@@ -54,7 +55,11 @@ def make_rank_state(
     streams: dict[int, StreamSnapshot],
     micro_batch_size: int | None,
     version: int = STATE_VERSION,
+    edits: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A rank's state; ``edits`` (cursor edits as JSON, :mod:`energon.plan.edits`) only when the
+    state was edited (skip, exclude, migrate), so unedited states look as they always did."""
+    extra = {"edits": edits} if edits is not None else {}
     return {
         "format": STATE_FORMAT,
         "version": version,
@@ -68,6 +73,7 @@ def make_rank_state(
         "pass_offset": pass_offset,
         "micro_batch_size": micro_batch_size,
         "streams": [[s, streams[s]] for s in sorted(streams)],
+        **extra,
     }
 
 
@@ -95,6 +101,7 @@ def check_state_shape(state: Any) -> dict[str, Any]:
     for entry in state["streams"]:
         if not (isinstance(entry, list | tuple) and len(entry) == 2 and isinstance(entry[1], dict)):
             raise StateError("loader state field 'streams' is damaged")
+    edits_from_json(state.get("edits"))  # raises StateError saying what is wrong
     return state
 
 
@@ -174,6 +181,10 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
         for field in ("fingerprint_digest", "num_streams", "world_size", "version"):
             if st[field] != first[field]:
                 raise StateError(f"states disagree on {field}: {first[field]!r} vs {st[field]!r}")
+        if st.get("edits") != first.get("edits"):
+            raise StateError(
+                "states disagree on their cursor edits (edit all ranks' states together)"
+            )
     ranks = sorted(st["rank"] for st in states)
     if ranks != list(range(first["world_size"])):
         raise StateError(f"need one state per rank 0..{first['world_size'] - 1}, got ranks {ranks}")
@@ -196,6 +207,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
                 streams=merged,
                 micro_batch_size=first.get("micro_batch_size"),
                 version=first["version"],
+                edits=first.get("edits"),
             )
         )
     return out

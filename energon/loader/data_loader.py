@@ -22,6 +22,7 @@ import torch.utils.data
 
 from energon import debug_log
 from energon.errors import SkipSample, StateError
+from energon.ledger.journal import JournalWriter, sources_digest
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
 from energon.pipeline import snapshot
@@ -29,6 +30,7 @@ from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, as_key, attach_restore_key, parse_stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.stage import Value
+from energon.plan.edits import PlanEdits, edits_from_json
 from energon.state import (
     check_compatible,
     check_state_shape,
@@ -87,6 +89,7 @@ class Loader:
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
+        journal: str | None = None,
     ) -> None:
         if not isinstance(dataset, SavableDataset):
             raise TypeError("the loader needs a dataset from get_train_dataset / get_val_dataset")
@@ -110,6 +113,9 @@ class Loader:
         self._snapshots: dict[int, StreamSnapshot] = {}
         self._source: Iterator[tuple[Value, ItemMeta]] | None = None
         self._arena: BatchArena | None = None
+        self.journal_dir = journal
+        self._journal: JournalWriter | None = None
+        dataset.journal_keys = journal is not None
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
 
@@ -165,6 +171,8 @@ class Loader:
                 self._finish_pass()
                 return
             self._record(meta)
+            if self.journal_dir is not None:
+                self._journal_writer().append(meta.position, meta.key)
             if meta.arena:
                 value = self._arena.import_(value)
             self._log_yield(value, meta, iter_id, iter_idx)
@@ -222,6 +230,17 @@ class Loader:
         self._consumed = (meta.position - self._origin - wc.rank) // wc.world_size + 1
         self._pass_offset += 1
 
+    def _journal_writer(self) -> JournalWriter:
+        """The journal of this rank under the current source numbering (see energon.ledger)."""
+        digest = sources_digest(self.dataset.spec.fingerprint())
+        journal = self._journal
+        if journal is None or journal.digest != digest:
+            if journal is not None:
+                journal.close()
+            journal = JournalWriter(self.journal_dir, self.worker_config.rank, digest)
+            self._journal = journal
+        return journal
+
     def _open_source(self) -> Iterator[tuple[Value, ItemMeta]]:
         wc = self.worker_config
         hook_context.cache_pool = self.cache_pool  # workers inherit it through fork
@@ -260,12 +279,16 @@ class Loader:
     def __del__(self) -> None:
         try:
             self._close_source()
+            if self._journal is not None:
+                self._journal.close()
         except Exception:
             pass
 
     # -- state -------------------------------------------------------------------------------
     def save_state_rank(self) -> dict[str, Any]:
         """This rank's position as plain data (JSON-serialisable; safe for ``torch.load``)."""
+        if self._journal is not None:
+            self._journal.flush()  # every batch before a checkpoint is in the journal
         fp, digest = self.dataset.fingerprint()
         spec = self.dataset.spec
         state = make_rank_state(
@@ -279,6 +302,7 @@ class Loader:
             pass_offset=self._pass_offset,
             streams=self._snapshots,
             micro_batch_size=spec.batch_size,
+            edits=spec.edits.to_json() if spec.edits is not None else None,
         )
         return json.loads(json.dumps(state))
 
@@ -289,8 +313,14 @@ class Loader:
         if self._source is not None:
             raise StateError("restore_state_rank must be called before iterating the loader")
         state = check_state_shape(state)
+        unedited = self.dataset.spec
+        self._apply_edits(edits_from_json(state.get("edits")))
         fp, digest = self.dataset.fingerprint()
-        check_compatible(state, fp, digest)
+        try:
+            check_compatible(state, fp, digest)
+        except StateError:
+            self.dataset.spec = unedited
+            raise
         state = upgrade_state(state, self.dataset.spec.pointer_kinds())
         wc = self.worker_config
         if (state["rank"], state["world_size"]) != (wc.rank, wc.world_size):
@@ -304,6 +334,22 @@ class Loader:
         self._consumed = state["consumed"]
         self._pass_offset = state["pass_offset"]
         self._snapshots = copy.deepcopy(stream_snapshots(state))
+
+    def _apply_edits(self, edits: PlanEdits | None) -> None:
+        """Continue under the cursor edits of the state (skip, exclude, migrate: they change the
+        plan, and the state's fingerprint describes the edited configuration)."""
+        spec = self.dataset.spec
+        if (
+            edits is not None
+            and edits.sources is not None
+            and len(edits.sources) != len(spec.sources)
+        ):
+            raise StateError(
+                f"the state's cursor edits describe {len(edits.sources)} sources, but this "
+                f"configuration has {len(spec.sources)}: it belongs to another configuration"
+            )
+        if edits != spec.edits:
+            self.dataset.spec = dataclasses.replace(spec, edits=edits)
 
     def _set_num_streams(self, num_streams: int) -> None:
         spec = self.dataset.spec
@@ -471,6 +517,7 @@ class SavableDataLoader(Loader):
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
+        journal: str | None = None,
     ) -> None:
         _warn_unused_options(
             checkpoint_every_sec=checkpoint_every_sec,
@@ -486,6 +533,7 @@ class SavableDataLoader(Loader):
             watchdog_timeout_seconds=watchdog_timeout_seconds,
             watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
             fail_on_timeout=fail_on_timeout,
+            journal=journal,
         )
 
 
@@ -534,8 +582,12 @@ def get_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
+    journal: str | None = None,
 ) -> BasicDataLoader:
-    """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes."""
+    """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes.
+
+    ``journal``: a directory where the loader records the restore key of every micro-batch it
+    delivers (for the ledger; see docs/ledger.md)."""
     _check_worker_config(dataset, worker_config)
     return BasicDataLoader(
         dataset,
@@ -544,6 +596,7 @@ def get_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
+        journal=journal,
     )
 
 
@@ -560,8 +613,12 @@ def get_savable_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
+    journal: str | None = None,
 ) -> SavableDataLoader:
-    """A loader whose exact position can be saved (``save_state_rank``) and restored."""
+    """A loader whose exact position can be saved (``save_state_rank``) and restored.
+
+    ``journal``: a directory where the loader records the restore key of every micro-batch it
+    delivers (for the ledger; see docs/ledger.md)."""
     _check_worker_config(dataset, worker_config)
     return SavableDataLoader(
         dataset,
@@ -574,4 +631,5 @@ def get_savable_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
+        journal=journal,
     )

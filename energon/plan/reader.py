@@ -222,14 +222,22 @@ class SliceReader:
         return self._order
 
     def _compute_order(self) -> np.ndarray:
-        """Slice order of the current epoch; each slice exactly ``over_epochs`` times per super-epoch."""
+        return self.slice_order(self._epoch)
+
+    @property
+    def rng_key(self) -> int:
+        """The key of the open-slice draw (its state is the counter in :meth:`state`)."""
+        return self._rng.key
+
+    def slice_order(self, epoch: int) -> np.ndarray:
+        """Slice order of ``epoch``; each slice exactly ``over_epochs`` times per super-epoch."""
         n = self.num_slices
         if not self.shuffle:
             return np.arange(n)
         k = self.over_epochs
         if k == -1:
-            return random_indices(stable_seed(self.seed, "with-replacement", self._epoch), n, n)
-        super_epoch, part = divmod(self._epoch, k)
+            return random_indices(stable_seed(self.seed, "with-replacement", epoch), n, n)
+        super_epoch, part = divmod(epoch, k)
         key = stable_seed(self.seed, "slice-order", super_epoch)
         full = permutation(key, n * k) % max(n, 1)
         return full[part * n : (part + 1) * n]
