@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from energon.errors import StateError
-from energon.ledger.advance import SimulatedStream
+from energon.ledger.advance import Counts, SimulatedStream
 from energon.ledger.journal import JournalReader, sources_digest
 from energon.ledger.simulate import ASSUMPTION, simulated_spec
 from energon.ledger.timeline import Segment, segment_at, timeline
@@ -112,11 +112,11 @@ class Ledger:
         self.spec = dataclasses.replace(spec, edits=self.edits)
         self.skipped = self.edits.skipped_ranges() if self.edits is not None else []
         self._snapshots = _collect_snapshots(states)
-        self._journal = None
+        self.journal = None
         if journal is not None:
-            self._journal = JournalReader(journal, sources_digest(self.spec.fingerprint()))
+            self.journal = JournalReader(journal, sources_digest(self.spec.fingerprint()))
         self._simulated: dict[str, PipelineSpec] = {}
-        self._walkers: dict[int, _StreamWalker] = {}
+        self._walkers: dict[int, StreamWalker] = {}
 
     @property
     def num_streams(self) -> int:
@@ -158,7 +158,7 @@ class Ledger:
 
     def _describe(self, position: int) -> MicroBatchRecord:
         stream, item = position % self.num_streams, position // self.num_streams
-        journal_key = self._journal.lookup(position) if self._journal is not None else None
+        journal_key = self.journal.lookup(position) if self.journal is not None else None
         if journal_key is not None:
             _, _, key = journal_key
             return self._record(position, key, None, "journal")
@@ -166,14 +166,14 @@ class Ledger:
         key = walker.item(item)
         return self._record(position, key, walker, "simulated")
 
-    def _walker(self, stream: int) -> _StreamWalker:
+    def _walker(self, stream: int) -> StreamWalker:
         walker = self._walkers.get(stream)
         if walker is None:
-            walker = self._walkers[stream] = _StreamWalker(self, stream)
+            walker = self._walkers[stream] = StreamWalker(self, stream)
         return walker
 
     def _record(
-        self, position: int, key: Key, walker: _StreamWalker | None, origin: str
+        self, position: int, key: Key, walker: StreamWalker | None, origin: str
     ) -> MicroBatchRecord:
         step, rank, k = self.step_of(position)
         outputs = []
@@ -193,7 +193,7 @@ class Ledger:
             outputs=outputs,
         )
 
-    def _sample(self, pointer: Key, walker: _StreamWalker | None) -> SampleRecord:
+    def _sample(self, pointer: Key, walker: StreamWalker | None) -> SampleRecord:
         source, index = pointer_target(pointer)
         meta = SampleMeta(meta_reader(self.spec.sources[source].leaf), source, index)
         described = meta.describe()
@@ -254,7 +254,7 @@ class Ledger:
     assumption = ASSUMPTION
 
 
-class _StreamWalker:
+class StreamWalker:
     """A simulated stream that moves forward through the edit timeline of its stream."""
 
     def __init__(self, ledger: Ledger, stream: int) -> None:
@@ -266,15 +266,21 @@ class _StreamWalker:
 
     def item(self, item: int) -> Key:
         """The restore key (inside the stream) of item ``item``."""
+        self.advance_to(item)
+        assert self.sim is not None
+        return self.sim.next()
+
+    def advance_to(self, item: int, counts: Counts | None = None) -> None:
+        """Move to just before item ``item``; ``counts`` (per source, over its leaf) count the
+        samples of the items passed on the way."""
         if self.sim is None or self.sim.emitted > item:
             self._start(item)
         assert self.sim is not None
         for segment in self.segments:
             if self.sim.emitted < segment.start <= item:
-                self.sim.skip(segment.start - self.sim.emitted)
+                self.sim.skip(segment.start - self.sim.emitted, counts)
                 self._enter(segment)
-        self.sim.skip(item - self.sim.emitted)
-        return self.sim.next()
+        self.sim.skip(item - self.sim.emitted, counts)
 
     def _start(self, item: int) -> None:
         start = self.ledger.start_point(self.stream, item)
