@@ -83,19 +83,30 @@ def _source(described: dict[str, Any]) -> Source:
 
 
 def _task_encoder(name: str) -> TaskEncoder:
-    """An instance of the task encoder class ``module.QualName`` (made without arguments)."""
-    parts = name.split(".")
-    for split in range(len(parts) - 1, 0, -1):
+    try:
+        return make_task_encoder(name)
+    except ValueError as e:
+        raise StateError(f"{e}: {_HINT}") from e
+
+
+def make_task_encoder(name: str) -> TaskEncoder:
+    """An instance of the task encoder class ``module:Class`` or ``module.QualName`` (made without
+    arguments); ValueError saying why not."""
+    if ":" in name:
+        module_name, _, attribute = name.partition(":")
+        candidates = [(module_name, attribute.split("."))]
+    else:
+        parts = name.split(".")
+        candidates = [(".".join(parts[:i]), parts[i:]) for i in range(len(parts) - 1, 0, -1)]
+    for module_name, attributes in candidates:
         try:
-            value: Any = importlib.import_module(".".join(parts[:split]))
+            value: Any = importlib.import_module(module_name)
         except ImportError:
             continue
         try:
-            for attribute in parts[split:]:
+            for attribute in attributes:
                 value = getattr(value, attribute)
             return value()
         except (AttributeError, TypeError) as e:
-            raise StateError(
-                f"cannot make the task encoder {name} of the state ({e}): {_HINT}"
-            ) from e
-    raise StateError(f"cannot import the task encoder {name} of the state: {_HINT}")
+            raise ValueError(f"cannot make the task encoder {name} ({e})") from e
+    raise ValueError(f"cannot import the task encoder {name}")
