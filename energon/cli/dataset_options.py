@@ -15,17 +15,17 @@ from typing import Any
 
 import click
 
-_UNSET = object()
+_NONE = "none"  # given as 'none' (an option left out is None)
 
 
 class _IntOrNone(click.ParamType):
     name = "INT|none"
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> int | None:
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | str | None:
         if value is None or isinstance(value, int):
             return value
-        if str(value).lower() == "none":
-            return None
+        if str(value).lower() == _NONE:
+            return _NONE
         try:
             return int(value)
         except ValueError:
@@ -56,9 +56,9 @@ _OPTIONS = [
 
 
 def dataset_options(fn: Callable) -> Callable:
-    """Add the dataset options to a click command (as keyword ``dataset_options``... each)."""
+    """Add the dataset options to a click command (read them back with :func:`pop_options`)."""
     for flag, kind, text in reversed(_OPTIONS):
-        fn = click.option(flag, type=kind, default=_UNSET, show_default=False, help=text)(fn)
+        fn = click.option(flag, type=kind, default=None, help=text)(fn)
     return fn
 
 
@@ -70,9 +70,9 @@ def pop_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The dataset options given on the command line (others are left out)."""
     given = {}
     for name in option_names():
-        value = kwargs.pop(name, _UNSET)
-        if value is not _UNSET:
-            given[name] = value
+        value = kwargs.pop(name, None)
+        if value is not None:
+            given[name] = None if value == _NONE else value
     return given
 
 

@@ -142,10 +142,13 @@ def _describe(ledger: Any, start: int, stop: int, output_format: str, progress: 
             else:
                 records.append(record.to_json())
     if output_format == "json":
-        json.dump({"assumption": ledger.assumption, "micro_batches": records}, sys.stdout, indent=1)
+        json.dump(
+            {"assumptions": ledger.assumptions, "micro_batches": records}, sys.stdout, indent=1
+        )
         click.echo()
     elif output_format == "text":
-        click.echo(f"(simulated entries assume: {ledger.assumption})")
+        for assumption in ledger.assumptions:
+            click.echo(f"(simulated entries assume: {assumption})")
 
 
 def text_lines(record: Any) -> list[str]:

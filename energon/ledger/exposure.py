@@ -225,6 +225,6 @@ def _write_summaries(
         "world_size": ledger.world_size,
         "micro_batches_per_step": ledger.micro_batches_per_step,
         "num_streams": ledger.num_streams,
-        "assumption": ledger.assumption,
+        "assumptions": ledger.assumptions,
         "datasets": entries,
     }

@@ -42,6 +42,7 @@ class JournalWriter:
     def __init__(self, directory: str, rank: int, digest: str) -> None:
         self.base = os.path.join(directory, f"rank{rank:05d}-{digest}")
         self.directory = directory
+        self.digest = digest
         self._files: tuple[Any, Any, Any] | None = None
 
     def _open(self) -> tuple[Any, Any, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 from energon.errors import StateError
 from energon.ledger.advance import Counts, SimulatedStream
 from energon.ledger.journal import JournalReader, sources_digest
-from energon.ledger.simulate import ASSUMPTION, simulated_spec
+from energon.ledger.simulate import assumptions, simulated_spec
 from energon.ledger.timeline import Segment, segment_at, timeline
 from energon.pipeline import snapshot as snapshots
 from energon.pipeline.keys import Key, outputs_of, pointer_target, pointers_of
@@ -84,7 +84,9 @@ class Ledger:
     ``dataset`` is what ``get_train_dataset`` returns for the configuration (its worker config
     gives the world size). ``states`` are saved loader states (any ranks, any save points) to start
     from; their cursor edits are applied. ``journal`` is a directory the loader wrote with
-    ``journal=...``. ``micro_batches_per_step`` is the gradient-accumulation factor.
+    ``journal=...``. ``micro_batches_per_step`` is the gradient-accumulation factor. What the
+    simulation assumes is in :attr:`assumptions`; ``strict=True`` assumes nothing about the user's
+    hooks (they raise :class:`~energon.errors.NotSimulableError` unless a journal covers the step).
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class Ledger:
         journal: str | None = None,
         micro_batches_per_step: int = 1,
         native: bool = True,
+        strict: bool = False,
     ) -> None:
         spec: PipelineSpec = dataset.spec
         if not spec.training:
@@ -104,6 +107,8 @@ class Ledger:
         self.world_size = dataset.worker_config.world_size
         self.micro_batches_per_step = micro_batches_per_step
         self.native = native
+        self.strict = strict
+        self.assumptions = assumptions(spec.task_encoder)
         states = [check_state_shape(s) for s in states]
         spec = _with_num_streams(spec, states)
         self.edits = _newest_edits(states)
@@ -216,7 +221,7 @@ class Ledger:
         name = repr(edits.fingerprint()) if edits is not None else ""
         spec = self._simulated.get(name)
         if spec is None:
-            spec = simulated_spec(dataclasses.replace(self.spec, edits=edits))
+            spec = simulated_spec(dataclasses.replace(self.spec, edits=edits), self.strict)
             self._simulated[name] = spec
         return spec
 
@@ -250,8 +255,6 @@ class Ledger:
             + (spec.batch_size or 1)
             + (spec.packing_buffer_size or 0)
         )
-
-    assumption = ASSUMPTION
 
 
 class StreamWalker:

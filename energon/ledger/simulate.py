@@ -13,10 +13,12 @@ restore keys and snapshots), except that
   possible when they are marked ``@uses_sample_meta``.
 
 So a simulated stream emits exactly the restore keys the real one emits, and its snapshots
-restore real streams. What it assumes, and says so wherever it reports: every sample loads, and a
-hook that is not a generator returns one output per input (it does not raise ``SkipSample``).
-A hook whose outcome depends on decoded data (an unmarked packing or grouping hook, a generator
-hook, a task encoder that composes its own pipeline) raises :class:`NotSimulableError` naming it.
+restore real streams. What it assumes (:func:`assumptions` lists it, and the ledger reports it
+with every answer): every sample loads, and each of the user's hooks that is not a generator
+returns one output per input (it does not raise ``SkipSample``). With ``strict=True`` it assumes
+nothing about the user's hooks and refuses them instead. A hook whose outcome depends on decoded
+data (an unmarked packing or grouping hook, a generator hook, a task encoder that composes its own
+pipeline) raises :class:`NotSimulableError` naming it.
 """
 
 from __future__ import annotations
@@ -41,10 +43,7 @@ from energon.task_encoder.base import (
 PASS_THROUGH = ("encode_sample", "preencode_sample", "postencode_sample", "encode_batch")
 #: hooks that decide which samples go together: must decide from metadata
 DECIDING = ("select_samples_to_pack", "batch_group_criterion")
-ASSUMPTION = (
-    "every sample loads and every non-generator hook returns one output per input (no "
-    "SkipSample, no failures)"
-)
+LOADS = "every sample loads (the error policy skips corrupt ones: that would shift later items)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +99,23 @@ def _hook_name(te: TaskEncoder, hook: str) -> str:
     return f"{type(te).__qualname__}.{hook}"
 
 
-def _simulated_hook(te: TaskEncoder, hook: str) -> Callable[..., Any]:
+def _user_defined(te: TaskEncoder, hook: str) -> bool:
+    """A hook the user wrote (not energon's own default behaviour)."""
+    return getattr(type(te), hook) is not getattr(DefaultTaskEncoder, hook, None)
+
+
+def assumptions(te: TaskEncoder) -> list[str]:
+    """What a simulation of ``te``'s pipeline takes for granted (see the module docstring)."""
+    found = [LOADS]
+    for hook in (*PASS_THROUGH, "pack_selected_samples", "batch"):
+        if te.is_active(hook) and _user_defined(te, hook):
+            found.append(
+                f"{_hook_name(te, hook)} returns one output per input (no SkipSample, no failure)"
+            )
+    return found
+
+
+def _simulated_hook(te: TaskEncoder, hook: str, strict: bool) -> Callable[..., Any]:
     fn = getattr(te, hook)
     if hook in DECIDING:
         if not decides_from_sample_meta(fn):
@@ -123,6 +138,12 @@ def _simulated_hook(te: TaskEncoder, hook: str) -> Callable[..., Any]:
         )
     if hook == "encode_sample" and getattr(type(te), hook) is DefaultTaskEncoder.encode_sample:
         return DefaultTaskEncoder.encode_sample  # keeps build_stream's view of "user-defined"
+    if strict and _user_defined(te, hook) and hook != "batch":
+        raise NotSimulableError(
+            f"{_hook_name(te, hook)} is the user's: whether it returns exactly one output per "
+            "input (no SkipSample) cannot be known without reading data (strict mode). Describe "
+            "steps that were trained from the loader's journal (see docs/ledger.md)."
+        )
     if hook == "batch":
         return _batch
     if hook == "pack_selected_samples":
@@ -130,7 +151,7 @@ def _simulated_hook(te: TaskEncoder, hook: str) -> Callable[..., Any]:
     return _passes_through
 
 
-def simulated_task_encoder(te: TaskEncoder) -> TaskEncoder:
+def simulated_task_encoder(te: TaskEncoder, strict: bool = False) -> TaskEncoder:
     """A task encoder with ``te``'s active hooks, acting on metadata (see the module docstring)."""
     if getattr(te, "compose_dataset", None) is not None:
         raise NotSimulableError(
@@ -138,14 +159,14 @@ def simulated_task_encoder(te: TaskEncoder) -> TaskEncoder:
             "knows energon's own stream chain"
         )
     hooks = [*PASS_THROUGH, *DECIDING, "pack_selected_samples", "batch"]
-    attrs = {hook: _simulated_hook(te, hook) for hook in hooks if te.is_active(hook)}
+    attrs = {hook: _simulated_hook(te, hook, strict) for hook in hooks if te.is_active(hook)}
     simulated = type(f"Simulated{type(te).__name__}", (TaskEncoder,), attrs)()
     simulated.decoder = None
     simulated.encoded_sample_type = None  # DefaultTaskEncoder.encode_sample: identity
     return simulated
 
 
-def simulated_spec(spec: PipelineSpec) -> PipelineSpec:
+def simulated_spec(spec: PipelineSpec, strict: bool = False) -> PipelineSpec:
     """``spec`` with metadata leaves and the simulated task encoder (see the module docstring)."""
     sources = [
         dataclasses.replace(source, leaf=MetaLeaf(source.leaf), aux={}) for source in spec.sources
@@ -153,7 +174,7 @@ def simulated_spec(spec: PipelineSpec) -> PipelineSpec:
     return dataclasses.replace(
         spec,
         sources=sources,
-        task_encoder=simulated_task_encoder(spec.task_encoder),
+        task_encoder=simulated_task_encoder(spec.task_encoder, strict),
         decoder=None,
         error_handler=reraise_exception,
     )

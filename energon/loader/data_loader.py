@@ -115,6 +115,7 @@ class Loader:
         self._arena: BatchArena | None = None
         self.journal_dir = journal
         self._journal: JournalWriter | None = None
+        self._journal_spec: Any = None
         dataset.journal_keys = journal is not None
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
@@ -232,13 +233,15 @@ class Loader:
 
     def _journal_writer(self) -> JournalWriter:
         """The journal of this rank under the current source numbering (see energon.ledger)."""
-        digest = sources_digest(self.dataset.spec.fingerprint())
         journal = self._journal
-        if journal is None or journal.digest != digest:
-            if journal is not None:
-                journal.close()
-            journal = JournalWriter(self.journal_dir, self.worker_config.rank, digest)
-            self._journal = journal
+        if journal is None or self._journal_spec is not self.dataset.spec:
+            digest = sources_digest(self.dataset.spec.fingerprint())
+            if journal is None or journal.digest != digest:
+                if journal is not None:
+                    journal.close()
+                journal = JournalWriter(self.journal_dir, self.worker_config.rank, digest)
+                self._journal = journal
+            self._journal_spec = self.dataset.spec
         return journal
 
     def _open_source(self) -> Iterator[tuple[Value, ItemMeta]]:
