@@ -61,14 +61,16 @@ def exclude_samples(
     keys: Iterable[str] = (),
     shards: Iterable[str] = (),
     datasets: Iterable[str] = (),
+    within: Iterable[str] = (),
     dataset: Any = None,
 ) -> tuple[list[dict[str, Any]], ExcludeReport]:
     """States (one per rank) that never deliver the named samples again.
 
-    ``keys``: sample keys; ``shards``: shard names as listed in the split (``parts/data-3.tar``)
-    or their full paths; ``datasets``: dataset paths (or source numbers as strings) whose every
-    sample is excluded. ``dataset``: the training dataset of the configuration (by default rebuilt
-    from the state).
+    ``keys``: sample keys (in every dataset that has them, or only in the datasets ``within``
+    names); ``shards``: shard names as listed in the split (``parts/data-3.tar``) or their full
+    paths (also restricted by ``within``); ``datasets``: dataset paths (or source numbers as
+    strings) whose every sample is excluded. ``dataset``: the training dataset of the configuration
+    (by default rebuilt from the state).
     """
     point = merge_states(states)
     if dataset is None:
@@ -77,7 +79,9 @@ def exclude_samples(
         dataset = dataset_from_state(point.state)
     spec: PipelineSpec = dataclasses.replace(dataset.spec, num_streams=point.num_streams)
     point = upgraded(point, spec.pointer_kinds())
-    added, unknown = resolve_exclusions(spec, keys=keys, shards=shards, datasets=datasets)
+    added, unknown = resolve_exclusions(
+        spec, keys=keys, shards=shards, datasets=datasets, within=within
+    )
     if not added:
         raise ValueError("nothing to exclude: no key, shard or dataset matched")
     before = point.edits
@@ -118,6 +122,7 @@ def resolve_exclusions(
     keys: Iterable[str] = (),
     shards: Iterable[str] = (),
     datasets: Iterable[str] = (),
+    within: Iterable[str] = (),
 ) -> tuple[list[Exclusion], list[str]]:
     """Index ranges per dataset of the named keys, shards and datasets (and the unknown keys)."""
     ranges: dict[tuple[str, str], list[tuple[int, int]]] = {}
@@ -125,12 +130,15 @@ def resolve_exclusions(
     found_keys: set[str] = set()
     shard_names = set(shards)
     whole = set(datasets)
+    only = {epath.normalize(p) for p in within}
     for number, source in enumerate(spec.sources):
         leaf = source.leaf
         identity = (leaf.fingerprint()["path"], leaf.split_part)
         target = ranges.setdefault(identity, [])
         if identity[0] in whole or str(number) in whole or leaf.root in whole:
             target.append((source.start, source.end))
+        if only and leaf.root not in only and identity[0] not in only:
+            continue
         target += _shard_ranges(leaf, shard_names)
         if wanted_keys:
             indices, hits = _key_indices(leaf, wanted_keys)
