@@ -263,6 +263,11 @@ def skip(
     multiple=True,
     help="A dataset path (or source number) whose every sample is excluded.",
 )
+@click.option(
+    "--within",
+    multiple=True,
+    help="Look keys and shards up in this dataset only (repeatable; default: every dataset).",
+)
 @_CONFIG
 @dataset_options
 def exclude(
@@ -272,6 +277,7 @@ def exclude(
     keys_file: str | None,
     shards: tuple[str, ...],
     datasets: tuple[str, ...],
+    within: tuple[str, ...],
     config: str | None,
     **kwargs,
 ) -> None:
@@ -292,6 +298,7 @@ def exclude(
             keys=all_keys,
             shards=shards,
             datasets=datasets,
+            within=within,
             dataset=_dataset_for(config, options, states),
         )
 

@@ -12,6 +12,7 @@ docs/ledger.md). Examples::
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -30,9 +31,16 @@ def _steps(value: str) -> tuple[int, int]:
         raise click.BadParameter(f"expected A:B (steps A to B-1), got {value!r}") from None
 
 
-def _read_states(files: tuple[str, ...]) -> list[dict[str, Any]]:
+def _read_states(paths: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The states in these files (a directory: every file in it)."""
     from energon.cli.checkpoint import read_state_file
 
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            files += sorted(os.path.join(path, name) for name in os.listdir(path))
+        else:
+            files.append(path)
     return [state for path in files for state in read_state_file(path).states]
 
 
@@ -47,8 +55,9 @@ def _read_states(files: tuple[str, ...]) -> list[dict[str, Any]]:
     "--state",
     "state_files",
     multiple=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Saved loader states to start from (any ranks, any save points; repeat the option).",
+    type=click.Path(exists=True),
+    help="Saved loader states to start from: files or folders of them (any ranks, any save "
+    "points; repeat the option).",
 )
 @click.option("--journal", type=click.Path(exists=True, file_okay=False), help="Loader journal.")
 @click.option(
@@ -65,6 +74,12 @@ def _read_states(files: tuple[str, ...]) -> list[dict[str, Any]]:
     default="text",
     show_default=True,
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Assume nothing about the task encoder's hooks: steps they could change are only "
+    "answered from the journal.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--no-native", is_flag=True, help="Do not use the compiled inner loop.")
 @dataset_options
@@ -79,6 +94,7 @@ def command(
     journal: str | None,
     micro_batches_per_step: int,
     output_format: str,
+    strict: bool,
     no_progress: bool,
     no_native: bool,
     **kwargs: Any,
@@ -103,6 +119,7 @@ def command(
             journal=journal,
             micro_batches_per_step=micro_batches_per_step,
             native=not no_native,
+            strict=strict,
         )
         if until_step is not None:
             _export(ledger, export_dir, from_step, until_step, not no_progress)
