@@ -12,7 +12,6 @@ Either way the stream ends up in exactly the state the item-by-item run reaches 
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -45,6 +44,7 @@ class SimulatedStream:
         self.stream: Stream = build_stream(spec, stream_id)
         stages = self.stream.stages
         self.pointer_stages = next(i for i, s in enumerate(stages) if isinstance(s, LoadStage))
+        self._orders: dict[tuple[int, int], np.ndarray] = {}  # (reader id, epoch) -> slice order
         if snapshot is not None:
             self.restore(snapshot)
 
@@ -112,7 +112,7 @@ class SimulatedStream:
         the state cannot tell (see :func:`read_epoch`)."""
         source, index = pointer_target(pointer)
         reader = self.stream.stages[0].readers[source]  # type: ignore[attr-defined]
-        return read_epoch(reader, index, in_flight)
+        return read_epoch(reader, index, in_flight, self._orders)
 
 
 def add_counts(counts: Counts, pointers: Sequence[Key]) -> None:
@@ -123,7 +123,12 @@ def add_counts(counts: Counts, pointers: Sequence[Key]) -> None:
             array[index] += 1
 
 
-def read_epoch(reader: SliceReader, index: int, in_flight: int | None) -> int | None:
+def read_epoch(
+    reader: SliceReader,
+    index: int,
+    in_flight: int | None,
+    orders: dict[tuple[int, int], np.ndarray] | None = None,
+) -> int | None:
     """The epoch in which ``reader`` handed out ``index``, judged from its state right after.
 
     Sample ``index`` was read in the reader's current epoch iff its slice was opened in this
@@ -136,8 +141,11 @@ def read_epoch(reader: SliceReader, index: int, in_flight: int | None) -> int | 
     epoch = int(state["epoch"])
     if not state["started"] or reader.over_epochs == -1:
         return None
-    slice_index = bisect.bisect_right(reader.bounds.tolist(), index) - 1
-    order = reader.slice_order(epoch)
+    slice_index = int(np.searchsorted(reader.bounds, index, side="right")) - 1
+    cache = orders if orders is not None else {}
+    order = cache.get((id(reader), epoch))
+    if order is None:
+        order = cache[(id(reader), epoch)] = reader.slice_order(epoch)
     opened = bool(np.any(order[: int(state["pos"])] == slice_index))
     if opened:
         cursor = next((c for s, c in state["active"] if s == slice_index), None)

@@ -17,6 +17,7 @@ loader delivered, whatever the hooks did.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -112,8 +113,12 @@ class Ledger:
         states = [check_state_shape(s) for s in states]
         spec = _with_num_streams(spec, states)
         self.edits = _newest_edits(states)
+        checked: set[tuple[str, str]] = set()
         for state in states:
-            _check_state(spec, state)
+            edits_text = json.dumps(state.get("edits"), sort_keys=True)
+            if (state["fingerprint_digest"], edits_text) not in checked:
+                _check_state(spec, state)
+                checked.add((state["fingerprint_digest"], edits_text))
         self.spec = dataclasses.replace(spec, edits=self.edits)
         self.skipped = self.edits.skipped_ranges() if self.edits is not None else []
         self._snapshots = _collect_snapshots(states)
@@ -364,10 +369,17 @@ def _check_state(spec: PipelineSpec, state: dict[str, Any]) -> None:
 def _collect_snapshots(states: list[dict[str, Any]]) -> dict[int, list[_Known]]:
     """Per stream, the snapshots of the states, by items emitted."""
     found: dict[int, dict[int, _Known]] = {}
+    merged_seen: set[tuple[str, int]] = set()
     for state in states:
-        edits = edits_from_json(state.get("edits"))
+        if state["consumed"] == 0:
+            # the ranks of a redistributed (or edited) save all hold the same merged snapshots
+            point = (state["fingerprint_digest"], state["origin"])
+            if point in merged_seen:
+                continue
+            merged_seen.add(point)
+        filtered = bool((state.get("edits") or {}).get("exclude"))
         for stream, snap in stream_snapshots(state).items():
-            known = _Known(snapshots.emitted(snap), snap, _excludes(edits))
+            known = _Known(snapshots.emitted(snap), snap, filtered)
             found.setdefault(stream, {})[known.emitted] = known
     return {s: [by[e] for e in sorted(by)] for s, by in found.items()}
 

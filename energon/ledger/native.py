@@ -54,8 +54,8 @@ typedef struct {
     int64_t epoch, pos, rng, yielded, started;
     int64_t *active;
     int64_t n_active, cap;
-    const int64_t *order[2];
-    int64_t order_epoch[2];
+    const int64_t *orders;      /* the slice orders of epochs orders_first.. (orders_count rows) */
+    int64_t orders_first, orders_count;
 } Reader;
 
 typedef struct {
@@ -98,9 +98,8 @@ static inline int64_t randbelow(uint64_t key, int64_t *counter, int64_t n) {
 }
 
 static const int64_t *order_of(const Reader *r, int64_t epoch) {
-    if (r->order_epoch[0] == epoch) return r->order[0];
-    if (r->order_epoch[1] == epoch) return r->order[1];
-    return 0;
+    if (epoch < r->orders_first || epoch >= r->orders_first + r->orders_count) return 0;
+    return r->orders + (epoch - r->orders_first) * r->num_slices;
 }
 
 static void open_next_slice(Reader *r, const int64_t *order, int64_t at) {
@@ -303,6 +302,7 @@ int energon_pointers_advance(Stepper *c, int64_t n, int32_t *out_src, int64_t *o
 """
 
 OK, NEED_ORDER, UNSUPPORTED = 0, 1, 2
+ORDERS_PER_BLOCK = 1 << 16  # slice-order entries handed to a reader at once
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
@@ -323,8 +323,9 @@ class _Reader(ctypes.Structure):
         ("active", _P),
         ("n_active", _I64),
         ("cap", _I64),
-        ("order", _P * 2),
-        ("order_epoch", _I64 * 2),
+        ("orders", _P),
+        ("orders_first", _I64),
+        ("orders_count", _I64),
     ]
 
 
@@ -394,7 +395,7 @@ class NativePointers:
         self.buffer = next((s for s in stages if isinstance(s, ShuffleBuffer)), None)
         self.filter = next((s for s in stages if isinstance(s, ExcludeFilter)), None)
         self._keep: list[Any] = []  # arrays the C structs point into
-        self._orders: list[dict[int, np.ndarray]] = []
+        self._orders: list[np.ndarray | None] = []
         self._build()
 
     @classmethod
@@ -414,7 +415,7 @@ class NativePointers:
             self._fill_reader(slot, reader, reader_state)
             for slot, reader, reader_state in zip(readers, source.readers, state["readers"])
         ]
-        self._orders = [{} for _ in source.readers]
+        self._orders = [None for _ in source.readers]
         self._readers = readers
         c = _Stepper()
         c.num_readers = len(source.readers)
@@ -491,23 +492,21 @@ class NativePointers:
         slot.active = _ptr(array)
         slot.n_active = len(active)
         slot.cap = cap
-        slot.order_epoch[0] = slot.order_epoch[1] = -1
+        slot.orders_count = 0
         return array
 
-    def _provide_orders(self, reader_number: int) -> None:
-        """Give the C reader the slice orders of its current and next epoch."""
+    def _provide_orders(self, reader_number: int, remaining: int) -> None:
+        """Give the C reader the slice orders of its current epoch and of the epochs it can reach
+        in the ``remaining`` pointers (a block at a time: each pause costs Python time)."""
         reader = self.source.readers[reader_number]
         slot = self._readers[reader_number]
-        cache = self._orders[reader_number]
-        wanted = (slot.epoch, slot.epoch + 1)
-        for epoch in list(cache):
-            if epoch not in wanted:
-                del cache[epoch]
-        for k, epoch in enumerate(wanted):
-            if epoch not in cache:
-                cache[epoch] = _int64(reader.slice_order(epoch))
-            slot.order[k] = _ptr(cache[epoch])
-            slot.order_epoch[k] = epoch
+        reachable = remaining // max(reader.num_samples, 1) + 2
+        count = max(2, min(reachable, ORDERS_PER_BLOCK // max(reader.num_slices, 1)))
+        orders = _int64(reader.slice_orders(int(slot.epoch), count))
+        self._orders[reader_number] = orders
+        slot.orders = _ptr(orders)
+        slot.orders_first = int(slot.epoch)
+        slot.orders_count = count
 
     # -- stepping ----------------------------------------------------------------------------------
     def advance(
@@ -543,7 +542,7 @@ class NativePointers:
                 return out_src, out_idx
             if status != NEED_ORDER:
                 raise RuntimeError("the native pointer stepper met a case it does not support")
-            self._provide_orders(int(c.need_reader))
+            self._provide_orders(int(c.need_reader), count - int(c.done))
 
     def write_back(self) -> None:
         """Put the C state back into the stage objects (through their ``restore``)."""

@@ -279,6 +279,18 @@ class MapStage(Stage):
         return result
 
 
+class ConstantSize:
+    """A batch-size schedule that is the same for every batch (its sums need no loop)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int | None) -> None:
+        self.size = size
+
+    def __call__(self, batch: int) -> int | None:
+        return self.size
+
+
 class BatchStage(Stage):
     """Collects consecutive items into batches (sizes from a schedule) and calls the batcher."""
 
@@ -337,7 +349,10 @@ class BatchStage(Stage):
         self.restore_counters(state)
 
     def skip_items(self, count: int) -> int | None:
-        consumed = sum(self.sizes(b) for b in range(self._batches, self._batches + count))
+        if isinstance(self.sizes, ConstantSize) and self.sizes.size is not None:
+            consumed = self.sizes.size * count
+        else:
+            consumed = sum(map(self.sizes, range(self._batches, self._batches + count)))
         self._batches += count
         return consumed
 

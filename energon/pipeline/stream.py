@@ -18,6 +18,7 @@ from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage, Value
 from energon.pipeline.stages import (
     BatchStage,
+    ConstantSize,
     GroupBatchStage,
     Hook,
     LoadStage,
@@ -284,11 +285,11 @@ def _batch_sizes(spec: PipelineSpec, stream_id: int) -> Callable[[int], int]:
     emits the same number of batches (see docs/ordering.md)."""
     bs = spec.batch_size
     if spec.training or spec.batch_drop_last or spec.data_dependent_counts or not spec.even_ranks:
-        return lambda i: bs
+        return ConstantSize(bs)
     total = spec.stream_sample_counts()[stream_id] + spec.stream_padding(stream_id)
     batches = spec.val_batches_per_stream()
     if bs <= 1 or batches == 0:
-        return lambda i: bs
+        return ConstantSize(bs)
     full = min(batches, (total - batches) // (bs - 1))
 
     def size(i: int) -> int:

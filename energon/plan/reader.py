@@ -18,7 +18,7 @@ from typing import Protocol, TypedDict
 
 import numpy as np
 
-from energon.plan.rng import CounterRng, permutation, random_indices, stable_seed
+from energon.plan.rng import CounterRng, permutations, random_indices, stable_seed
 
 LOOK_AHEAD = 8  # slices announced to the observer beyond the open ones
 
@@ -231,13 +231,24 @@ class SliceReader:
 
     def slice_order(self, epoch: int) -> np.ndarray:
         """Slice order of ``epoch``; each slice exactly ``over_epochs`` times per super-epoch."""
+        return self.slice_orders(epoch, 1)[0]
+
+    def slice_orders(self, first_epoch: int, count: int) -> np.ndarray:
+        """The slice orders of ``count`` epochs from ``first_epoch`` on, as ``[count, slices]``
+        (computed together: what the ledger's fast path asks for)."""
         n = self.num_slices
+        epochs = range(first_epoch, first_epoch + count)
         if not self.shuffle:
-            return np.arange(n)
+            return np.tile(np.arange(n), (count, 1))
         k = self.over_epochs
         if k == -1:
-            return random_indices(stable_seed(self.seed, "with-replacement", epoch), n, n)
-        super_epoch, part = divmod(epoch, k)
-        key = stable_seed(self.seed, "slice-order", super_epoch)
-        full = permutation(key, n * k) % max(n, 1)
-        return full[part * n : (part + 1) * n]
+            return np.stack(
+                [random_indices(stable_seed(self.seed, "with-replacement", e), n, n) for e in epochs]
+            ).reshape(count, n)
+        super_epochs = sorted({e // k for e in epochs})
+        keys = [stable_seed(self.seed, "slice-order", s) for s in super_epochs]
+        full = permutations(keys, n * k) % max(n, 1)
+        row = {s: i for i, s in enumerate(super_epochs)}
+        return np.stack(
+            [full[row[e // k], (e % k) * n : (e % k + 1) * n] for e in epochs]
+        ).reshape(count, n)
