@@ -594,9 +594,8 @@ class GroupBatchStage(Stage):
         view: Callable[[Value, Key], Any] | None = None,
     ) -> None:
         self.upstream = upstream
-        self.view = (
-            view  # what the criterion sees of an item (its SampleMeta for @uses_sample_meta)
-        )
+        # what the criterion sees of an item (its SampleMeta for @uses_sample_meta)
+        self.view = view
         self.criterion = criterion
         self.batcher = batcher
         self.policy = policy

@@ -243,12 +243,15 @@ class SliceReader:
         k = self.over_epochs
         if k == -1:
             return np.stack(
-                [random_indices(stable_seed(self.seed, "with-replacement", e), n, n) for e in epochs]
+                [
+                    random_indices(stable_seed(self.seed, "with-replacement", e), n, n)
+                    for e in epochs
+                ]
             ).reshape(count, n)
         super_epochs = sorted({e // k for e in epochs})
         keys = [stable_seed(self.seed, "slice-order", s) for s in super_epochs]
         full = permutations(keys, n * k) % max(n, 1)
         row = {s: i for i, s in enumerate(super_epochs)}
-        return np.stack(
-            [full[row[e // k], (e % k) * n : (e % k + 1) * n] for e in epochs]
-        ).reshape(count, n)
+        return np.stack([full[row[e // k], (e % k) * n : (e % k + 1) * n] for e in epochs]).reshape(
+            count, n
+        )

@@ -150,6 +150,13 @@ def main() -> None:
     saved_at = args.gap
     target = saved_at + args.gap
     per_step = args.ranks * args.batch_size
+
+    def moved(first: int, last: int) -> str:
+        """Samples the pointer stages pass to move the streams of step ``last`` from the
+        positions of step ``first`` (only the streams of the described step move)."""
+        items = (last - first) * args.ranks // streams
+        return f"{min(args.ranks, streams) * items * args.batch_size:,}"
+
     with Clock() as skip_clock:
         states, _ = skip_steps(fresh_states(dataset), saved_at)
     with Clock() as state_clock:
@@ -163,15 +170,22 @@ def main() -> None:
         skip_clock.row(f"skip {saved_at:,} steps (all ranks)", f"{saved_at * per_step:,}"),
         state_clock.row(
             f"describe step {target:,} ({samples} samples) from the state of step {saved_at:,}",
-            f"{args.gap * per_step:,}",
+            moved(saved_at, target),
         ),
     ]
+    short = min(args.gap, 1000)
+    with Clock() as clock:
+        Ledger(dataset_for(path, args), states=states, native=False).describe_step(saved_at + short)
+    rows.append(
+        clock.row(
+            f"the same {short:,} steps after the state, Python stages only (--no-native)",
+            moved(saved_at, saved_at + short),
+        )
+    )
     for step in [int(s) for s in args.config_steps.split(",")]:
         with Clock() as clock:
             Ledger(dataset_for(path, args)).describe_step(step)
-        rows.append(
-            clock.row(f"describe step {step:,} from the configuration", f"{step * per_step:,}")
-        )
+        rows.append(clock.row(f"describe step {step:,} from the configuration", moved(0, step)))
     out = os.path.join(args.root, "ledger-exposure")
     with Clock() as clock:
         export_exposures(
