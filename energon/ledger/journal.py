@@ -2,9 +2,9 @@
 
 Hooks that decide from decoded data (an ``encode_sample`` that skips or multiplies samples, a
 packer or grouper that looks at tokens or pixels) cannot be replayed from metadata. The restore key
-a loader attaches to each micro-batch already names every sample in it, output by output, so a loader
-created with ``journal=DIR`` appends each delivered batch's position and key there; the ledger reads
-past steps from it (exactly what was delivered) and simulates the rest.
+a loader attaches to each micro-batch already names every sample in it, output by output, so after
+``loader.start_journal(DIR)`` a loader appends each delivered batch's position and key there; the
+ledger reads past steps from it (exactly what was delivered) and simulates the rest.
 
 Layout, per rank and per source numbering (a migration renumbers sources, so it starts new files):
 ``rank<r>-<sources>.pos`` (int64 positions), ``.off`` (int64 byte offsets) and ``.keys`` (one JSON

@@ -85,7 +85,7 @@ class Ledger:
     ``dataset`` is what ``get_train_dataset`` returns for the configuration (its worker config
     gives the world size). ``states`` are saved loader states (any ranks, any save points) to start
     from; their cursor edits are applied. ``journal`` is a directory the loader wrote with
-    ``journal=...``. ``micro_batches_per_step`` is the gradient-accumulation factor. What the
+    ``start_journal``. ``micro_batches_per_step`` is the gradient-accumulation factor. What the
     simulation assumes is in :attr:`assumptions`; ``strict=True`` assumes nothing about the user's
     hooks (they raise :class:`~energon.errors.NotSimulableError` unless a journal covers the step).
     """

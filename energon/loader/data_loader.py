@@ -89,7 +89,6 @@ class Loader:
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
-        journal: str | None = None,
     ) -> None:
         if not isinstance(dataset, SavableDataset):
             raise TypeError("the loader needs a dataset from get_train_dataset / get_val_dataset")
@@ -113,10 +112,9 @@ class Loader:
         self._snapshots: dict[int, StreamSnapshot] = {}
         self._source: Iterator[tuple[Value, ItemMeta]] | None = None
         self._arena: BatchArena | None = None
-        self.journal_dir = journal
+        self.journal_dir: str | None = None
         self._journal: JournalWriter | None = None
         self._journal_spec: Any = None
-        dataset.journal_keys = journal is not None
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
 
@@ -230,6 +228,15 @@ class Loader:
         self._snapshots[meta.stream] = meta.snapshot
         self._consumed = (meta.position - self._origin - wc.rank) // wc.world_size + 1
         self._pass_offset += 1
+
+    def start_journal(self, directory: str) -> None:
+        """Record the position and restore key of every micro-batch this loader delivers from now
+        on in ``directory``, so that the ledger can say exactly what past steps held whatever the
+        task encoder's hooks did (see docs/ledger.md). Call it before iterating."""
+        if self._source is not None:
+            raise RuntimeError("start_journal must be called before iterating the loader")
+        self.journal_dir = directory
+        self.dataset.journal_keys = True
 
     def _journal_writer(self) -> JournalWriter:
         """The journal of this rank under the current source numbering (see energon.ledger)."""
@@ -520,7 +527,6 @@ class SavableDataLoader(Loader):
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
-        journal: str | None = None,
     ) -> None:
         _warn_unused_options(
             checkpoint_every_sec=checkpoint_every_sec,
@@ -536,7 +542,6 @@ class SavableDataLoader(Loader):
             watchdog_timeout_seconds=watchdog_timeout_seconds,
             watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
             fail_on_timeout=fail_on_timeout,
-            journal=journal,
         )
 
 
@@ -585,12 +590,8 @@ def get_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
-    journal: str | None = None,
 ) -> BasicDataLoader:
-    """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes.
-
-    ``journal``: a directory where the loader records the restore key of every micro-batch it
-    delivers (for the ledger; see docs/ledger.md)."""
+    """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes."""
     _check_worker_config(dataset, worker_config)
     return BasicDataLoader(
         dataset,
@@ -599,7 +600,6 @@ def get_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
-        journal=journal,
     )
 
 
@@ -616,12 +616,8 @@ def get_savable_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
-    journal: str | None = None,
 ) -> SavableDataLoader:
-    """A loader whose exact position can be saved (``save_state_rank``) and restored.
-
-    ``journal``: a directory where the loader records the restore key of every micro-batch it
-    delivers (for the ledger; see docs/ledger.md)."""
+    """A loader whose exact position can be saved (``save_state_rank``) and restored."""
     _check_worker_config(dataset, worker_config)
     return SavableDataLoader(
         dataset,
@@ -634,5 +630,4 @@ def get_savable_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
-        journal=journal,
     )

@@ -48,7 +48,9 @@ def run_ranks(path, world_size, steps, *, states=None, journal=None, **config):
     loaders = []
     for rank in range(world_size):
         dataset = train_dataset(path, rank=rank, world_size=world_size, **config)
-        loader = get_savable_loader(dataset, journal=journal)
+        loader = get_savable_loader(dataset)
+        if journal is not None:
+            loader.start_journal(journal)
         if states is not None:
             loader.restore_state_rank(states[rank])
         loaders.append(loader)
