@@ -175,6 +175,8 @@ def text_lines(record: Any) -> list[str]:
         f"{record.position} (stream {record.stream} item {record.item}) [{record.status}, "
         f"{record.origin}]"
     ]
+    for sample in record.excluded:
+        lines.append(f"  excluded (dropped here, not delivered): {sample.key}  {sample.dataset}")
     for n, output in enumerate(record.outputs):
         if len(output) > 1:
             lines.append(f"  output {n}: packed from {len(output)} samples")

@@ -18,6 +18,7 @@ import numpy as np
 
 from energon.ledger.native import NativePointers
 from energon.pipeline.keys import Key, pointer_target, pointers_of
+from energon.pipeline.pointers import ExcludeFilter
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stages import LoadStage
@@ -45,6 +46,7 @@ class SimulatedStream:
         stages = self.stream.stages
         self.pointer_stages = next(i for i, s in enumerate(stages) if isinstance(s, LoadStage))
         self._orders: dict[tuple[int, int], np.ndarray] = {}  # (reader id, epoch) -> slice order
+        self.excluded: list[Key] = []  # pointers the exclusion filter dropped making the last item
         if snapshot is not None:
             self.restore(snapshot)
 
@@ -61,8 +63,16 @@ class SimulatedStream:
 
     def next(self) -> Key:
         """The restore key of the next item (StopIteration at the end of a finite pass)."""
+        watched = self._exclude_filter()
+        if watched is not None:
+            watched.recent.clear()
         _, key = self.stream.next()
+        self.excluded = list(watched.recent) if watched is not None else []
         return key
+
+    def _exclude_filter(self) -> ExcludeFilter | None:
+        last = self.stream.stages[self.pointer_stages - 1]
+        return last if isinstance(last, ExcludeFilter) else None
 
     def skip(self, count: int, counts: Counts | None = None) -> None:
         """Move forward by ``count`` items without describing them; ``counts[s][i] += 1`` for every

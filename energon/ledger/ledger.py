@@ -64,6 +64,8 @@ class MicroBatchRecord:
     origin: str  # "simulated" (from the plan) or "journal" (recorded by the loader)
     restore_key: Key  # the loader's __restore_key__ of the micro-batch
     outputs: list[list[SampleRecord]]  # per output (sample or packed sample): its samples
+    # samples that cursor edits excluded and that were dropped while making this micro-batch
+    excluded: list[SampleRecord] = dataclasses.field(default_factory=list)
 
     @property
     def samples(self) -> list[SampleRecord]:
@@ -189,6 +191,9 @@ class Ledger:
         outputs = []
         for output in outputs_of(key):
             outputs.append([self._sample(p, walker) for p in pointers_of(output)])
+        excluded = []
+        if walker is not None and walker.sim is not None:
+            excluded = [self._sample(p, None) for p in walker.sim.excluded]
         skipped = any(a <= position < b for a, b in self.skipped)
         return MicroBatchRecord(
             step=step,
@@ -201,6 +206,7 @@ class Ledger:
             origin=origin,
             restore_key=("Stream", position % self.num_streams, position // self.num_streams, key),
             outputs=outputs,
+            excluded=excluded,
         )
 
     def _sample(self, pointer: Key, walker: StreamWalker | None) -> SampleRecord:

@@ -149,6 +149,7 @@ class ExcludeFilter(Stage):
         self.upstream = upstream
         self.exclusions = list(exclusions)
         self.dropped = 0
+        self.recent: list[Key] = []  # dropped pointers, for whoever watches (not state)
 
     def next(self) -> Item:
         while True:
@@ -157,6 +158,8 @@ class ExcludeFilter(Stage):
             exclusion = self.exclusions[source]
             if exclusion is not None and exclusion.contains(index):
                 self.dropped += 1
+                self.recent.append(key)
+                del self.recent[:-64]
                 continue
             return value, key
 

@@ -188,9 +188,15 @@ def test_exclusion_drops_only_the_excluded(data, config, world_size, saved_at, b
     ledger = Ledger(
         train_dataset(path, world_size=world_size, num_streams=4, **cfg), states=new_states
     )
-    assert [
-        r.restore_key for n in range(saved_at, saved_at + 6) for r in ledger.describe_step(n)
-    ] == [k for step in first for k in step]
+    records = [r for n in range(saved_at, saved_at + 6) for r in ledger.describe_step(n)]
+    assert [r.restore_key for r in records] == [k for step in first for k in step]
+    # each record names the excluded samples dropped while it was made: with the delivered ones
+    # they are exactly the old sequence up to the last delivered sample
+    for stream in got:
+        kept = [(s.source, s.index) for r in records if r.stream == stream for s in r.samples]
+        dropped = [(s.source, s.index) for r in records if r.stream == stream for s in r.excluded]
+        assert set(dropped) <= excluded
+        assert sorted(kept + dropped) == sorted(before[stream][: len(kept) + len(dropped)])
     if saved_at:  # a step before the edit, from states saved after it: replayed from the plan
         history = Ledger(
             train_dataset(path, world_size=world_size, num_streams=4, **cfg), states=mid
