@@ -599,6 +599,17 @@ def _may_be_picked(source: PointerSource) -> list[bool]:
     return [q > 0 for q in schedule.quotas]
 
 
+#: the state fields the C copy knows, per stage class: a stage whose state has others (a newer
+#: schedule, another cursor) is stepped in Python
+_KNOWN_STATES = {
+    PointerSource: {"current", "passes", "schedule", "readers"},
+    ShuffleBuffer: {"buffer", "rng", "exhausted"},
+    ExcludeFilter: {"dropped"},
+}
+_KNOWN_READER_STATE = {"epoch", "pos", "active", "rng", "padded", "yielded", "started"}
+_KNOWN_SCHEDULE_STATE = {"picks", "counts"}
+
+
 def _supported(stages: Sequence[Stage]) -> bool:
     """Whether the C loop reproduces these pointer stages exactly."""
     if not stages or type(stages[0]) is not PointerSource:
@@ -606,7 +617,14 @@ def _supported(stages: Sequence[Stage]) -> bool:
     rest = [type(s) for s in stages[1:]]
     if rest not in ([], [ShuffleBuffer], [ExcludeFilter], [ShuffleBuffer, ExcludeFilter]):
         return False
+    if any(set(stage.state()) != _KNOWN_STATES[type(stage)] for stage in stages):
+        return False
     source: PointerSource = stages[0]  # type: ignore[assignment]
+    state = source.state()
+    if any(set(reader) != _KNOWN_READER_STATE for reader in state["readers"]):
+        return False
+    if state["schedule"] is not None and set(state["schedule"]) != _KNOWN_SCHEDULE_STATE:
+        return False
     schedule = source.schedule
     if schedule is not None and type(schedule) not in (WeightedSchedule, QuotaSchedule):
         return False

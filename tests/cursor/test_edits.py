@@ -32,7 +32,7 @@ from tests.ledger.runs import (
     write_blend,
 )
 
-STEPS = 20
+STEPS = 30
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,9 @@ def test_skip_equals_consuming_the_batches(
     assert report.end - report.start == skipped * world_size
     after = _continue(path, world_size, new_states, 4, **CONFIGS[config])
     assert after == delivered[saved_at + skipped : saved_at + skipped + 4]
+    regrown = _continue(path, 4, redistribute_states(new_states, 4), 2, **CONFIGS[config])
+    flat = [k for step in delivered[saved_at + skipped :] for k in step]
+    assert [k for step in regrown for k in step] == flat[:8]  # elastic restore after a skip
     ledger = Ledger(
         train_dataset(path, world_size=world_size, num_streams=4, **CONFIGS[config]),
         states=new_states,

@@ -123,3 +123,13 @@ def test_finite_passes_and_other_stages_use_python():
     stages = build_pointer_stages(train, 0)
     assert NativePointers.attach(stages) is not None
     assert NativePointers.attach([stages[1]]) is None  # not starting with the pointer source
+
+
+def test_stages_with_state_the_c_copy_does_not_know_use_python(monkeypatch):
+    from energon.pipeline.pointers import PointerSource
+
+    spec = memory_spec([MemoryLeaf(50), MemoryLeaf(30)], mode="weight", num_streams=1)
+    assert NativePointers.attach(build_pointer_stages(spec, 0)) is not None
+    original = PointerSource.state
+    monkeypatch.setattr(PointerSource, "state", lambda self: {**original(self), "step": 3})
+    assert NativePointers.attach(build_pointer_stages(spec, 0)) is None
