@@ -298,3 +298,24 @@ def test_damaged_edits_are_rejected(data, damage):
     damage(state["edits"])
     with pytest.raises(StateError, match="edits"):
         check_state_shape(state)
+
+
+def test_epochized_migration_keeps_continuing_sources_in_place(data):
+    cfg = CONFIGS["plain"]
+    folder = data["folder"] / "new"
+    (folder / "eo").mkdir(exist_ok=True)
+    (folder / "en").mkdir(exist_ok=True)
+    old = str(write_blend(folder / "eo", [data["a"], data["b"]], [1, 2], epochized=True))
+    new = str(write_blend(folder / "en", [data["c"], data["b"]], [1, 1], epochized=True))
+    before, states = run_ranks(old, 2, 10, num_streams=4, **cfg)
+    new_states, report = migrate_states(
+        states, train_dataset(new, world_size=2, num_streams=4, **cfg)
+    )
+    assert "repetitions 2 -> 1" in "\n".join(report.lines())
+    after = _continue(new, 2, new_states, 40, **cfg)
+    old_spec = train_dataset(old, world_size=2, num_streams=4, **cfg).spec
+    got_before, got_after = _samples(before), _samples(after)
+    for stream in range(4):
+        b_samples = [i for s, i in got_before.get(stream, []) + got_after.get(stream, []) if s == 1]
+        reader = pointer_source(old_spec, stream).readers[1]
+        assert b_samples == [reader.next() for _ in b_samples]
