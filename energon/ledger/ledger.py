@@ -27,7 +27,7 @@ from energon.ledger.journal import JournalReader, sources_digest
 from energon.ledger.simulate import assumptions, simulated_spec
 from energon.ledger.timeline import Segment, segment_at, timeline
 from energon.pipeline import snapshot as snapshots
-from energon.pipeline.keys import Key, outputs_of, pointer_target, pointers_of
+from energon.pipeline.keys import Key, outputs_of, pointer_target, pointers_of, stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.plan.edits import PlanEdits, edits_from_json
@@ -204,7 +204,7 @@ class Ledger:
             item=position // self.num_streams,
             status="skipped" if skipped else "seen",
             origin=origin,
-            restore_key=("Stream", position % self.num_streams, position // self.num_streams, key),
+            restore_key=stream_key(position % self.num_streams, position // self.num_streams, key),
             outputs=outputs,
             excluded=excluded,
         )
