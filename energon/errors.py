@@ -9,6 +9,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
     EnergonError (Exception)
         EmptyDatasetError
         StateError (ValueError)
+        NotSimulableError (ValueError)
         SampleException (ValueError)
             FatalSampleError
             SampleReadError
@@ -69,6 +70,12 @@ class StateError(EnergonError, ValueError):
 
 # ---------------------------------------------------------------------------------------------
 # One sample is bad: handled by the error policy
+
+
+class NotSimulableError(EnergonError, ValueError):
+    """The ledger (or a cursor edit) would need to read data to know what a configuration does:
+    a hook decides from decoded samples. The message names the hook and what would make it
+    knowable (``@uses_sample_meta``, a journal)."""
 
 
 class SampleException(EnergonError, ValueError):

@@ -20,6 +20,7 @@ from energon.errors import StateError
 from energon.pipeline import snapshot
 from energon.pipeline.keys import retag_legacy_pointers
 from energon.pipeline.snapshot import StreamSnapshot
+from energon.plan.edits import edits_from_json
 
 STATE_FORMAT = "energon-loader-state"
 # 2: pointer keys name their leaf's kind ("webdataset", "jsonl", ...); 1 tagged all "Webdataset"
@@ -55,9 +56,13 @@ def make_rank_state(
     micro_batch_size: int | None,
     version: int = STATE_VERSION,
     weight_changes: list[dict[str, Any]] | None = None,
+    edits: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``weight_changes``: the blend weight changes made online (``loader.set_blend_weights``), as
-    plain data; part of the position (not of the fingerprint), the same in every rank's state."""
+    plain data; part of the position (not of the fingerprint), the same in every rank's state.
+    ``edits`` (cursor edits as JSON, :mod:`energon.plan.edits`) only when the state was edited
+    (skip, exclude, migrate), so unedited states look as they always did."""
+    extra = {"edits": edits} if edits is not None else {}
     state = {
         "format": STATE_FORMAT,
         "version": version,
@@ -71,6 +76,7 @@ def make_rank_state(
         "pass_offset": pass_offset,
         "micro_batch_size": micro_batch_size,
         "streams": [[s, streams[s]] for s in sorted(streams)],
+        **extra,
     }
     if weight_changes:
         state["weight_changes"] = weight_changes
@@ -111,6 +117,7 @@ def check_state_shape(state: Any) -> dict[str, Any]:
     for entry in state["streams"]:
         if not (isinstance(entry, list | tuple) and len(entry) == 2 and isinstance(entry[1], dict)):
             raise StateError("loader state field 'streams' is damaged")
+    edits_from_json(state.get("edits"))  # raises StateError saying what is wrong
     return state
 
 
@@ -195,6 +202,10 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
                 "states disagree on the blend weight changes: set_blend_weights was not called "
                 "with the same values on every rank (use broadcast=True)"
             )
+        if st.get("edits") != first.get("edits"):
+            raise StateError(
+                "states disagree on their cursor edits (edit all ranks' states together)"
+            )
     ranks = sorted(st["rank"] for st in states)
     if ranks != list(range(first["world_size"])):
         raise StateError(f"need one state per rank 0..{first['world_size'] - 1}, got ranks {ranks}")
@@ -218,6 +229,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
                 micro_batch_size=first.get("micro_batch_size"),
                 version=first["version"],
                 weight_changes=weight_changes(first),
+                edits=first.get("edits"),
             )
         )
     return out

@@ -1,11 +1,12 @@
-"""``energon checkpoint info|redist``: inspect loader states and re-split them for another world size.
+"""``energon checkpoint info|redist|skip|exclude|migrate``: inspect, re-split and edit loader states.
 
 Inputs are JSON files or ``torch.save`` files (read with ``weights_only=True``), each holding one
 rank's state, a Megatron-LM style ``{"dataloader_state_dict": state, ...}``, or a list of all ranks'
 states. ``redist`` writes what it read: the same file format (``torch.save`` in, ``torch.save`` out;
 JSON in, JSON out), the same wrapping (other keys of a Megatron-LM wrapper, e.g. ``iteration``, are
 kept) and the same names (per-rank files follow the input's numbering; one list file keeps its name),
-so a training script resumes from the output exactly as it would from its own files.
+so a training script resumes from the output exactly as it would from its own files. ``skip``,
+``exclude`` and ``migrate`` edit the cursor (see docs/ledger.md) and write the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import re
 from typing import Any
 
 import click
+
+from energon.cli.dataset_options import dataset_options, pop_options
 
 
 @dataclasses.dataclass
@@ -92,6 +95,7 @@ def describe(states: list[dict]) -> list[str]:
             f"dataset {entry['path']} [{entry['split_part']}]: {entry['read']} samples read, "
             f"epoch {entry['epoch']}"
         )
+    lines += describe_edits(first.get("edits"))
     for st in states:
         next_position = st["origin"] + st["rank"] + st["consumed"] * st["world_size"]
         lines.append(
@@ -110,6 +114,33 @@ def _describe_weight(config: dict) -> str:
     from energon.plan.schedules import WeightSchedule
 
     return WeightSchedule.from_config(config).describe()
+
+
+def describe_edits(data: dict | None) -> list[str]:
+    """The cursor edits of a state, one line each (skips, exclusions, migrations)."""
+    from energon.plan.edits import edits_from_json
+
+    edits = edits_from_json(data)
+    if edits is None:
+        return []
+    lines = []
+    for entry in edits.history:
+        if entry["edit"] == "skip":
+            lines.append(f"edit: skipped positions {entry['start']}..{entry['end'] - 1}")
+        elif entry["edit"] == "exclude":
+            count = sum(b - a for e in entry["exclude"] for a, b in e["ranges"])
+            names = ", ".join(f"{e['path']} [{e['split_part']}]" for e in entry["exclude"])
+            lines.append(
+                f"edit: excluded {count} samples of {names} at position {entry['position']}"
+            )
+        else:
+            changes = entry.get("changes", {})
+            lines.append(
+                f"edit: migrated at position {entry['position']} from configuration "
+                f"{entry.get('from')} ({len(changes.get('added', []))} sources added, "
+                f"{len(changes.get('removed', []))} removed, {changes.get('continuing')} continuing)"
+            )
+    return lines
 
 
 @click.group(name="checkpoint")
@@ -133,22 +164,189 @@ def info(files: tuple[str, ...]) -> None:
 def redist(files: tuple[str, ...], output_dir: str, new_world_size: int) -> None:
     """Turn the states of all ranks into states for NEW_WORLD_SIZE ranks, written in the input's
     format, wrapping and naming."""
-    from energon.state import redistribute_states, save_state_file
+    from energon.state import redistribute_states
 
     read = [read_state_file(path) for path in files]
     new_states = redistribute_states(_by_rank(read), new_world_size)
+    count = write_states(read, new_states, output_dir)
+    click.echo(f"Wrote {count} file(s) with states for world size {new_world_size} to {output_dir}")
+
+
+def write_states(read: list[StateFile], new_states: list[dict], output_dir: str) -> int:
+    """Write ``new_states`` as the input files were written (format, wrapping, names); returns the
+    number of files."""
+    from energon.state import save_state_file
+
     os.makedirs(output_dir, exist_ok=True)
     template = read[0]
     if len(read) == 1 and template.holds_list:  # one global file in, one global file out
         outputs = [(os.path.basename(template.path), template.payload(new_states))]
     else:
-        names = output_names([f.path for f in read], new_world_size)
+        names = output_names([f.path for f in read], len(new_states))
         outputs = [(name, template.payload(st)) for name, st in zip(names, new_states)]
     for name, payload in outputs:
         save_state_file(payload, os.path.join(output_dir, name), template.file_format)
-    click.echo(
-        f"Wrote {len(outputs)} file(s) with states for world size {new_world_size} to {output_dir}"
-    )
+    return len(outputs)
+
+
+def _dataset_for(config: str | None, options: dict, states: list[dict]):
+    """The training dataset of the states: built from ``config`` and options, or (without a
+    config) rebuilt from the states' fingerprint."""
+    if config is not None:
+        from energon.cli.dataset_options import build_dataset
+
+        return build_dataset(config, options, states)
+    if options:
+        raise click.UsageError("dataset options need --config")
+    from energon.cursor.rebuild import dataset_from_state
+
+    return dataset_from_state(states[0])
+
+
+def _edit(files: tuple[str, ...], output_dir: str, edit) -> None:
+    """Read ``files``, apply ``edit(states) -> (new_states, report)``, write like redist."""
+    from energon.errors import NotSimulableError, StateError
+
+    read = [read_state_file(path) for path in files]
+    try:
+        new_states, report = edit(_by_rank(read))
+    except (StateError, NotSimulableError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    for line in report.lines():
+        click.echo(line)
+    count = write_states(read, new_states, output_dir)
+    click.echo(f"Wrote {count} file(s) to {output_dir}")
+
+
+_STATE_FILES = click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False)
+)
+_OUTPUT = click.argument("output_dir", type=click.Path(file_okay=False))
+_CONFIG = click.option(
+    "--config",
+    type=str,
+    help="The training configuration (dataset or metadataset); default: rebuilt from the state.",
+)
+
+
+@command.command(name="skip")
+@_STATE_FILES
+@_OUTPUT
+@click.option("--steps", type=int, required=True, help="Steps to skip.")
+@click.option("--micro-batches-per-step", type=int, default=1, show_default=True)
+@click.option(
+    "--read-data",
+    is_flag=True,
+    help="If hooks decide from decoded data, run the real pipeline over the skipped steps.",
+)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@_CONFIG
+@dataset_options
+def skip(
+    files: tuple[str, ...],
+    output_dir: str,
+    steps: int,
+    micro_batches_per_step: int,
+    read_data: bool,
+    no_progress: bool,
+    config: str | None,
+    **kwargs,
+) -> None:
+    """States that resume STEPS steps later, as if those batches had been consumed (nothing is
+    read unless --read-data); the ledger shows the skipped steps as skipped."""
+    from energon.cursor.skip import skip_steps
+
+    options = pop_options(kwargs)
+
+    def edit(states: list[dict]):
+        return skip_steps(
+            states,
+            steps,
+            dataset=_dataset_for(config, options, states),
+            micro_batches_per_step=micro_batches_per_step,
+            read_data=read_data,
+            progress=not no_progress,
+        )
+
+    _edit(files, output_dir, edit)
+
+
+@command.command(name="exclude")
+@_STATE_FILES
+@_OUTPUT
+@click.option("--key", "keys", multiple=True, help="A sample key to exclude (repeatable).")
+@click.option(
+    "--keys-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A file with one sample key per line.",
+)
+@click.option("--shard", "shards", multiple=True, help="A shard (name in the split, or path).")
+@click.option(
+    "--dataset",
+    "datasets",
+    multiple=True,
+    help="A dataset path (or source number) whose every sample is excluded.",
+)
+@click.option(
+    "--within",
+    multiple=True,
+    help="Look keys and shards up in this dataset only (repeatable; default: every dataset).",
+)
+@_CONFIG
+@dataset_options
+def exclude(
+    files: tuple[str, ...],
+    output_dir: str,
+    keys: tuple[str, ...],
+    keys_file: str | None,
+    shards: tuple[str, ...],
+    datasets: tuple[str, ...],
+    within: tuple[str, ...],
+    config: str | None,
+    **kwargs,
+) -> None:
+    """States that never deliver the given samples again; every other sample keeps its order."""
+    from energon.cursor.exclude import exclude_samples
+
+    options = pop_options(kwargs)
+    all_keys = list(keys)
+    if keys_file is not None:
+        with open(keys_file) as f:
+            all_keys += [line.strip() for line in f if line.strip()]
+    if not (all_keys or shards or datasets):
+        raise click.UsageError("give --key, --keys-file, --shard or --dataset")
+
+    def edit(states: list[dict]):
+        return exclude_samples(
+            states,
+            keys=all_keys,
+            shards=shards,
+            datasets=datasets,
+            within=within,
+            dataset=_dataset_for(config, options, states),
+        )
+
+    _edit(files, output_dir, edit)
+
+
+@command.command(name="migrate")
+@_STATE_FILES
+@_OUTPUT
+@click.option("--config", type=str, required=True, help="The edited configuration.")
+@dataset_options
+def migrate(files: tuple[str, ...], output_dir: str, config: str, **kwargs) -> None:
+    """States for an edited configuration (weights changed, sources added or removed): continuing
+    sources keep their place, new ones start at their beginning, removed ones are dropped."""
+    from energon.cursor.migrate import migrate_states
+
+    options = pop_options(kwargs)
+
+    def edit(states: list[dict]):
+        from energon.cli.dataset_options import build_dataset
+
+        return migrate_states(states, build_dataset(config, options, states))
+
+    _edit(files, output_dir, edit)
 
 
 def output_names(files: list[str], count: int) -> list[str]:

@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "lint": "energon.cli.lint",
     "preview": "energon.cli.preview",
     "checkpoint": "energon.cli.checkpoint",
+    "ledger": "energon.cli.ledger",
     "analyze-debug": "energon.cli.analyze_debug",
     "demo": "energon.cli.demo",
     "preprocess": "energon.cli.preprocess",

@@ -22,6 +22,7 @@ import torch.utils.data
 
 from energon import debug_log
 from energon.errors import SkipSample, StateError
+from energon.ledger.journal import JournalWriter, sources_digest
 from energon.loader.blend_report import BlendReport, BlendTracker, source_names, source_rows
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
@@ -31,6 +32,7 @@ from energon.pipeline.keys import Key, as_key, attach_restore_key, parse_stream_
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import check_blend_streams
 from energon.pipeline.stage import Value
+from energon.plan.edits import PlanEdits, edits_from_json
 from energon.plan.schedules import FlatWeights, WeightChange, WeightSchedule
 from energon.state import (
     check_compatible,
@@ -119,6 +121,9 @@ class Loader:
         self._restart_at: int | None = None  # reopen the source here (blend weights changed)
         self._blend_window = BLEND_REPORT_WINDOW
         self._blend_tracker = self._new_blend_tracker()
+        self.journal_dir: str | None = None
+        self._journal: JournalWriter | None = None
+        self._journal_spec: Any = None
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
 
@@ -176,6 +181,8 @@ class Loader:
                 self._finish_pass()
                 return
             self._record(meta)
+            if self.journal_dir is not None:
+                self._journal_writer().append(meta.position, meta.key)
             if meta.arena:
                 value = self._arena.import_(value)
             self._log_yield(value, meta, iter_id, iter_idx)
@@ -235,6 +242,28 @@ class Loader:
         self._consumed = (meta.position - self._origin - wc.rank) // wc.world_size + 1
         self._pass_offset += 1
 
+    def start_journal(self, directory: str) -> None:
+        """Record the position and restore key of every micro-batch this loader delivers from now
+        on in ``directory``, so that the ledger can say exactly what past steps held whatever the
+        task encoder's hooks did (see docs/ledger.md). Call it before iterating."""
+        if self._source is not None:
+            raise RuntimeError("start_journal must be called before iterating the loader")
+        self.journal_dir = directory
+        self.dataset.journal_keys = True
+
+    def _journal_writer(self) -> JournalWriter:
+        """The journal of this rank under the current source numbering (see energon.ledger)."""
+        journal = self._journal
+        if journal is None or self._journal_spec is not self.dataset.spec:
+            digest = sources_digest(self.dataset.spec.fingerprint())
+            if journal is None or journal.digest != digest:
+                if journal is not None:
+                    journal.close()
+                journal = JournalWriter(self.journal_dir, self.worker_config.rank, digest)
+                self._journal = journal
+            self._journal_spec = self.dataset.spec
+        return journal
+
     def _open_source(self) -> Iterator[tuple[Value, ItemMeta]]:
         wc = self.worker_config
         self._restart_at = None  # the new source runs the current spec
@@ -290,12 +319,16 @@ class Loader:
     def __del__(self) -> None:
         try:
             self._close_source()
+            if self._journal is not None:
+                self._journal.close()
         except Exception:
             pass
 
     # -- state -------------------------------------------------------------------------------
     def save_state_rank(self) -> dict[str, Any]:
         """This rank's position as plain data (JSON-serialisable; safe for ``torch.load``)."""
+        if self._journal is not None:
+            self._journal.flush()  # every batch before a checkpoint is in the journal
         fp, digest = self.dataset.fingerprint()
         spec = self.dataset.spec
         state = make_rank_state(
@@ -310,6 +343,7 @@ class Loader:
             streams=self._snapshots,
             micro_batch_size=spec.batch_size,
             weight_changes=[c.config() for c in spec.weight_changes],
+            edits=spec.edits.to_json() if spec.edits is not None else None,
         )
         return json.loads(json.dumps(state))
 
@@ -320,8 +354,14 @@ class Loader:
         if self._source is not None:
             raise StateError("restore_state_rank must be called before iterating the loader")
         state = check_state_shape(state)
+        unedited = self.dataset.spec
+        self._apply_edits(edits_from_json(state.get("edits")))
         fp, digest = self.dataset.fingerprint()
-        check_compatible(state, fp, digest)
+        try:
+            check_compatible(state, fp, digest)
+        except StateError:
+            self.dataset.spec = unedited
+            raise
         state = upgrade_state(state, self.dataset.spec.pointer_kinds())
         wc = self.worker_config
         if (state["rank"], state["world_size"]) != (wc.rank, wc.world_size):
@@ -341,6 +381,22 @@ class Loader:
         self._pass_offset = state["pass_offset"]
         self._snapshots = copy.deepcopy(stream_snapshots(state))
         self._blend_tracker = self._new_blend_tracker()
+
+    def _apply_edits(self, edits: PlanEdits | None) -> None:
+        """Continue under the cursor edits of the state (skip, exclude, migrate: they change the
+        plan, and the state's fingerprint describes the edited configuration)."""
+        spec = self.dataset.spec
+        if (
+            edits is not None
+            and edits.sources is not None
+            and len(edits.sources) != len(spec.sources)
+        ):
+            raise StateError(
+                f"the state's cursor edits describe {len(edits.sources)} sources, but this "
+                f"configuration has {len(spec.sources)}: it belongs to another configuration"
+            )
+        if edits != spec.edits:
+            self.dataset.spec = dataclasses.replace(spec, edits=edits)
 
     def _set_num_streams(self, num_streams: int) -> None:
         spec = self.dataset.spec

@@ -41,6 +41,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
         self.worker_config = worker_config
         self.resume = ResumePoint()
         self.arena: BatchArena | None = None
+        self.journal_keys = False  # items carry their restore keys (a loader keeps a journal)
 
     # -- sizes -------------------------------------------------------------------------------
     def positions_per_pass(self) -> int | None:
@@ -138,6 +139,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
             self.resume.snapshots,
             end=self.pass_end(),
             build=self.build_stream,
+            keys=self.journal_keys,
         )
 
     def worker_items(self) -> Iterator[tuple[Value, ItemMeta]]:

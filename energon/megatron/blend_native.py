@@ -2,30 +2,24 @@
 
 megatron-core's blend rule is inherently sequential (each choice changes the counts the next one
 compares), O(samples x datasets): in Python it costs microseconds per sample. This module holds a
-20-line C version of exactly the same float64 arithmetic, built with ``cc`` into a per-user cache
-the first time it is needed and loaded with ``ctypes``. Nothing here is required: without a compiler
-(or with ``ENERGON_NO_NATIVE=1``) ``load()`` returns None and ``gpt_indices`` uses its Python loop.
+20-line C version of exactly the same float64 arithmetic, built with ``cc`` the first time it is
+needed (:mod:`energon.native`). Nothing here is required: without a compiler (or with
+``ENERGON_NO_NATIVE=1``) ``load()`` returns None and ``gpt_indices`` uses its Python loop.
 
 Bit-equality with the Python loop (and with megatron-core's C++ helper) rests on: IEEE float64
 throughout, ``-ffp-contract=off`` (no fused multiply-add, which would round ``w*x - c`` once instead
 of twice), no ``-ffast-math``, the same ``max(i, 1)`` and the same strict ``>`` (first max wins).
-The library is built in a temporary file and renamed into place, so concurrent first users are safe.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tempfile
 import threading
 from typing import Any
 
 import numpy as np
+
+from energon import native
 
 SOURCE = r"""
 #include <stdint.h>
@@ -73,64 +67,25 @@ void energon_blend_exhaustive(const double *weights, const int64_t *sizes, int64
 }
 """
 
-FLAGS = ("-O2", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC")
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
 
 
-def cache_dir() -> str:
-    base = os.environ.get("ENERGON_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "energon",
-    )
-    return os.path.join(base, "native")
-
-
-def library_path() -> str:
-    """Name keyed by the source, the flags, the platform and the Python ABI tag."""
-    digest = hashlib.sha256(
-        "\0".join([SOURCE, *FLAGS, sysconfig.get_platform(), sys.implementation.cache_tag]).encode()
-    ).hexdigest()[:16]
-    return os.path.join(cache_dir(), f"blend-{digest}.so")
-
-
-def _compile(target: str) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler (cc) found")
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(target)) as tmp:
-        src = os.path.join(tmp, "blend.c")
-        with open(src, "w") as f:
-            f.write(SOURCE)
-        out = os.path.join(tmp, "blend.so")
-        subprocess.run(
-            [compiler, *FLAGS, src, "-o", out], check=True, capture_output=True, timeout=120
-        )
-        os.replace(out, target)
-
-
 def load() -> Any:
     """The loaded library (``ctypes.CDLL``), or None where it cannot be built or is disabled."""
-    if os.environ.get("ENERGON_NO_NATIVE"):
+    if native.disabled():
         return None
     with _lock:
         if "lib" in _loaded:
             return _loaded["lib"]
-        lib = None
-        try:
-            path = library_path()
-            if not os.path.isfile(path):
-                _compile(path)
-            lib = ctypes.CDLL(path)
+        lib = native.load_library("blend", SOURCE)
+        if lib is not None:
             p = ctypes.c_void_p
             i64 = ctypes.c_int64
             lib.energon_blend.argtypes = [p, i64, i64, p, p, p]
             lib.energon_blend.restype = None
             lib.energon_blend_exhaustive.argtypes = [p, p, i64, i64, p, p, p]
             lib.energon_blend_exhaustive.restype = None
-        except (OSError, subprocess.SubprocessError, AttributeError):
-            lib = None
         _loaded["lib"] = lib
         return lib
 

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 from energon import debug_log
-from energon.pipeline.keys import attach_restore_key, stream_key
+from energon.pipeline.keys import Key, attach_restore_key, stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Value
@@ -31,10 +31,18 @@ class ItemMeta:
     snapshot: StreamSnapshot
     arena: bool = False
     worker: int = 0  # the rank's worker that made it (debug logs)
+    key: Key | None = None  # the item's restore key, when the loader keeps a journal
 
     def __reduce__(self) -> tuple:
         # positional arguments: smaller and faster to pickle than the slots' name -> value mapping
-        return ItemMeta, (self.position, self.stream, self.snapshot, self.arena, self.worker)
+        return ItemMeta, (
+            self.position,
+            self.stream,
+            self.snapshot,
+            self.arena,
+            self.worker,
+            self.key,
+        )
 
 
 class Executor:
@@ -45,8 +53,10 @@ class Executor:
         snapshots: dict[int, StreamSnapshot] | None = None,
         end: int | None = None,
         build: Callable[[int], Stream] | None = None,
+        keys: bool = False,
     ) -> None:
         self.spec = spec
+        self.keys = keys  # put each item's restore key into its ItemMeta (journals)
         self.layout = layout
         self.snapshots = snapshots or {}
         self.end = end
@@ -100,6 +110,16 @@ class Executor:
             except StopIteration:
                 exhausted.add(stream_id)
                 continue
-            attach_restore_key(value, stream_key(stream_id, index, key))
+            loader_key = stream_key(stream_id, index, key)
+            attach_restore_key(value, loader_key)
             self._log_item(value)
-            yield value, ItemMeta(m, stream_id, stream.state(), worker=self.layout.worker)
+            yield (
+                value,
+                ItemMeta(
+                    m,
+                    stream_id,
+                    stream.state(),
+                    worker=self.layout.worker,
+                    key=loader_key if self.keys else None,
+                ),
+            )

@@ -78,6 +78,45 @@ def batch_members(key: Key) -> tuple[Key, ...]:
     return key[2]
 
 
+def is_pointer(key: Key) -> bool:
+    return len(key) == 3 and key[0] not in (MAP, PACK, BATCH, STREAM) and isinstance(key[2], int)
+
+
+def is_group(key: Key) -> bool:
+    """Whether an item was made from several samples (a pack or a batch, or a hook's output on
+    one)."""
+    while key[0] == MAP:
+        key = map_parts(key)[2]
+    return key[0] in (PACK, BATCH)
+
+
+def outputs_of(key: Key) -> list[Key]:
+    """The items a yielded micro-batch is made of: a batch's members (also through a hook such as
+    ``encode_batch``), or the item itself when there is no batching."""
+    inner = key
+    while inner[0] == MAP:
+        inner = map_parts(inner)[2]
+    return list(batch_members(inner)) if inner[0] == BATCH else [key]
+
+
+def pointers_of(key: Key) -> list[Key]:
+    """The sample pointers an item was made from, in order (a sample: one; a pack or a batch: its
+    members'; a hook's output: its input's)."""
+    if is_pointer(key):
+        return [key]
+    if key[0] == MAP:
+        return pointers_of(map_parts(key)[2])
+    if key[0] == PACK:
+        members = pack_parts(key)[2]
+    elif key[0] == BATCH:
+        members = batch_members(key)
+    elif key[0] == STREAM:
+        return pointers_of(key[3])
+    else:
+        raise ValueError(f"not a restore key: {key!r}")
+    return [p for member in members for p in pointers_of(member)]
+
+
 def parse_stream_key(data: Any) -> tuple[int, int, Key]:
     """(stream_id, item index, key inside the stream) of a loader-level key, also one that went
     through JSON."""

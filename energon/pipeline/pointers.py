@@ -2,8 +2,9 @@
 
 :func:`build_pointer_stages` builds the first stages of a logical stream: the
 :class:`PointerSource` (one :class:`~energon.plan.reader.SliceReader` per source, mixed by a
-:class:`~energon.plan.mixing.Schedule`) and the :class:`ShuffleBuffer`. Their items are pointer keys
-``(kind, source, index)``, their states are a few integers and keys. ``build_stream`` puts the loading
+:class:`~energon.plan.mixing.Schedule`), the :class:`ShuffleBuffer` and, when cursor edits exclude
+samples, the :class:`ExcludeFilter`. Their items are pointer keys ``(kind, source, index)``, their
+states are a few integers and keys. ``build_stream`` puts the loading
 and task-encoder stages behind them; anything that must know the order without reading samples (the
 ledger: which samples step N saw) can run these stages alone.
 """
@@ -13,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from energon import debug_log
-from energon.pipeline.keys import Key, as_key, pointer_key
+from energon.pipeline.keys import Key, as_key, pointer_key, pointer_target
 from energon.pipeline.snapshot import PointerState
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage, StageState, Value
+from energon.plan.edits import Exclusion
 from energon.plan.mixing import QuotaSchedule, Schedule, WeightedSchedule
 from energon.plan.reader import ReaderProgress, ReadObserver, SliceReader
 from energon.plan.rng import CounterRng, stable_seed
@@ -160,7 +162,9 @@ def _iter_record(reader: SliceReader) -> dict:
 def _next_epoch_record(reader: SliceReader, progress: ReaderProgress, count: int) -> dict:
     return {
         "t": f"{_LOADER}._slices_iter.next_epoch",
-        "pending_slice_indexes": reader.slice_order()[::-1],  # a stack: the last opens first
+        "pending_slice_indexes": [int(s) for s in reader.slice_order(progress.epoch)][
+            ::-1
+        ],  # a stack: the last opens first
         "count": count,
         "epoch": progress.epoch,
         "epoch_count": 0,
@@ -235,18 +239,58 @@ class ShuffleBuffer(Stage):
         return self.upstream.rebuild(key)
 
 
+class ExcludeFilter(Stage):
+    """Drops the pointers that cursor edits excluded (``exclusions[i]``: source ``i``'s).
+
+    It sits behind the shuffle buffer, so everything before it runs exactly as without the edit:
+    the samples that are not excluded come in the same order as before, only the excluded ones are
+    missing (see :mod:`energon.plan.edits`). Its state counts the dropped pointers.
+    """
+
+    def __init__(self, upstream: Stage, exclusions: Sequence[Exclusion | None]) -> None:
+        self.upstream = upstream
+        self.exclusions = list(exclusions)
+        self.dropped = 0
+        self.recent: list[Key] = []  # dropped pointers, for whoever watches (not state)
+
+    def next(self) -> Item:
+        while True:
+            value, key = self.upstream.next()
+            source, index = pointer_target(key)
+            exclusion = self.exclusions[source]
+            if exclusion is not None and exclusion.contains(index):
+                self.dropped += 1
+                self.recent.append(key)
+                del self.recent[:-64]
+                continue
+            return value, key
+
+    def state(self) -> StageState:
+        return {"dropped": self.dropped}
+
+    def restore(self, state: StageState) -> None:
+        self.dropped = int(state["dropped"])
+
+    def rebuild(self, key: Key) -> Value:
+        return self.upstream.rebuild(key)
+
+
 def build_pointer_stages(
     spec: PipelineSpec,
     stream_id: int,
     observers: Sequence[ReadObserver | None] | None = None,
 ) -> list[Stage]:
     """The pointer stages of stream ``stream_id``: its pointer source, then its shuffle buffer (in
-    training, when the spec asks for one). ``observers[i]`` hears which samples of source ``i`` come
-    soon (prefetching); without observers nothing outside the plan is touched."""
+    training, when the spec asks for one), then the exclusion filter (when cursor edits exclude
+    samples). ``observers[i]`` hears which samples of source ``i`` come soon (prefetching); without
+    observers nothing outside the plan is touched."""
     stages: list[Stage] = [pointer_source(spec, stream_id, observers)]
     if spec.training and spec.shuffle_buffer_size and spec.shuffle_buffer_size > 1:
         rng = CounterRng(stable_seed(spec.seed, "shuffle-buffer", stream_id))
         stages.append(ShuffleBuffer(stages[-1], spec.shuffle_buffer_size, rng))
+    exclusions = spec.exclusions()
+    if any(e is not None for e in exclusions):
+        stages.append(ExcludeFilter(stages[-1], exclusions))
     return stages
 
 
@@ -264,6 +308,7 @@ def pointer_source(
     padded = next((i for i, (start, end) in enumerate(ranges) if end > start), 0)
     mixing = spec.training and spec.mode in ("weight", "repetitions")
     readers = []
+    ids = spec.source_ids()
     for i, (source, (start, end)) in enumerate(zip(spec.sources, ranges)):
         bounds = slice_bounds(start, end, source.leaf.shard_starts, spec.max_samples_per_sequence)
         parallel = spec.parallel_shard_iters
@@ -275,7 +320,7 @@ def pointer_source(
         readers.append(
             SliceReader(
                 bounds,
-                seed=stable_seed(spec.seed, "reader", i, stream_id),
+                seed=stable_seed(spec.seed, "reader", ids[i], stream_id),
                 shuffle=spec.training,
                 shuffle_over_epochs=source.shuffle_over_epochs if spec.training else None,
                 parallel_slices=parallel,

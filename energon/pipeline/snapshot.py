@@ -46,6 +46,14 @@ def stage_states(snapshot: StreamSnapshot) -> list[dict[str, Any]]:
     return snapshot["stages"]
 
 
+def with_stage_state(snapshot: StreamSnapshot, index: int, state: dict[str, Any]) -> StreamSnapshot:
+    """The snapshot of a chain into which a stage was inserted at ``index`` (a cursor edit that
+    adds a stage, e.g. the exclusion filter), with that stage starting from ``state``."""
+    stages = list(snapshot["stages"])
+    stages.insert(index, state)
+    return make_snapshot(emitted(snapshot), stages)
+
+
 def pointer_state(snapshot: StreamSnapshot) -> PointerState:
     return snapshot["stages"][POINTER_STAGE]  # type: ignore[return-value]
 

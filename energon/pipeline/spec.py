@@ -9,6 +9,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from energon.errors import ErrorHandler, MetadatasetError
+from energon.plan.edits import Exclusion, PlanEdits
 from energon.plan.schedules import FlatWeights, Mixture, WeightChange, WeightFunction
 from energon.plan.sharding import stream_counts
 from energon.task_encoder.base import DefaultTaskEncoder, TaskEncoder
@@ -52,6 +53,7 @@ class PipelineSpec:
     # blend weights changed online (loader.set_blend_weights), by position; not in the fingerprint
     weight_changes: tuple[WeightChange, ...] = ()
     global_batch_size: int | None = None  # samples per training step, to convert steps
+    edits: PlanEdits | None = None  # cursor edits of a restored state (energon.plan.edits)
 
     def blend_weights(self) -> WeightFunction:
         """The configured raw weight of each source as a function of the global sample clock."""
@@ -76,12 +78,31 @@ class PipelineSpec:
         return [source.leaf.kind for source in self.sources]
 
     def source_rotations(self) -> list[int]:
-        """Each source's remainder samples start where the previous source's stopped (balance)."""
+        """Each source's remainder samples start where the previous source's stopped (balance),
+        unless cursor edits fixed them (a migrated source keeps its old ranges)."""
+        if self.edits is not None and self.edits.sources is not None:
+            return [identity.rotation for identity in self.edits.sources]
         rotations, total = [], 0
         for source in self.sources:
             rotations.append(total % self.num_streams)
             total += len(source)
         return rotations
+
+    def source_ids(self) -> list[int]:
+        """The number each source's readers are seeded with: its position, unless cursor edits
+        fixed it (a migrated source keeps its old number, so its slice order stays the same)."""
+        if self.edits is not None and self.edits.sources is not None:
+            return [identity.id for identity in self.edits.sources]
+        return list(range(len(self.sources)))
+
+    def exclusions(self) -> list[Exclusion | None]:
+        """Per source: the samples cursor edits exclude from now on (None: none)."""
+        if self.edits is None or not self.edits.exclude:
+            return [None] * len(self.sources)
+        return [
+            self.edits.exclusion_for(source.leaf.fingerprint()["path"], source.leaf.split_part)
+            for source in self.sources
+        ]
 
     def source_stream_counts(self) -> list[list[int]]:
         """[source][stream] -> samples of that source in that stream's range."""
@@ -152,7 +173,11 @@ class PipelineSpec:
     def fingerprint(self) -> dict[str, Any]:
         """What must be equal for a saved state to mean the same thing in this pipeline."""
         te = self.task_encoder
+        edited = {}
+        if self.edits is not None and self.edits.changes_plan:
+            edited = {"edits": self.edits.fingerprint()}
         return {
+            **edited,
             "datasets": [source.fingerprint() for source in self.sources],
             "mode": self.mode,
             "training": self.training,

@@ -51,6 +51,16 @@ class Stage(ABC):
     def rebuild(self, key: Key) -> Value:
         """The value that ``key`` names."""
 
+    def skip_items(self, count: int) -> int | None:
+        """Move the state forward as if this stage had emitted ``count`` more items, without
+        computing them; returns how many upstream items that consumed, or None (and changes
+        nothing) when that depends on the data (buffers, packing, grouping, generators).
+
+        The ledger uses it to jump a simulated stream ahead: only the pointer stages have to run
+        item by item (see ``energon.ledger.advance``). It assumes no item fails or is skipped.
+        """
+        return None
+
     def __iter__(self) -> Iterator[Item]:
         return self
 

@@ -96,6 +96,9 @@ class LoadStage(Stage):
     def restore(self, state: StageState) -> None:
         self.restore_counters(state)
 
+    def skip_items(self, count: int) -> int | None:
+        return count  # one sample per pointer (when nothing fails to load)
+
     def rebuild(self, key: Key) -> Value:
         source, index = pointer_target(key)
         sample = self.leaves[source].load(index, self.decoder, key)
@@ -240,6 +243,12 @@ class MapStage(Stage):
         attach_restore_key(value, out_key)
         return value, out_key
 
+    def skip_items(self, count: int) -> int | None:
+        if self._open is not None or inspect.isgeneratorfunction(self.fn):
+            return None  # how many outputs a generator yields depends on the data
+        self._inputs += count
+        return count
+
     def state(self) -> StageState:
         pending = None
         if self._open is not None:
@@ -270,6 +279,18 @@ class MapStage(Stage):
             result = _call_hook(next, sample_index, result)
         attach_restore_key(result, key)
         return result
+
+
+class ConstantSize:
+    """A batch-size schedule that is the same for every batch (its sums need no loop)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int | None) -> None:
+        self.size = size
+
+    def __call__(self, batch: int) -> int | None:
+        return self.size
 
 
 class BatchStage(Stage):
@@ -329,6 +350,14 @@ class BatchStage(Stage):
         self._batches = int(state["batches"])
         self.restore_counters(state)
 
+    def skip_items(self, count: int) -> int | None:
+        if isinstance(self.sizes, ConstantSize) and self.sizes.size is not None:
+            consumed = self.sizes.size * count
+        else:
+            consumed = sum(map(self.sizes, range(self._batches, self._batches + count)))
+        self._batches += count
+        return consumed
+
     def rebuild(self, key: Key) -> Value:
         return _rebuild_batch(self.upstream, self.batcher, key, self.stream, self.num_streams)
 
@@ -353,8 +382,10 @@ class PackStage(Stage):
         stream: int,
         num_streams: int,
         empty_rounds_tolerance: int = 10,
+        view: Callable[[Value, Key], Any] | None = None,
     ) -> None:
         self.upstream = upstream
+        self.view = view  # what select sees of an item (its SampleMeta for @uses_sample_meta)
         self.buffer_size = buffer_size
         self.select = select
         self.pack = pack
@@ -409,11 +440,12 @@ class PackStage(Stage):
 
     def _select_groups(self) -> bool:
         """Move the groups chosen by the hook from the reading buffer to the pending list."""
-        by_id = {id(value): (value, key) for value, key in self._reading}
+        seen = [v if self.view is None else self.view(v, k) for v, k in self._reading]
+        by_id = {id(value): item for value, item in zip(seen, self._reading)}
         index = self._rounds * self.num_streams + self.stream
         self._rounds += 1
         try:
-            groups = _call_hook(self.select, index, [value for value, _ in self._reading])
+            groups = _call_hook(self.select, index, seen)
         except Exception as e:
             self.policy.failed(e, None)
             self.policy.skipped += len(self._reading) - 1
@@ -432,7 +464,9 @@ class PackStage(Stage):
                 items.append(by_id[id(value)])
             if items:
                 pending.append(items)
-        self._reading = [item for item in self._reading if id(item[0]) not in chosen]
+        self._reading = [
+            item for value, item in zip(seen, self._reading) if id(value) not in chosen
+        ]
         self._pending = pending
         return bool(pending)
 
@@ -559,8 +593,11 @@ class GroupBatchStage(Stage):
         max_wait: int | None = None,
         stream: int = 0,
         num_streams: int = 1,
+        view: Callable[[Value, Key], Any] | None = None,
     ) -> None:
         self.upstream = upstream
+        # what the criterion sees of an item (its SampleMeta for @uses_sample_meta)
+        self.view = view
         self.criterion = criterion
         self.batcher = batcher
         self.policy = policy
@@ -594,7 +631,8 @@ class GroupBatchStage(Stage):
         index = self._seen * self.num_streams + self.stream
         self._seen += 1
         try:
-            group, size = _call_hook(self.criterion, index, value)
+            seen = value if self.view is None else self.view(value, key)
+            group, size = _call_hook(self.criterion, index, seen)
         except Exception as e:
             self.policy.failed(e, value)
             return

@@ -11,13 +11,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from energon.errors import ErrorPolicy, FatalSampleError, MetadatasetError, log_exception
-from energon.pipeline.keys import Key
+from energon.pipeline.keys import Key, is_group, pointer_target, pointers_of
 from energon.pipeline.pointers import PointerSource, build_pointer_stages
 from energon.pipeline.snapshot import StreamSnapshot, emitted, make_snapshot, stage_states
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage, Value
 from energon.pipeline.stages import (
     BatchStage,
+    ConstantSize,
     GroupBatchStage,
     Hook,
     LoadStage,
@@ -32,7 +33,13 @@ from energon.source.file_store import (
     WebdatasetFileStore,
     open_file_store,
 )
-from energon.task_encoder.base import DefaultTaskEncoder, TaskEncoder, hook_context
+from energon.source.meta import SampleMeta, meta_reader
+from energon.task_encoder.base import (
+    DefaultTaskEncoder,
+    TaskEncoder,
+    decides_from_sample_meta,
+    hook_context,
+)
 from energon.task_encoder.cooking import select_cooker
 
 if TYPE_CHECKING:
@@ -115,6 +122,29 @@ def prefetch_observers(spec: PipelineSpec) -> list[ReadObserver | None]:
     ]
 
 
+def sample_meta_view(spec: PipelineSpec) -> Callable[[Value, Key], Any]:
+    """What a hook marked ``@uses_sample_meta`` sees of an item: the :class:`SampleMeta` of the
+    sample it was made from (a packed item: the list of its members')."""
+    readers: dict[int, Any] = {}
+
+    def meta(pointer: Key) -> SampleMeta:
+        source, index = pointer_target(pointer)
+        reader = readers.get(source)
+        if reader is None:
+            reader = readers[source] = meta_reader(spec.sources[source].leaf)
+        return SampleMeta(reader, source, index)
+
+    def view(value: Value, key: Key) -> Any:
+        metas = [meta(p) for p in pointers_of(key)]
+        return metas if is_group(key) else metas[0]
+
+    return view
+
+
+def _view_for(spec: PipelineSpec, hook: Any) -> Callable[[Value, Key], Any] | None:
+    return sample_meta_view(spec) if decides_from_sample_meta(hook) else None
+
+
 def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     """The stage chain of ``stream_id``: pointers -> shuffle -> load (+cook) -> encode -> pack ->
     batch or group -> encode batch. Only hooks the task encoder overrides become stages."""
@@ -170,6 +200,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 policy("pack_selected_samples", te.pack_selected_samples),
                 stream=stream_id,
                 num_streams=spec.num_streams,
+                view=_view_for(spec, te.select_samples_to_pack),
             )
         )
     elif postencode is not None:
@@ -186,6 +217,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 max_wait=spec.group_max_wait,
                 stream=stream_id,
                 num_streams=spec.num_streams,
+                view=_view_for(spec, te.batch_group_criterion),
             )
         )
     elif spec.batch_size is not None:
@@ -260,11 +292,11 @@ def _batch_sizes(spec: PipelineSpec, stream_id: int) -> Callable[[int], int]:
     emits the same number of batches (see docs/ordering.md)."""
     bs = spec.batch_size
     if spec.training or spec.batch_drop_last or spec.data_dependent_counts or not spec.even_ranks:
-        return lambda i: bs
+        return ConstantSize(bs)
     total = spec.stream_sample_counts()[stream_id] + spec.stream_padding(stream_id)
     batches = spec.val_batches_per_stream()
     if bs <= 1 or batches == 0:
-        return lambda i: bs
+        return ConstantSize(bs)
     full = min(batches, (total - batches) // (bs - 1))
 
     def size(i: int) -> int:

@@ -167,6 +167,11 @@ class WeightedSchedule(_DeficitCounts):
         self.weights = weights
         self._until = function.stable_until(t)
 
+    @property
+    def change_items(self) -> list[int]:
+        """The item numbers of this stream at which online weight changes take effect."""
+        return list(self._change_items)
+
     def begin_item(self, item: int) -> None:
         """The stream is about to make its item number ``item``: apply the changes that start
         there (the latest change whose first item is ``item`` or earlier is in force)."""

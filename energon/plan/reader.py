@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol, TypedDict
 
 import numpy as np
 
-from energon.plan.rng import CounterRng, permutation, random_indices, stable_seed
+from energon.plan.rng import CounterRng, permutations, random_indices, stable_seed
 
 LOOK_AHEAD = 8  # slices announced to the observer beyond the open ones
 
@@ -122,10 +122,6 @@ class SliceReader:
     @property
     def shuffle_over_epochs(self) -> int | None:
         return self.over_epochs if self.shuffle else None
-
-    def slice_order(self) -> list[int]:
-        """The current epoch's slice order."""
-        return [int(s) for s in self._slice_order()]
 
     def progress(self) -> ReaderProgress:
         remaining = [self._ends[i] - c for i, c in self._active]
@@ -252,14 +248,36 @@ class SliceReader:
         return self._order
 
     def _compute_order(self) -> np.ndarray:
-        """Slice order of the current epoch; each slice exactly ``over_epochs`` times per super-epoch."""
+        return self.slice_order(self._epoch)
+
+    @property
+    def rng_key(self) -> int:
+        """The key of the open-slice draw (its state is the counter in :meth:`state`)."""
+        return self._rng.key
+
+    def slice_order(self, epoch: int) -> np.ndarray:
+        """Slice order of ``epoch``; each slice exactly ``over_epochs`` times per super-epoch."""
+        return self.slice_orders(epoch, 1)[0]
+
+    def slice_orders(self, first_epoch: int, count: int) -> np.ndarray:
+        """The slice orders of ``count`` epochs from ``first_epoch`` on, as ``[count, slices]``
+        (computed together: what the ledger's fast path asks for)."""
         n = self.num_slices
+        epochs = range(first_epoch, first_epoch + count)
         if not self.shuffle:
-            return np.arange(n)
+            return np.tile(np.arange(n), (count, 1))
         k = self.over_epochs
         if k == -1:
-            return random_indices(stable_seed(self.seed, "with-replacement", self._epoch), n, n)
-        super_epoch, part = divmod(self._epoch, k)
-        key = stable_seed(self.seed, "slice-order", super_epoch)
-        full = permutation(key, n * k) % max(n, 1)
-        return full[part * n : (part + 1) * n]
+            return np.stack(
+                [
+                    random_indices(stable_seed(self.seed, "with-replacement", e), n, n)
+                    for e in epochs
+                ]
+            ).reshape(count, n)
+        super_epochs = sorted({e // k for e in epochs})
+        keys = [stable_seed(self.seed, "slice-order", s) for s in super_epochs]
+        full = permutations(keys, n * k) % max(n, 1)
+        row = {s: i for i, s in enumerate(super_epochs)}
+        return np.stack([full[row[e // k], (e % k) * n : (e % k + 1) * n] for e in epochs]).reshape(
+            count, n
+        )

@@ -79,10 +79,16 @@ class CounterRng:
 
 def permutation(key: int, n: int) -> np.ndarray:
     """A permutation of ``range(n)`` determined by ``key`` alone (vectorised; no state)."""
+    return permutations([key], n)[0]
+
+
+def permutations(keys: Sequence[int], n: int) -> np.ndarray:
+    """``[permutation(key, n) for key in keys]`` as one ``[len(keys), n]`` array, in one pass."""
     counters = np.arange(1, n + 1, dtype=np.uint64)
+    keys_array = np.array([k & _MASK for k in keys], dtype=np.uint64)[:, None]
     with np.errstate(over="ignore"):
-        z = np.uint64(key & _MASK) + counters * np.uint64(_GOLDEN)
-        return np.argsort(_mix64_array(z), kind="stable")
+        z = keys_array + counters[None, :] * np.uint64(_GOLDEN)
+        return np.argsort(_mix64_array(z), axis=1, kind="stable")
 
 
 def random_indices(key: int, count: int, high: int) -> np.ndarray:

@@ -10,6 +10,7 @@ the same ranges as the reference's global workers.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,12 +32,17 @@ def _interleave(left: list[int], right: list[int]) -> list[int]:
     return out + right[len(left) :]
 
 
+@functools.lru_cache(maxsize=16)
+def _bit_reversal_targets(n: int) -> tuple[int, ...]:
+    return tuple(bit_reversal_order(n))
+
+
 def stream_counts(total: int, num_streams: int, rotation: int = 0) -> list[int]:
     """Number of samples of each stream; the ``total % num_streams`` extra ones go to spread streams."""
     base, rem = divmod(total, num_streams)
     counts = [base + 1 if (g - rotation) % num_streams < rem else base for g in range(num_streams)]
     permuted = [0] * num_streams
-    for i, target in enumerate(bit_reversal_order(num_streams)):
+    for i, target in enumerate(_bit_reversal_targets(num_streams)):
         permuted[target] = counts[i]
     return permuted
 

@@ -8,6 +8,7 @@ from energon.task_encoder.base import (
     TaskEncoder,
     hook_context,
     stateless,
+    uses_sample_meta,
 )
 from energon.task_encoder.cooking import Cooker, basic_sample_keys, cooker, select_cooker
 
@@ -22,4 +23,5 @@ __all__ = [
     "hook_context",
     "select_cooker",
     "stateless",
+    "uses_sample_meta",
 ]

@@ -34,6 +34,7 @@ __all__ = [
     "TaskEncoder",
     "hook_context",
     "stateless",
+    "uses_sample_meta",
 ]
 
 
@@ -72,6 +73,25 @@ def stateless(
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def uses_sample_meta(fn: Callable) -> Callable:
+    """Mark ``select_samples_to_pack`` or ``batch_group_criterion`` as deciding from metadata.
+
+    The marked hook receives :class:`~energon.source.meta.SampleMeta` objects (key, byte and part
+    sizes, media metadata, token counts: what the dataset's index knows without reading the
+    sample) instead of encoded samples; for a packed sample, the list of its members'. Its
+    decisions are then known without reading data, so the ledger, ``energon checkpoint skip`` and
+    simulations reproduce packing and grouping exactly (see docs/ledger.md).
+    ``select_samples_to_pack`` returns groups of the SampleMetas it was given.
+    """
+    fn.__uses_sample_meta__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def decides_from_sample_meta(fn: Any) -> bool:
+    """Whether a hook is marked with :func:`uses_sample_meta`."""
+    return bool(getattr(fn, "__uses_sample_meta__", False))
 
 
 def _sample_seed() -> int:

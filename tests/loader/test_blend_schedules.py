@@ -345,3 +345,36 @@ def test_changes_registered_out_of_order_start_where_they_say(root):
     got += take(it, 80)
     assert got == reference
     assert [c.position for c in ld.dataset.spec.weight_changes] == [40, 60]
+
+
+def test_the_ledger_describes_schedules_and_online_changes(root):
+    """The ledger (no data read) names the samples the loader delivered under a weight schedule,
+    also after an online change recorded in the state it is given."""
+    from energon.ledger.ledger import Ledger
+
+    path = config(root, "ledger.yaml", STEP)
+    options = dict(batch_size=2, shuffle_buffer_size=5, world_size=2)
+    ranks = [loader(path, rank=r, **options) for r in range(2)]
+    its = [iter(ld) for ld in ranks]
+    delivered = []
+    for step in range(60):
+        if step == 20:
+            for ld in ranks:
+                ld.set_blend_weights([1, 6])
+        delivered.append([keys(next(it)) for it in its])
+    states = [json.loads(json.dumps(ld.save_state_rank())) for ld in ranks]
+    wc = WorkerConfig(rank=0, world_size=2, num_workers=0)
+    dataset = get_train_dataset(
+        path,
+        worker_config=wc,
+        batch_size=2,
+        shuffle_buffer_size=5,
+        max_samples_per_sequence=10,
+        num_streams=L,
+    )
+    ledger = Ledger(dataset, states=states)
+    described = [
+        [tuple(s.key for out in r.outputs for s in out) for r in ledger.describe_step(step)]
+        for step in (0, 19, 20, 45, 59)
+    ]
+    assert described == [delivered[step] for step in (0, 19, 20, 45, 59)]
