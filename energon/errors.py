@@ -9,6 +9,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
     EnergonError (Exception)
         EmptyDatasetError
         StateError (ValueError)
+        PaddingError (TypeError)
         SampleException (ValueError)
             FatalSampleError
             SampleReadError
@@ -65,6 +66,10 @@ class EmptyDatasetError(EnergonError):
 
 class StateError(EnergonError, ValueError):
     """A saved loader state cannot be restored into this loader."""
+
+
+class PaddingError(EnergonError, TypeError):
+    """A filler item cannot be flagged as padding (its type cannot carry ``__padding__``)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -246,7 +246,7 @@ class BaseWrapperDataset(SavableDataset):
 
     def build_stream(self, stream_id: int) -> Stream:
         ctx = StreamContext(stream_id, self.spec.num_streams, self.spec.seed)
-        return Stream(stream_id, self.spec, [self.open(ctx)], max_items=None)
+        return Stream(stream_id, self.spec, [self.open(ctx)])
 
     def positions_per_pass(self) -> int | None:
         return None

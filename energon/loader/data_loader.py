@@ -4,6 +4,10 @@ A loader hands this rank its micro-batches in global-plan order. With workers, t
 collects worker ``w``'s results in strict round-robin, and worker ``w`` produces exactly the rank's
 positions ``w, w + W, ...``, so the order is the plan's. Every yielded item comes with the snapshot of
 its stream, so saving the state is copying a few small dicts: nothing is paused and nothing replayed.
+
+A loader keeps all of its own state (position, snapshots, arena, the spec it restored) to itself:
+several loaders over one dataset object do not affect each other. Validation passes stay even across
+ranks through :mod:`energon.loader.evenness`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch.utils.data
 
 from energon import debug_log
 from energon.errors import SkipSample, StateError
+from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
 from energon.pipeline import snapshot
@@ -42,7 +47,9 @@ from energon.worker import WorkerConfig
 
 
 def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Value, ItemMeta]:
-    """Runs in the worker: numpy -> tensors, and arena tensors -> small references."""
+    """Runs where the item was made (a worker, or the main process without workers): torch's
+    ``default_convert`` (numpy arrays in dicts, lists and tuples -> tensors, as Megatron-Energon
+    does with and without workers), and arena tensors -> small references."""
     value, meta = item
     value = torch.utils.data.default_convert(value)
     if arena is not None:
@@ -51,13 +58,23 @@ def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Va
 
 
 class _WorkerItems(torch.utils.data.IterableDataset):
-    """What a loader worker iterates: its share of the rank's items, with their stream snapshots."""
+    """What a loader's workers iterate: each its share of the rank's items, with their stream
+    snapshots, resuming where the loader says (the dataset itself holds no loader state)."""
 
-    def __init__(self, dataset: SavableDataset) -> None:
+    def __init__(
+        self, dataset: SavableDataset, resume: ResumePoint, arena: BatchArena | None
+    ) -> None:
         self.dataset = dataset
+        self.resume = resume
+        self.arena = arena
 
-    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
-        return self.dataset.worker_items()
+    def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        if self.arena is not None:
+            self.arena.activate(worker)
+        debug_log.activate(self.dataset.worker_config)
+        return iter(self.dataset.executor(worker, self.resume))
 
 
 class Loader:
@@ -109,6 +126,8 @@ class Loader:
         self._worker_yields: dict[int, int] = {}
         self._snapshots: dict[int, StreamSnapshot] = {}
         self._source: Iterator[tuple[Value, ItemMeta]] | None = None
+        self._source_ended = False
+        self._fillers: Fillers | None = None
         self._arena: BatchArena | None = None
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
@@ -156,16 +175,24 @@ class Loader:
         self._log_pass_boundary("start", length)
         if self._source is None:
             self._source = self._open_source()
+        agree, group = agreement_group(self.dataset)
         iter_idx = 0
         while length is None or self._pass_offset < length:
-            try:
-                value, meta = next(self._source)
-            except StopIteration:
+            entry = self._next_entry()
+            if agree and entry is None and any_rank_has_item(False, group):
+                # this rank ran out, another has not: keep step with a filler
+                self._pass_offset += 1
+                yield self._filler(self.worker_config.rank % self.dataset.spec.num_streams)
+                continue
+            if entry is None or (agree and not any_rank_has_item(True, group)):
                 self._log(1, "StopIteration", iter_id=iter_id)
                 self._finish_pass()
                 return
+            value, meta = entry
             self._record(meta)
-            if meta.arena:
+            if meta.hole:
+                value = self._filler(meta.stream)
+            elif meta.arena:
                 value = self._arena.import_(value)
             self._log_yield(value, meta, iter_id, iter_idx)
             iter_idx += 1
@@ -176,6 +203,22 @@ class Loader:
         spec = self.dataset.spec
         if spec.limit is not None and spec.limit_resets:
             self._finish_pass()
+
+    def _next_entry(self) -> tuple[Value, ItemMeta] | None:
+        """The source's next ``(value, meta)``, or None once it has ended (and ever after, until
+        the pass is finished)."""
+        if self._source_ended:
+            return None
+        try:
+            return next(self._source)
+        except StopIteration:
+            self._source_ended = True
+            return None
+
+    def _filler(self, stream: int) -> Value:
+        if self._fillers is None:
+            self._fillers = Fillers(self.dataset)
+        return self._fillers.make(stream)
 
     def _log_yield(self, value: Value, meta: ItemMeta, iter_id: int, iter_idx: int) -> None:
         worker = meta.worker
@@ -215,6 +258,7 @@ class Loader:
         self._close_source()
         self._origin = self._consumed = self._pass_offset = 0
         self._snapshots = {}
+        self._fillers = None
 
     def _record(self, meta: ItemMeta) -> None:
         wc = self.worker_config
@@ -225,19 +269,19 @@ class Loader:
     def _open_source(self) -> Iterator[tuple[Value, ItemMeta]]:
         wc = self.worker_config
         hook_context.cache_pool = self.cache_pool  # workers inherit it through fork
-        self.dataset.resume = ResumePoint(
+        self._source_ended = False
+        resume = ResumePoint(
             base=self._origin + self._consumed * wc.world_size,
             snapshots=dict(self._snapshots),
         )
         if wc.num_workers == 0:
-            self.dataset.arena = None
-            return iter(self.dataset.executor(0))
+            items = self.dataset.executor(0, resume)
+            return map(functools.partial(_collate, None), items)
         self._arena = BatchArena(wc.num_workers) if arena_supported() else None
-        self.dataset.arena = self._arena
         generator = torch.Generator()
         generator.manual_seed(0)  # torch draws worker base seeds from it, not from the global RNG
         loader = torch.utils.data.DataLoader(
-            _WorkerItems(self.dataset),
+            _WorkerItems(self.dataset, resume, self._arena),
             batch_size=None,
             num_workers=wc.num_workers,
             collate_fn=functools.partial(_collate, self._arena),
@@ -251,6 +295,7 @@ class Loader:
 
     def _close_source(self) -> None:
         source, self._source = self._source, None
+        self._source_ended = False
         shutdown = getattr(source, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
@@ -313,7 +358,8 @@ class Loader:
             raise StateError(
                 f"the state uses {num_streams} logical streams but num_streams={spec.num_streams} was given"
             )
-        self.dataset.spec = dataclasses.replace(spec, num_streams=num_streams)
+        # this loader's own copy: other loaders over the same dataset keep their streams
+        self.dataset = self.dataset.with_spec(dataclasses.replace(spec, num_streams=num_streams))
 
     def save_state_global(
         self, global_dst_rank: int | None = None, *, dst_rank: int | None = None

@@ -43,13 +43,10 @@ class Stream(Stage):
     """Emits the items (micro-batches) of one logical stream in order; its state after each item is
     the stream's snapshot (:mod:`energon.pipeline.snapshot`)."""
 
-    def __init__(
-        self, stream_id: int, spec: PipelineSpec, stages: list[Stage], max_items: int | None
-    ) -> None:
+    def __init__(self, stream_id: int, spec: PipelineSpec, stages: list[Stage]) -> None:
         self.stream_id = stream_id
         self.spec = spec
         self.stages = stages
-        self.max_items = max_items
         self.emitted = 0
 
     @property
@@ -58,8 +55,6 @@ class Stream(Stage):
 
     def next(self) -> Item:
         """The next item; ``StopIteration`` at the end of a finite (validation) pass."""
-        if self.max_items is not None and self.emitted >= self.max_items:
-            raise StopIteration
         hook_context.batch_index = self.batch_index(self.emitted)
         hook_context.seed = self.spec.seed
         item = self.sink.next()
@@ -198,10 +193,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         "encode_batch"
     ):
         hook_stage("encode_batch")
-    max_items = None
-    if not spec.training and not spec.repeat and not spec.data_dependent_counts:
-        max_items = spec.stream_val_batches(stream_id)
-    return Stream(stream_id, spec, stages, max_items)
+    return Stream(stream_id, spec, stages)
 
 
 def _user_defined(te: TaskEncoder, hook: str) -> bool:
@@ -249,22 +241,22 @@ def _cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
 
 
 def _batch_sizes(spec: PipelineSpec, stream_id: int) -> Callable[[int], int]:
-    """Training: constant. Validation: full batches first, then smaller ones, so that every stream
-    emits the same number of batches (see docs/ordering.md)."""
+    """Training: constant. Planned validation: full batches first, then smaller ones, so that every
+    stream with enough samples emits the common number of batches (see docs/ordering.md)."""
     bs = spec.batch_size
-    if spec.training or spec.batch_drop_last or spec.data_dependent_counts or not spec.even_ranks:
+    if not spec.planned_validation or spec.batch_drop_last:
         return lambda i: bs
-    total = spec.stream_sample_counts()[stream_id] + spec.stream_padding(stream_id)
+    total = spec.stream_sample_counts()[stream_id]
     batches = spec.val_batches_per_stream()
-    if bs <= 1 or batches == 0:
+    if bs <= 1:
         return lambda i: bs
-    full = min(batches, (total - batches) // (bs - 1))
+    full = max(0, min(batches, (total - batches) // (bs - 1)))
 
     def size(i: int) -> int:
         if i < full:
             return bs
-        if i == full:
-            return total - full * bs - (batches - 1 - full)
+        if i == full and i < batches:
+            return max(1, total - full * bs - (batches - 1 - full))
         return 1
 
     return size
