@@ -12,8 +12,11 @@ from typing import Any
 _EXPORTS = {
     "SampleDecoder": "energon.decode",
     "EmptyDatasetError": "energon.errors",
+    "ErrorBudget": "energon.errors",
+    "ErrorBudgetExceeded": "energon.errors",
     "EnergonError": "energon.errors",
     "FatalSampleError": "energon.errors",
+    "PaddingError": "energon.errors",
     "SampleException": "energon.errors",
     "SkipSample": "energon.errors",
     "StateError": "energon.errors",

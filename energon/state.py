@@ -18,6 +18,7 @@ from typing import Any
 
 from energon.errors import StateError
 from energon.pipeline import snapshot
+from energon.pipeline.error_account import merge_totals
 from energon.pipeline.keys import retag_legacy_pointers
 from energon.pipeline.snapshot import StreamSnapshot
 
@@ -54,7 +55,10 @@ def make_rank_state(
     streams: dict[int, StreamSnapshot],
     micro_batch_size: int | None,
     version: int = STATE_VERSION,
+    errors: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """One rank's state; ``errors``: per-source totals of samples lost to errors in finished
+    passes (the current pass's are in the stream snapshots)."""
     return {
         "format": STATE_FORMAT,
         "version": version,
@@ -68,6 +72,7 @@ def make_rank_state(
         "pass_offset": pass_offset,
         "micro_batch_size": micro_batch_size,
         "streams": [[s, streams[s]] for s in sorted(streams)],
+        "errors": errors,
     }
 
 
@@ -181,6 +186,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
     origin = min(_rank_next_position(st) for st in states)
     merged = merge_stream_snapshots(states)
     _check_prefix(merged, states, num_streams, origin)
+    errors = merge_totals([st.get("errors") for st in states])
     out = []
     for rank in range(new_world_size):
         out.append(
@@ -196,6 +202,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
                 streams=merged,
                 micro_batch_size=first.get("micro_batch_size"),
                 version=first["version"],
+                errors=errors if rank == 0 else None,  # counted once
             )
         )
     return out

@@ -10,6 +10,7 @@ import dataclasses
 import warnings
 from typing import Any
 
+from energon.errors import ErrorBudget
 from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import resolve_dataset
 from energon.pipeline.spec import PipelineSpec
@@ -81,6 +82,7 @@ def _build(
     parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
     sample_type = kwargs.pop("sample_type", None)
     even_ranks = kwargs.pop("even_ranks", True)
+    error_budget = kwargs.pop("error_budget", None) or ErrorBudget.from_env()
     resolved = resolve_dataset(
         path,
         split_part=split_part,
@@ -118,6 +120,7 @@ def _build(
         decoder=task_encoder.decoder,
         error_handler=worker_config.global_error_handler,
         failure_tolerance=getattr(task_encoder, "__default_failure_tolerance__", 100),
+        error_budget=error_budget,
         virtual_epoch_length=virtual_epoch_length if training else 0,
         limit=limit,
         packing_buffer_size=packing_buffer_size or None,
@@ -175,7 +178,8 @@ def get_train_dataset(
     ``batch_size``, ``shuffle_buffer_size`` and ``max_samples_per_sequence`` must be given (``None`` is
     allowed) so that the trade-off between randomness and read locality is a conscious choice.
     Extra keywords: ``num_streams`` (logical streams; default ``world_size * max(1, num_workers)``),
-    ``parallel_shard_iters``, ``dataset_config``, ``split_config``, ``subflavors``.
+    ``parallel_shard_iters``, ``dataset_config``, ``split_config``, ``subflavors``,
+    ``error_budget`` (an :class:`~energon.errors.ErrorBudget`; default from ``ENERGON_ERROR_BUDGET``).
     """
     return _build(
         path,
@@ -213,6 +217,7 @@ def get_val_dataset(
 
     ``even_ranks=False`` gives Megatron-Energon's behaviour instead: every stream emits its natural
     batches (full ones, no balancing, no padding), so ranks may get different numbers of batches.
+    ``error_budget``: as in :func:`get_train_dataset`.
     """
     return _build(
         path,

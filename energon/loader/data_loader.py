@@ -25,7 +25,8 @@ import torch
 import torch.utils.data
 
 from energon import debug_log
-from energon.errors import SkipSample, StateError
+from energon.errors import ErrorBudget, SkipSample, StateError
+from energon.loader.error_report import ErrorReport
 from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
@@ -88,6 +89,7 @@ class Loader:
 
     The constructor takes Megatron-Energon's loader options. Those that tune machinery energon does
     not have warn when given a non-default value (see :func:`_warn_unused_options`).
+    ``error_budget`` replaces the dataset's :class:`~energon.errors.ErrorBudget` for this loader.
     """
 
     _ids: ClassVar[Iterator[int]] = itertools.count()
@@ -104,9 +106,14 @@ class Loader:
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
+        error_budget: ErrorBudget | None = None,
     ) -> None:
         if not isinstance(dataset, SavableDataset):
             raise TypeError("the loader needs a dataset from get_train_dataset / get_val_dataset")
+        if error_budget is not None:  # this loader's own copy: the dataset keeps its budget
+            dataset = dataset.with_spec(
+                dataclasses.replace(dataset.spec, error_budget=error_budget)
+            )
         _warn_unused_options(
             gc_collect_every_n_steps=gc_collect_every_n_steps,
             gc_freeze_at_start=gc_freeze_at_start,
@@ -129,6 +136,13 @@ class Loader:
         self._source_ended = False
         self._fillers: Fillers | None = None
         self._arena: BatchArena | None = None
+        self._errors = ErrorReport(
+            dataset.spec.error_budget or ErrorBudget(),
+            [
+                {"path": s.leaf.fingerprint()["path"], "split_part": s.leaf.split_part}
+                for s in dataset.spec.sources
+            ],
+        )
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
 
@@ -255,6 +269,7 @@ class Loader:
 
     def _finish_pass(self) -> None:
         """After a finite pass (validation, or training with repeat=False) the next starts afresh."""
+        self._errors.finish_pass(self._snapshots)
         self._close_source()
         self._origin = self._consumed = self._pass_offset = 0
         self._snapshots = {}
@@ -265,6 +280,7 @@ class Loader:
         self._snapshots[meta.stream] = meta.snapshot
         self._consumed = (meta.position - self._origin - wc.rank) // wc.world_size + 1
         self._pass_offset += 1
+        self._errors.observe(meta.stream, meta.snapshot, self._snapshots)
 
     def _open_source(self) -> Iterator[tuple[Value, ItemMeta]]:
         wc = self.worker_config
@@ -324,6 +340,7 @@ class Loader:
             pass_offset=self._pass_offset,
             streams=self._snapshots,
             micro_batch_size=spec.batch_size,
+            errors=self._errors.state(),
         )
         return json.loads(json.dumps(state))
 
@@ -349,6 +366,7 @@ class Loader:
         self._consumed = state["consumed"]
         self._pass_offset = state["pass_offset"]
         self._snapshots = copy.deepcopy(stream_snapshots(state))
+        self._errors.restore(state.get("errors"), self._snapshots)
 
     def _set_num_streams(self, num_streams: int) -> None:
         spec = self.dataset.spec
@@ -445,6 +463,20 @@ class Loader:
             for source, count in zip(spec.sources, consumed)
         ]
 
+    def error_report(self) -> dict[str, Any]:
+        """Samples this rank lost to errors, per source dataset (see docs/errors.md)::
+
+            {"skipped": <total>, "read": <samples read>,
+             "sources": [{"path", "split_part", "read", "skipped", "rate",
+                          "reasons": {exception type: count},
+                          "examples": [{"key", "index", "shard", "offset", "error"}, ...]}]}
+
+        Counts cover the items consumed so far (the current pass and finished ones) and survive
+        save and restore; samples that failed in a worker but whose stream has not delivered an
+        item since are counted with that stream's next item.
+        """
+        return self._errors.report(self._snapshots)
+
     # -- debugging ---------------------------------------------------------------------------
     def can_restore_sample(self) -> bool:
         return self.dataset.can_restore_sample()
@@ -517,6 +549,7 @@ class SavableDataLoader(Loader):
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
+        error_budget: ErrorBudget | None = None,
     ) -> None:
         _warn_unused_options(
             checkpoint_every_sec=checkpoint_every_sec,
@@ -532,6 +565,7 @@ class SavableDataLoader(Loader):
             watchdog_timeout_seconds=watchdog_timeout_seconds,
             watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
             fail_on_timeout=fail_on_timeout,
+            error_budget=error_budget,
         )
 
 
@@ -580,8 +614,11 @@ def get_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
+    error_budget: ErrorBudget | None = None,
 ) -> BasicDataLoader:
-    """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes."""
+    """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes
+    (``error_budget``: this loader's :class:`~energon.errors.ErrorBudget` instead of the
+    dataset's)."""
     _check_worker_config(dataset, worker_config)
     return BasicDataLoader(
         dataset,
@@ -590,6 +627,7 @@ def get_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
+        error_budget=error_budget,
     )
 
 
@@ -606,8 +644,10 @@ def get_savable_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
+    error_budget: ErrorBudget | None = None,
 ) -> SavableDataLoader:
-    """A loader whose exact position can be saved (``save_state_rank``) and restored."""
+    """A loader whose exact position can be saved (``save_state_rank``) and restored
+    (``error_budget``: as in :func:`get_loader`)."""
     _check_worker_config(dataset, worker_config)
     return SavableDataLoader(
         dataset,
@@ -620,4 +660,5 @@ def get_savable_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
+        error_budget=error_budget,
     )

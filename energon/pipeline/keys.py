@@ -78,6 +78,21 @@ def batch_members(key: Key) -> tuple[Key, ...]:
     return key[2]
 
 
+def sample_pointers(key: Key) -> list[Key]:
+    """The pointer keys of the samples an item is made of (one for a sample, several for a pack or
+    a batch), in order."""
+    tag = key[0]
+    if tag == MAP:
+        return sample_pointers(key[4])
+    if tag == PACK:
+        return [p for member in key[3] for p in sample_pointers(member)]
+    if tag == BATCH:
+        return [p for member in key[2] for p in sample_pointers(member)]
+    if tag == STREAM:
+        return sample_pointers(key[3])
+    return [key]
+
+
 def parse_stream_key(data: Any) -> tuple[int, int, Key]:
     """(stream_id, item index, key inside the stream) of a loader-level key, also one that went
     through JSON."""

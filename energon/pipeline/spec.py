@@ -9,7 +9,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from energon.errors import ErrorHandler
+from energon.errors import ErrorBudget, ErrorHandler
 from energon.plan.sharding import stream_counts
 from energon.task_encoder.base import DefaultTaskEncoder, TaskEncoder
 
@@ -40,6 +40,7 @@ class PipelineSpec:
     decoder: SampleDecoder | None = None
     error_handler: ErrorHandler | None = None
     failure_tolerance: int = 100
+    error_budget: ErrorBudget | None = None  # None: ErrorBudget() (not in the fingerprint)
     virtual_epoch_length: int = 0
     limit: int | None = None  # a pass ends after this many batches per rank (LimitDataset)
     limit_resets: bool = True  # ... and the next pass starts from the beginning again

@@ -10,10 +10,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from energon.errors import ErrorPolicy, FatalSampleError, MetadatasetError, log_exception
+from energon.errors import (
+    ErrorBudget,
+    ErrorPolicy,
+    FatalSampleError,
+    MetadatasetError,
+    log_exception,
+)
+from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.keys import Key
-from energon.pipeline.pointers import build_pointer_stages
-from energon.pipeline.snapshot import StreamSnapshot, emitted, make_snapshot, stage_states
+from energon.pipeline.pointers import PointerSource, build_pointer_stages
+from energon.pipeline.snapshot import (
+    StreamSnapshot,
+    emitted,
+    error_state,
+    make_snapshot,
+    stage_states,
+)
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage, Value
 from energon.pipeline.stages import (
@@ -41,12 +54,19 @@ if TYPE_CHECKING:
 
 class Stream(Stage):
     """Emits the items (micro-batches) of one logical stream in order; its state after each item is
-    the stream's snapshot (:mod:`energon.pipeline.snapshot`)."""
+    the stream's snapshot (:mod:`energon.pipeline.snapshot`), which includes its error account."""
 
-    def __init__(self, stream_id: int, spec: PipelineSpec, stages: list[Stage]) -> None:
+    def __init__(
+        self,
+        stream_id: int,
+        spec: PipelineSpec,
+        stages: list[Stage],
+        account: ErrorAccount | None = None,
+    ) -> None:
         self.stream_id = stream_id
         self.spec = spec
         self.stages = stages
+        self.account = account
         self.emitted = 0
 
     @property
@@ -57,15 +77,23 @@ class Stream(Stage):
         """The next item; ``StopIteration`` at the end of a finite (validation) pass."""
         hook_context.batch_index = self.batch_index(self.emitted)
         hook_context.seed = self.spec.seed
-        item = self.sink.next()
+        try:
+            item = self.sink.next()
+        except StopIteration:
+            if self.account is not None:
+                self.account.finish()
+            raise
         self.emitted += 1
         return item
 
     def state(self) -> StreamSnapshot:
-        return make_snapshot(self.emitted, [stage.state() for stage in self.stages])
+        errors = self.account.state() if self.account is not None else None
+        return make_snapshot(self.emitted, [stage.state() for stage in self.stages], errors)
 
     def restore(self, state: StreamSnapshot) -> None:  # type: ignore[override]
         hook_context.seed = self.spec.seed
+        if self.account is not None:
+            self.account.restore(error_state(state))
         for stage, stage_state in zip(self.stages, stage_states(state)):
             stage.restore(stage_state)
         self.emitted = emitted(state)
@@ -108,10 +136,17 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     batch or group -> encode batch. Only hooks the task encoder overrides become stages."""
     te = spec.task_encoder
     handler = spec.error_handler or log_exception
+    stages = build_pointer_stages(spec, stream_id, prefetch_observers(spec))
+    pointers: PointerSource = stages[0]  # type: ignore[assignment]
+    account = ErrorAccount(
+        spec.error_budget or ErrorBudget(),
+        spec.leaves,
+        lambda source: pointers.readers[source].yielded,
+    )
 
     def policy(name: str, fn: Callable[..., Any] | None = None) -> ErrorPolicy:
         tolerance = getattr(fn, "__failure_tolerance__", spec.failure_tolerance)
-        return ErrorPolicy(name, handler, tolerance)
+        return ErrorPolicy(name, handler, tolerance, account)
 
     def hook_stage(hook: str) -> None:
         fn = getattr(te, hook)
@@ -126,7 +161,6 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             )
         )
 
-    stages = build_pointer_stages(spec, stream_id, prefetch_observers(spec))
     cooks = [_cook_function(spec, source) for source in spec.sources]
     stages.append(
         LoadStage(
@@ -193,7 +227,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         "encode_batch"
     ):
         hook_stage("encode_batch")
-    return Stream(stream_id, spec, stages)
+    return Stream(stream_id, spec, stages, account)
 
 
 def _user_defined(te: TaskEncoder, hook: str) -> bool:
