@@ -410,7 +410,7 @@ class ErrorBudget:
 
     The defaults stop a run when a source is mostly broken and never because of a few bad samples.
     ``ENERGON_ERROR_BUDGET="max_rate=0.2,window=500,max_total_skipped=none"`` changes them for every
-    dataset and loader that is not given an explicit budget.
+    dataset built without an explicit ``error_budget=``.
     """
 
     max_rate: float = 0.5

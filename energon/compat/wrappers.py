@@ -251,7 +251,7 @@ class BaseWrapperDataset(SavableDataset):
     def positions_per_pass(self) -> int | None:
         return None
 
-    def pass_end(self) -> int | None:
+    def pass_end(self, base: int = 0) -> int | None:
         return None  # streams end by themselves (finite leaves) or never
 
     def _rank_streams(self) -> list[int]:

@@ -89,7 +89,6 @@ class Loader:
 
     The constructor takes Megatron-Energon's loader options. Those that tune machinery energon does
     not have warn when given a non-default value (see :func:`_warn_unused_options`).
-    ``error_budget`` replaces the dataset's :class:`~energon.errors.ErrorBudget` for this loader.
     """
 
     _ids: ClassVar[Iterator[int]] = itertools.count()
@@ -106,14 +105,9 @@ class Loader:
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
-        error_budget: ErrorBudget | None = None,
     ) -> None:
         if not isinstance(dataset, SavableDataset):
             raise TypeError("the loader needs a dataset from get_train_dataset / get_val_dataset")
-        if error_budget is not None:  # this loader's own copy: the dataset keeps its budget
-            dataset = dataset.with_spec(
-                dataclasses.replace(dataset.spec, error_budget=error_budget)
-            )
         _warn_unused_options(
             gc_collect_every_n_steps=gc_collect_every_n_steps,
             gc_freeze_at_start=gc_freeze_at_start,
@@ -549,7 +543,6 @@ class SavableDataLoader(Loader):
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
-        error_budget: ErrorBudget | None = None,
     ) -> None:
         _warn_unused_options(
             checkpoint_every_sec=checkpoint_every_sec,
@@ -565,7 +558,6 @@ class SavableDataLoader(Loader):
             watchdog_timeout_seconds=watchdog_timeout_seconds,
             watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
             fail_on_timeout=fail_on_timeout,
-            error_budget=error_budget,
         )
 
 
@@ -614,11 +606,8 @@ def get_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
-    error_budget: ErrorBudget | None = None,
 ) -> BasicDataLoader:
-    """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes
-    (``error_budget``: this loader's :class:`~energon.errors.ErrorBudget` instead of the
-    dataset's)."""
+    """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes."""
     _check_worker_config(dataset, worker_config)
     return BasicDataLoader(
         dataset,
@@ -627,7 +616,6 @@ def get_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
-        error_budget=error_budget,
     )
 
 
@@ -644,10 +632,8 @@ def get_savable_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
-    error_budget: ErrorBudget | None = None,
 ) -> SavableDataLoader:
-    """A loader whose exact position can be saved (``save_state_rank``) and restored
-    (``error_budget``: as in :func:`get_loader`)."""
+    """A loader whose exact position can be saved (``save_state_rank``) and restored."""
     _check_worker_config(dataset, worker_config)
     return SavableDataLoader(
         dataset,
@@ -660,5 +646,4 @@ def get_savable_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
-        error_budget=error_budget,
     )

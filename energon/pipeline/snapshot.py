@@ -60,8 +60,9 @@ def pointer_state(snapshot: StreamSnapshot) -> PointerState:
 
 
 def reader_states(snapshot: StreamSnapshot) -> list[ReaderState]:
-    """One reader state per source of the stream."""
-    return pointer_state(snapshot)["readers"]
+    """One reader state per source of the stream (none for a stream composed of other streams,
+    e.g. by Megatron-Energon's wrapper datasets, whose first stage is not a pointer source)."""
+    return pointer_state(snapshot).get("readers", [])
 
 
 def samples_read(snapshot: StreamSnapshot) -> list[int]:

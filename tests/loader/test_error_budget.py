@@ -61,11 +61,12 @@ def mostly_bad_shard(tmp_path_factory):
     return root, spoiled
 
 
-def train(path, num_workers=0, error_budget=None, **kwargs):
+def train(path, num_workers=0, **kwargs):
     options = dict(batch_size=None, shuffle_buffer_size=None, max_samples_per_sequence=None)
     options.update(kwargs)
-    ds = get_train_dataset(path, worker_config=worker_config(num_workers), **options)
-    return get_savable_loader(ds, error_budget=error_budget)
+    return get_savable_loader(
+        get_train_dataset(path, worker_config=worker_config(num_workers), **options)
+    )
 
 
 def run_until_error(loader, max_steps):
