@@ -8,6 +8,8 @@ step by step, and a training loop that runs a collective every step does not han
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,6 +24,7 @@ from energon import (
     get_val_dataset,
 )
 from energon.errors import FatalSampleError, PaddingError
+from energon.loader import evenness
 from tests.helpers.distributed import run_ranks
 
 NUM_VAL = 40  # text_val_ds: 40 validation samples
@@ -362,3 +365,15 @@ def test_counts_are_the_same_in_every_pass(text_val_ds):
     first = [tuple(b["__key__"]) for b in loader]
     second = [tuple(b["__key__"]) for b in loader]
     assert first == second and len(first) > 0
+
+
+def test_without_torch_distributed_a_data_dependent_pass_warns_once(text_val_ds, monkeypatch):
+    """docs/ordering.md: nobody to agree with, so counts may differ; every output still once."""
+    monkeypatch.setattr(evenness, "_warned", set())
+    wc = WorkerConfig(rank=0, world_size=2, num_workers=0)
+    ds = get_val_dataset(text_val_ds, worker_config=wc, batch_size=3, task_encoder=Twice())
+    with pytest.warns(UserWarning, match="torch.distributed is not initialised"):
+        list(get_loader(ds))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(get_loader(ds))  # once per process
