@@ -214,14 +214,18 @@ class Loader:
 
     def _next_entry(self) -> tuple[Value, ItemMeta] | None:
         """The source's next ``(value, meta)``, or None once it has ended (and ever after, until
-        the pass is finished)."""
-        if self._source_ended:
-            return None
-        try:
-            return next(self._source)
-        except StopIteration:
-            self._source_ended = True
-            return None
+        the pass is finished). Final snapshots of ended streams are recorded on the way."""
+        while not self._source_ended:
+            try:
+                value, meta = next(self._source)
+            except StopIteration:
+                self._source_ended = True
+                break
+            if not meta.ended:
+                return value, meta
+            self._snapshots[meta.stream] = meta.snapshot
+            self._errors.observe(meta.stream, meta.snapshot, self._snapshots)
+        return None
 
     def _filler(self, stream: int) -> Value:
         if self._fillers is None:

@@ -173,7 +173,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
         for value, meta in self.executor(0, all_workers=True):
             if length and count >= length:
                 return
-            if meta.hole:
+            if meta.hole or meta.ended:
                 continue
             count += 1
             yield value

@@ -10,6 +10,9 @@ stream has run out becomes a *hole* (an :class:`ItemMeta` with ``hole=True`` and
 loader turns into a flagged filler item. After its last position the executor checks that its streams
 have nothing left, so an encoder that yields more than the plan counted is an error, never a silent
 loss. Without ``fill_to_end`` streams simply run until they end.
+
+When a finite stream ends, the executor sends its final snapshot (``ended=True``, no value, no
+position consumed), so that samples that failed after the stream's last item are counted too.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class ItemMeta:
     arena: bool = False
     worker: int = 0  # the rank's worker that made it (debug logs)
     hole: bool = False
+    ended: bool = False  # the stream's final snapshot: no value, no position consumed
 
     def __reduce__(self) -> tuple:
         # positional arguments: smaller and faster to pickle than the slots' name -> value mapping
@@ -52,6 +56,7 @@ class ItemMeta:
             self.arena,
             self.worker,
             self.hole,
+            self.ended,
         )
 
 
@@ -119,6 +124,7 @@ class Executor:
                     yield None, self._meta(m, stream, hole=True)
                 else:
                     ended.add(stream_id)
+                    yield None, self._meta(m, stream, ended=True)
                 continue
             value, key = item
             attach_restore_key(value, stream_key(stream_id, index, key))
@@ -126,15 +132,23 @@ class Executor:
             self._log_item(value)
             yield value, self._meta(m, stream)
         if self.fill_to_end:
-            self._check_streams_ended()
+            yield from self._check_streams_ended()
 
-    def _meta(self, position: int, stream: Stream, hole: bool = False) -> ItemMeta:
+    def _meta(
+        self, position: int, stream: Stream, hole: bool = False, ended: bool = False
+    ) -> ItemMeta:
         return ItemMeta(
-            position, stream.stream_id, stream.state(), worker=self.layout.worker, hole=hole
+            position,
+            stream.stream_id,
+            stream.state(),
+            worker=self.layout.worker,
+            hole=hole,
+            ended=ended,
         )
 
-    def _check_streams_ended(self) -> None:
-        """A planned pass: a stream with items beyond its planned count would lose them."""
+    def _check_streams_ended(self) -> Iterator[tuple[Value, ItemMeta]]:
+        """A planned pass: a stream with items beyond its planned count would lose them; the
+        others send their final snapshots."""
         num_streams = self.spec.num_streams
         for stream_id, stream in self.streams.items():
             planned = -(-(self.end - stream_id) // num_streams)  # positions of it below `end`
@@ -146,6 +160,7 @@ class Executor:
                     "Write it with `yield` (energon then agrees the pass length at run time), so "
                     "that no output is dropped."
                 )
+            yield None, self._meta(self.end, stream, ended=True)
 
 
 def _item_at(stream: Stream, index: int) -> tuple[Value, Any] | None:

@@ -220,3 +220,23 @@ def test_log_lines_can_be_switched_off_or_made_immediate(mostly_bad_shard, caplo
             next(it)
     lines = [r for r in caplog.records if r.name == "energon"]
     assert len(lines) >= 2, "every new skip is logged"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_failures_after_a_streams_last_item_are_reported(tmp_path, num_workers, world_size):
+    """The last samples of every stream are spoiled: no item follows them, the streams' final
+    snapshots still bring their counts to the report."""
+    root = make_text_dataset(tmp_path / "tail", num_samples=40, num_shards=4)
+    spoiled = {}
+    for shard in shard_paths(root):
+        spoiled.update(spoil_text_payloads(root / shard, lambda i, key: i >= 8))
+    total = 0
+    for rank in range(world_size):
+        wc = worker_config(num_workers, rank, world_size)
+        ds = get_val_dataset(root, worker_config=wc, batch_size=3, split_part="train")
+        loader = get_loader(ds)
+        real = [k for b in loader for k, pad in zip(b.__key__, b.__padding__) if not pad]
+        assert not set(real) & set(spoiled)
+        total += loader.error_report()["skipped"]
+    assert total == len(spoiled) == 8
