@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from energon.errors import ErrorBudget, ErrorBudgetExceeded
+from energon.errors import ErrorBudget, ErrorBudgetExceeded, StateError
 from energon.pipeline import snapshot as snapshots_
 from energon.pipeline.error_account import add_failures, copy_totals, empty_totals
 from energon.pipeline.snapshot import StreamSnapshot
@@ -79,10 +79,18 @@ class ErrorReport:
         return [copy_totals(e) for e in self.finished]
 
     def restore(self, state: list[dict[str, Any]] | None, streams: Mapping[int, Any]) -> None:
+        """Continue from a rank state's ``errors`` (a malformed one is a ``StateError``)."""
         self.finished = [empty_totals() for _ in self.names]
-        for entry, saved in zip(self.finished, state or []):
-            entry["read"] = int(saved["read"])
-            add_failures(entry, int(saved["skipped"]), saved["reasons"], saved["examples"])
+        if state is not None and (not isinstance(state, list) or len(state) != len(self.names)):
+            raise StateError(
+                f"loader state field 'errors' must list {len(self.names)} sources (it is damaged)"
+            )
+        try:
+            for entry, saved in zip(self.finished, state or []):
+                entry["read"] = int(saved["read"])
+                add_failures(entry, int(saved["skipped"]), saved["reasons"], saved["examples"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StateError(f"loader state field 'errors' is damaged ({e})") from e
         self._seen = {
             s: (snapshots_.error_state(snap) or {}).get("failed", 0) for s, snap in streams.items()
         }

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from energon.errors import ErrorBudget, ErrorBudgetExceeded
+from energon.errors import ErrorBudget, ErrorBudgetExceeded, StateError
 from energon.pipeline.keys import as_key, pointer_target, sample_pointers
 
 MAX_REASONS = 8  # distinct exception types per source; more are counted as "other"
@@ -161,21 +161,42 @@ class ErrorAccount:
         return self._state
 
     def restore(self, state: dict[str, Any] | None) -> None:
+        """Continue from a saved account; a malformed one is a ``StateError`` naming the field."""
         self._sources = {}
         self._window = _Window()
         self.failed_total = 0
         self._state = None
         if not state:
             return
-        self.failed_total = int(state["failed"])
-        self._window = _Window(*map(int, state["window"]))
-        for source, failed, window, reasons, examples in state["sources"]:
-            self._sources[int(source)] = _SourceErrors(
-                int(failed),
-                _Window(*map(int, window)),
-                {str(r): int(n) for r, n in reasons.items()},
-                [dict(e) for e in examples][:MAX_EXAMPLES],
-            )
+        try:
+            self.failed_total = _count(state["failed"])
+            self._window = _Window(*_pair(state["window"]))
+            for source, failed, window, reasons, examples in state["sources"]:
+                if not (isinstance(source, int) and 0 <= source < len(self.leaves)):
+                    raise ValueError(f"source {source!r} of {len(self.leaves)}")
+                if len(reasons) > MAX_REASONS + 1 or len(examples) > MAX_EXAMPLES:
+                    raise ValueError("more reasons or examples than an account keeps")
+                self._sources[source] = _SourceErrors(
+                    _count(failed),
+                    _Window(*_pair(window)),
+                    {str(r): _count(n) for r, n in reasons.items()},
+                    [dict(e) for e in examples],
+                )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StateError(f"loader state: a stream's 'errors' account is damaged ({e})") from e
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"bad count {value!r}")
+    return value
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    index, failed = value
+    if not isinstance(index, int) or index < -1:
+        raise ValueError(f"bad window {value!r}")
+    return index, _count(failed)
 
 
 def _safe_location(location: Callable[[int], dict[str, Any]], index: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from energon import (
     get_train_dataset,
     get_val_dataset,
 )
-from energon.errors import ERROR_BUDGET_ENV
+from energon.errors import ERROR_BUDGET_ENV, StateError
 from tests.helpers.damage import spoil_text_payloads
 from tests.helpers.datasets import make_text_dataset, shard_paths
 
@@ -240,3 +240,26 @@ def test_failures_after_a_streams_last_item_are_reported(tmp_path, num_workers, 
         assert not set(real) & set(spoiled)
         total += loader.error_report()["skipped"]
     assert total == len(spoiled) == 8
+
+
+def test_damaged_error_counters_in_a_state_are_state_errors(mostly_bad_shard):
+    root, _ = mostly_bad_shard
+    loader = train(root)
+    it = iter(loader)
+    for _ in range(20):
+        next(it)
+    state = json.loads(json.dumps(loader.save_state_rank()))
+    (_stream, snapshot), *_ = state["streams"]
+    assert snapshot["errors"]["failed"] > 0
+
+    bad = json.loads(json.dumps(state))
+    bad["streams"][0][1]["errors"]["sources"][0][0] = 99  # a source the dataset does not have
+    restored = train(root)
+    restored.restore_state_rank(bad)
+    with pytest.raises(StateError, match="'errors'"):
+        next(iter(restored))
+
+    bad = json.loads(json.dumps(state))
+    bad["errors"] = [{"read": "many"}]
+    with pytest.raises(StateError, match="'errors'"):
+        train(root).restore_state_rank(bad)

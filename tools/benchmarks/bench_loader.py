@@ -438,8 +438,9 @@ COMPARE_HEADERS = (
     "runs each",
     "median samples/s with accounting",
     "median samples/s without",
-    "with / without",
-    "all ratios (run by run)",
+    "with / without (medians)",
+    "median of paired ratios",
+    "ratios run by run",
 )
 
 
@@ -472,8 +473,19 @@ def compare_error_accounting(
                     raise RuntimeError(result.error)
                 rates[accounting].append(result.steady_samples_per_second)
         with_, without = statistics.median(rates[True]), statistics.median(rates[False])
-        ratios = " ".join(f"{a / b:.3f}" for a, b in zip(rates[True], rates[False]))
-        rows.append((name, workers, len(rates[True]), with_, without, with_ / without, ratios))
+        ratios = [a / b for a, b in zip(rates[True], rates[False])]
+        rows.append(
+            (
+                name,
+                workers,
+                len(ratios),
+                with_,
+                without,
+                with_ / without,
+                statistics.median(ratios),
+                " ".join(f"{r:.2f}" for r in ratios),
+            )
+        )
     return rows
 
 
