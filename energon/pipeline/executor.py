@@ -12,7 +12,9 @@ have nothing left, so an encoder that yields more than the plan counted is an er
 loss. Without ``fill_to_end`` streams simply run until they end.
 
 When a finite stream ends, the executor sends its final snapshot (``ended=True``, no value, no
-position consumed), so that samples that failed after the stream's last item are counted too.
+position consumed), so that samples that failed after the stream's last item are counted too. It
+does so only when it is the stream's one executor (``world_size x num_workers`` divides the stream
+count, the default): a shared stream's final snapshot could overtake another executor's items.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class Executor:
         self.snapshots = snapshots or {}
         self.end = end
         self.fill_to_end = fill_to_end and end is not None
+        executors = layout.world_size * max(1, layout.num_workers)
+        self._streams_are_mine = spec.num_streams % executors == 0
         self.build = build if build is not None else (lambda s: build_stream(self.spec, s))
         self.streams: dict[int, Stream] = {}
         self._items = 0
@@ -124,7 +128,8 @@ class Executor:
                     yield None, self._meta(m, stream, hole=True)
                 else:
                     ended.add(stream_id)
-                    yield None, self._meta(m, stream, ended=True)
+                    if self._streams_are_mine:
+                        yield None, self._meta(m, stream, ended=True)
                 continue
             value, key = item
             attach_restore_key(value, stream_key(stream_id, index, key))
@@ -160,7 +165,8 @@ class Executor:
                     "Write it with `yield` (energon then agrees the pass length at run time), so "
                     "that no output is dropped."
                 )
-            yield None, self._meta(self.end, stream, ended=True)
+            if self._streams_are_mine:
+                yield None, self._meta(self.end, stream, ended=True)
 
 
 def _item_at(stream: Stream, index: int) -> tuple[Value, Any] | None:
