@@ -12,9 +12,12 @@ from typing import Any
 _EXPORTS = {
     "SampleDecoder": "energon.decode",
     "EmptyDatasetError": "energon.errors",
+    "ErrorBudget": "energon.errors",
+    "ErrorBudgetExceeded": "energon.errors",
     "EnergonError": "energon.errors",
     "FatalSampleError": "energon.errors",
     "NotSimulableError": "energon.errors",
+    "PaddingError": "energon.errors",
     "SampleException": "energon.errors",
     "SkipSample": "energon.errors",
     "StateError": "energon.errors",

@@ -66,8 +66,15 @@ def should_log(target: LogTarget, level: int) -> bool:
 
 
 def write(target: LogTarget, record: dict[str, Any]) -> None:
-    """One JSON line to this process's file (stdout without a path)."""
+    """One JSON line to this process's file (stdout without a path); a file the target holds open
+    for this process's log number (``_worker_debug_file``) takes precedence."""
     line = json.dumps(record, default=_plain) + "\n"
+    given = getattr(target, "_worker_debug_file", None)
+    if given is not None and getattr(target, "_worker_debug_file_worker_id", None) == file_id(
+        target
+    ):
+        given.write(line)
+        return
     if target.worker_debug_path is None:
         sys.stdout.write(line)
         return

@@ -10,8 +10,10 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
         EmptyDatasetError
         StateError (ValueError)
         NotSimulableError (ValueError)
+        PaddingError (TypeError)
         SampleException (ValueError)
             FatalSampleError
+                ErrorBudgetExceeded
             SampleReadError
             DecodeError
             DecodeTimeoutError
@@ -43,17 +45,20 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
 
 A bad sample must never be lost silently: a ``SampleException`` is either raised, or skipped *and
 counted*, and a run of consecutive failures beyond the tolerance stops the job with the last error
-attached. Errors in ``SYSTEM_EXCEPTIONS`` (broken code, not broken data) are never skipped.
+attached. Skips are also counted per source dataset against an :class:`ErrorBudget` (rates over
+windows, counts, complete failure), reported by ``loader.error_report()`` (docs/errors.md). Errors in ``SYSTEM_EXCEPTIONS`` (broken code, not broken data) are never skipped.
 ``RemoteError`` is final (permanent, or retries exhausted); ``TransientRemoteError`` is the one that
 another attempt may not hit, so it is deliberately not a ``RemoteError``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 
 class EnergonError(Exception):
@@ -66,6 +71,10 @@ class EmptyDatasetError(EnergonError):
 
 class StateError(EnergonError, ValueError):
     """A saved loader state cannot be restored into this loader."""
+
+
+class PaddingError(EnergonError, TypeError):
+    """A filler item cannot be flagged as padding (its type cannot carry ``__padding__``)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,6 +102,10 @@ class FatalSampleError(SampleException):
     def from_sample(cls, sample: Any, message: str) -> FatalSampleError:
         key = getattr(sample, "__key__", None)
         return cls(f"{message} (sample {key!r})")
+
+
+class ErrorBudgetExceeded(FatalSampleError):
+    """Too many samples of a source dataset (or of all sources) failed: see :class:`ErrorBudget`."""
 
 
 class SampleReadError(SampleException):
@@ -322,31 +335,52 @@ def reraise_exception(
 ErrorHandler = Callable[..., None]
 
 
+class FailureAccount(Protocol):
+    """Where a stream counts its lost samples (:class:`energon.pipeline.error_account.ErrorAccount`)."""
+
+    def failed(self, keys: Sequence[Any], exc: BaseException, sample: Any) -> None:
+        """``keys`` (restore keys) name the samples lost to ``exc``; may raise ErrorBudgetExceeded."""
+
+
 class ErrorPolicy:
-    """Applies a handler to per-sample errors and fails after ``tolerance`` consecutive failures.
+    """Applies a handler to per-sample errors and fails after ``tolerance`` consecutive failures
+    of this hook; the stream's ``account`` counts every lost sample per source against the error
+    budget.
 
     ``tolerance=0`` disables the limit. Counters are exposed for reporting (``skipped``).
     """
 
-    __slots__ = ("name", "handler", "tolerance", "consecutive", "skipped")
+    __slots__ = ("name", "handler", "tolerance", "consecutive", "skipped", "account")
 
-    def __init__(self, name: str, handler: ErrorHandler, tolerance: int = 100) -> None:
+    def __init__(
+        self,
+        name: str,
+        handler: ErrorHandler,
+        tolerance: int = 100,
+        account: FailureAccount | None = None,
+    ) -> None:
         self.name = name
         self.handler = handler
         self.tolerance = tolerance
         self.consecutive = 0
         self.skipped = 0
+        self.account = account
 
     def succeeded(self) -> None:
         self.consecutive = 0
 
     def failed(
-        self, exc: BaseException, sample: Any = None, sources: Sequence | None = None
+        self,
+        exc: BaseException,
+        sample: Any = None,
+        sources: Sequence | None = None,
+        keys: Sequence[Any] = (),
     ) -> None:
         """Handle one failure: raise fatal errors, otherwise call the handler and count the skip.
 
         The exception gets a note naming the hook, the sample key and where the sample came from,
-        so both a logged and a re-raised error say which sample broke which hook.
+        so both a logged and a re-raised error say which sample broke which hook. ``keys`` are the
+        restore keys of the samples lost (for the per-source budget).
         """
         if sources is None:
             sources = _sources_of(sample)
@@ -358,11 +392,83 @@ class ErrorPolicy:
         self.handler(exc, sample, sources)
         self.skipped += 1
         self.consecutive += 1
+        if self.account is not None and keys:
+            self.account.failed(keys, exc, sample)
         if self.tolerance and self.consecutive >= self.tolerance:
             raise FatalSampleError(
                 f"{self.name} failed {self.consecutive} times in a row; likely the code or the "
                 f"dataset is broken. Last error: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+ERROR_BUDGET_ENV = "ENERGON_ERROR_BUDGET"
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorBudget:
+    """When samples skipped after errors stop a run (see docs/errors.md).
+
+    Per source dataset, in every logical stream: more than ``max_rate`` of a window of ``window``
+    samples read from it failed; or every sample a finished (validation) stream read from it failed.
+    Over all sources of a stream: more than ``max_total_rate`` of a window of ``window`` samples.
+    Per rank: more than ``max_skipped`` samples of one source, or ``max_total_skipped`` in total
+    (``None``: no count limit). ``max_rate=1`` switches a rate off. A log line about new skips is
+    written at most every ``log_interval_s`` seconds (0: at every new skip; None: never).
+
+    The defaults stop a run when a source is mostly broken and never because of a few bad samples.
+    ``ENERGON_ERROR_BUDGET="max_rate=0.2,window=500,max_total_skipped=none"`` changes them for every
+    dataset built without an explicit ``error_budget=``.
+    """
+
+    max_rate: float = 0.5
+    window: int = 1000
+    max_total_rate: float = 0.5
+    max_skipped: int | None = None
+    max_total_skipped: int | None = None
+    log_interval_s: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_rate", "max_total_rate"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"ErrorBudget.{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.window < 1:
+            raise ValueError(f"ErrorBudget.window must be >= 1, got {self.window}")
+        for name in ("max_skipped", "max_total_skipped", "log_interval_s"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"ErrorBudget.{name} must be >= 0 or None, got {value}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ErrorBudget:
+        """The defaults, changed by ``ENERGON_ERROR_BUDGET`` (``name=value`` pairs, comma-separated;
+        ``none`` for no limit)."""
+        text = (os.environ if environ is None else environ).get(ERROR_BUDGET_ENV, "").strip()
+        if not text:
+            return cls()
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for item in text.split(","):
+            name, sep, raw = (part.strip() for part in item.partition("="))
+            if not sep or name not in kinds:
+                raise ValueError(
+                    f"{ERROR_BUDGET_ENV}={text!r}: {item.strip()!r} is not name=value with a name of "
+                    f"{', '.join(kinds)}"
+                )
+            try:
+                values[name] = _parse_budget_value(raw, kinds[name])
+            except ValueError:
+                raise ValueError(
+                    f"{ERROR_BUDGET_ENV}={text!r}: bad value {raw!r} for {name}"
+                ) from None
+        return cls(**values)
+
+
+def _parse_budget_value(raw: str, kind: str) -> Any:
+    if raw.lower() == "none":
+        if "None" not in kind:
+            raise ValueError(raw)
+        return None
+    return int(raw) if kind.startswith("int") else float(raw)
 
 
 def _sources_of(sample: Any) -> Sequence | None:

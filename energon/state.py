@@ -18,6 +18,7 @@ from typing import Any
 
 from energon.errors import StateError
 from energon.pipeline import snapshot
+from energon.pipeline.error_account import merge_totals
 from energon.pipeline.keys import retag_legacy_pointers
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.plan.edits import edits_from_json
@@ -57,11 +58,14 @@ def make_rank_state(
     version: int = STATE_VERSION,
     weight_changes: list[dict[str, Any]] | None = None,
     edits: dict[str, Any] | None = None,
+    errors: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``weight_changes``: the blend weight changes made online (``loader.set_blend_weights``), as
     plain data; part of the position (not of the fingerprint), the same in every rank's state.
     ``edits`` (cursor edits as JSON, :mod:`energon.plan.edits`) only when the state was edited
-    (skip, exclude, migrate), so unedited states look as they always did."""
+    (skip, exclude, migrate), so unedited states look as they always did. ``errors``: per-source
+    totals of samples lost to errors in finished passes (the current pass's are in the stream
+    snapshots)."""
     extra = {"edits": edits} if edits is not None else {}
     state = {
         "format": STATE_FORMAT,
@@ -76,6 +80,7 @@ def make_rank_state(
         "pass_offset": pass_offset,
         "micro_batch_size": micro_batch_size,
         "streams": [[s, streams[s]] for s in sorted(streams)],
+        "errors": errors,
         **extra,
     }
     if weight_changes:
@@ -213,6 +218,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
     origin = min(_rank_next_position(st) for st in states)
     merged = merge_stream_snapshots(states)
     _check_prefix(merged, states, num_streams, origin)
+    errors = merge_totals([st.get("errors") for st in states])
     out = []
     for rank in range(new_world_size):
         out.append(
@@ -230,6 +236,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
                 version=first["version"],
                 weight_changes=weight_changes(first),
                 edits=first.get("edits"),
+                errors=errors if rank == 0 else None,  # counted once
             )
         )
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TextIO
 
 from energon import debug_log
 from energon.errors import ErrorHandler, log_exception, reraise_exception
@@ -24,8 +24,12 @@ class WorkerConfig:
     ``rank``/``world_size`` are the *data-parallel* rank and size. ``num_workers=0`` loads in the
     main process. ``seed_offset`` changes the data order; nothing else random does.
     ``worker_debug_path`` / ``worker_log_level`` write per-process debug logs (see
-    :mod:`energon.debug_log`; ``energon analyze-debug`` renders them). ``restore_error_handler``
-    handles errors while ``loader.restore_sample`` regenerates an item.
+    :mod:`energon.debug_log`; ``energon analyze-debug`` renders them); ``_worker_debug_file`` (an
+    open text file) receives the log lines of the process whose log file number is
+    ``_worker_debug_file_worker_id`` instead of a file under ``worker_debug_path`` (Megatron-Energon
+    accepts both fields too). ``global_error_handler`` sees every skipped sample;
+    ``restore_error_handler`` handles errors while ``loader.restore_sample`` regenerates an item.
+    Every field is used; the signature is Megatron-Energon's.
     """
 
     rank: int
@@ -35,6 +39,8 @@ class WorkerConfig:
     seed_offset: int = 0
     worker_debug_path: str | None = None
     worker_log_level: int = 0
+    _worker_debug_file: TextIO | None = dataclasses.field(default=None, repr=False)
+    _worker_debug_file_worker_id: int | None = None
     global_error_handler: ErrorHandler = log_exception
     restore_error_handler: ErrorHandler = reraise_exception
 

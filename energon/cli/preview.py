@@ -10,7 +10,7 @@ import click
 from energon.cli.info import DatasetPathType
 
 _SHADES = " .:-=+*#%@"
-_HIDDEN = {"__restore_key__", "__subflavors__", "__sources__"}
+_HIDDEN = {"__restore_key__", "__subflavors__", "__sources__", "__padding__"}
 
 
 def ascii_image(image: Any, width: int) -> list[str]:

@@ -246,12 +246,12 @@ class BaseWrapperDataset(SavableDataset):
 
     def build_stream(self, stream_id: int) -> Stream:
         ctx = StreamContext(stream_id, self.spec.num_streams, self.spec.seed)
-        return Stream(stream_id, self.spec, [self.open(ctx)], max_items=None)
+        return Stream(stream_id, self.spec, [self.open(ctx)])
 
     def positions_per_pass(self) -> int | None:
         return None
 
-    def pass_end(self) -> int | None:
+    def pass_end(self, base: int = 0) -> int | None:
         return None  # streams end by themselves (finite leaves) or never
 
     def _rank_streams(self) -> list[int]:

@@ -10,6 +10,7 @@ import dataclasses
 import warnings
 from typing import Any
 
+from energon.errors import ErrorBudget
 from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import resolve_dataset
 from energon.pipeline.spec import PipelineSpec, check_blend_streams
@@ -92,6 +93,7 @@ def _build(
             f"global_batch_size must be an integer >= 1 (samples per training step), got "
             f"{global_batch_size!r}"
         )
+    error_budget = kwargs.pop("error_budget", None) or ErrorBudget.from_env()
     resolved = resolve_dataset(
         path,
         split_part=split_part,
@@ -130,6 +132,7 @@ def _build(
         decoder=task_encoder.decoder,
         error_handler=worker_config.global_error_handler,
         failure_tolerance=getattr(task_encoder, "__default_failure_tolerance__", 100),
+        error_budget=error_budget,
         virtual_epoch_length=virtual_epoch_length if training else 0,
         limit=limit,
         packing_buffer_size=packing_buffer_size or None,
@@ -198,6 +201,7 @@ def get_train_dataset(
     ``parallel_shard_iters``, ``dataset_config``, ``split_config``, ``subflavors``,
     ``global_batch_size`` (samples per training step: converts blend weight schedules given in
     steps, and ``loader.set_blend_weights(from_step=...)``).
+    ``error_budget`` (an :class:`~energon.errors.ErrorBudget`; default from ``ENERGON_ERROR_BUDGET``).
     """
     return _build(
         path,
@@ -235,6 +239,7 @@ def get_val_dataset(
 
     ``even_ranks=False`` gives Megatron-Energon's behaviour instead: every stream emits its natural
     batches (full ones, no balancing, no padding), so ranks may get different numbers of batches.
+    ``error_budget``: as in :func:`get_train_dataset`.
     """
     return _build(
         path,

@@ -4,6 +4,10 @@ A loader hands this rank its micro-batches in global-plan order. With workers, t
 collects worker ``w``'s results in strict round-robin, and worker ``w`` produces exactly the rank's
 positions ``w, w + W, ...``, so the order is the plan's. Every yielded item comes with the snapshot of
 its stream, so saving the state is copying a few small dicts: nothing is paused and nothing replayed.
+
+A loader keeps all of its own state (position, snapshots, arena, the spec it restored) to itself:
+several loaders over one dataset object do not affect each other. Validation passes stay even across
+ranks through :mod:`energon.loader.evenness`.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import torch
 import torch.utils.data
 
 from energon import debug_log
-from energon.errors import SkipSample, StateError
+from energon.errors import ErrorBudget, SkipSample, StateError
 from energon.ledger.journal import JournalWriter, sources_digest
 from energon.loader.blend_report import BlendReport, BlendTracker, source_names, source_rows
+from energon.loader.error_report import ErrorReport
+from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
 from energon.pipeline import snapshot
@@ -50,7 +56,9 @@ BLEND_REPORT_WINDOW = 1000  # global samples per window of Loader.blend_report()
 
 
 def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Value, ItemMeta]:
-    """Runs in the worker: numpy -> tensors, and arena tensors -> small references."""
+    """Runs where the item was made (a worker, or the main process without workers): torch's
+    ``default_convert`` (numpy arrays in dicts, lists and tuples -> tensors, as Megatron-Energon
+    does with and without workers), and arena tensors -> small references."""
     value, meta = item
     value = torch.utils.data.default_convert(value)
     if arena is not None:
@@ -59,13 +67,23 @@ def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Va
 
 
 class _WorkerItems(torch.utils.data.IterableDataset):
-    """What a loader worker iterates: its share of the rank's items, with their stream snapshots."""
+    """What a loader's workers iterate: each its share of the rank's items, with their stream
+    snapshots, resuming where the loader says (the dataset itself holds no loader state)."""
 
-    def __init__(self, dataset: SavableDataset) -> None:
+    def __init__(
+        self, dataset: SavableDataset, resume: ResumePoint, arena: BatchArena | None
+    ) -> None:
         self.dataset = dataset
+        self.resume = resume
+        self.arena = arena
 
-    def __iter__(self) -> Iterator[tuple[Any, dict[str, Any]]]:
-        return self.dataset.worker_items()
+    def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        if self.arena is not None:
+            self.arena.activate(worker)
+        debug_log.activate(self.dataset.worker_config)
+        return iter(self.dataset.executor(worker, self.resume))
 
 
 class Loader:
@@ -117,6 +135,8 @@ class Loader:
         self._worker_yields: dict[int, int] = {}
         self._snapshots: dict[int, StreamSnapshot] = {}
         self._source: Iterator[tuple[Value, ItemMeta]] | None = None
+        self._source_ended = False
+        self._fillers: Fillers | None = None
         self._arena: BatchArena | None = None
         self._restart_at: int | None = None  # reopen the source here (blend weights changed)
         self._blend_window = BLEND_REPORT_WINDOW
@@ -124,6 +144,13 @@ class Loader:
         self.journal_dir: str | None = None
         self._journal: JournalWriter | None = None
         self._journal_spec: Any = None
+        self._errors = ErrorReport(
+            dataset.spec.error_budget or ErrorBudget(),
+            [
+                {"path": s.leaf.fingerprint()["path"], "split_part": s.leaf.split_part}
+                for s in dataset.spec.sources
+            ],
+        )
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
 
@@ -170,20 +197,28 @@ class Loader:
         self._log_pass_boundary("start", length)
         if self._source is None:
             self._source = self._open_source()
+        agree, group = agreement_group(self.dataset)
         iter_idx = 0
         while length is None or self._pass_offset < length:
             if self._restart_at is not None and self._next_position() >= self._restart_at:
                 self._reopen_source()
-            try:
-                value, meta = next(self._source)
-            except StopIteration:
+            entry = self._next_entry()
+            if agree and entry is None and any_rank_has_item(False, group):
+                # this rank ran out, another has not: keep step with a filler
+                self._pass_offset += 1
+                yield self._filler(self.worker_config.rank % self.dataset.spec.num_streams)
+                continue
+            if entry is None or (agree and not any_rank_has_item(True, group)):
                 self._log(1, "StopIteration", iter_id=iter_id)
                 self._finish_pass()
                 return
+            value, meta = entry
             self._record(meta)
-            if self.journal_dir is not None:
+            if self.journal_dir is not None and not meta.hole:
                 self._journal_writer().append(meta.position, meta.key)
-            if meta.arena:
+            if meta.hole:
+                value = self._filler(meta.stream)
+            elif meta.arena:
                 value = self._arena.import_(value)
             self._log_yield(value, meta, iter_id, iter_idx)
             iter_idx += 1
@@ -194,6 +229,26 @@ class Loader:
         spec = self.dataset.spec
         if spec.limit is not None and spec.limit_resets:
             self._finish_pass()
+
+    def _next_entry(self) -> tuple[Value, ItemMeta] | None:
+        """The source's next ``(value, meta)``, or None once it has ended (and ever after, until
+        the pass is finished). Final snapshots of ended streams are recorded on the way."""
+        while not self._source_ended:
+            try:
+                value, meta = next(self._source)
+            except StopIteration:
+                self._source_ended = True
+                break
+            if not meta.ended:
+                return value, meta
+            self._snapshots[meta.stream] = meta.snapshot
+            self._errors.observe(meta.stream, meta.snapshot, self._snapshots)
+        return None
+
+    def _filler(self, stream: int) -> Value:
+        if self._fillers is None:
+            self._fillers = Fillers(self.dataset)
+        return self._fillers.make(stream)
 
     def _log_yield(self, value: Value, meta: ItemMeta, iter_id: int, iter_idx: int) -> None:
         worker = meta.worker
@@ -230,9 +285,11 @@ class Loader:
 
     def _finish_pass(self) -> None:
         """After a finite pass (validation, or training with repeat=False) the next starts afresh."""
+        self._errors.finish_pass(self._snapshots)
         self._close_source()
         self._origin = self._consumed = self._pass_offset = 0
         self._snapshots = {}
+        self._fillers = None
 
     def _record(self, meta: ItemMeta) -> None:
         wc = self.worker_config
@@ -241,6 +298,7 @@ class Loader:
             self._blend_tracker.observe(meta.stream, meta.snapshot)
         self._consumed = (meta.position - self._origin - wc.rank) // wc.world_size + 1
         self._pass_offset += 1
+        self._errors.observe(meta.stream, meta.snapshot, self._snapshots)
 
     def start_journal(self, directory: str) -> None:
         """Record the position and restore key of every micro-batch this loader delivers from now
@@ -249,6 +307,7 @@ class Loader:
         if self._source is not None:
             raise RuntimeError("start_journal must be called before iterating the loader")
         self.journal_dir = directory
+        self.dataset = self.dataset.with_spec(self.dataset.spec)  # this loader's own copy
         self.dataset.journal_keys = True
 
     def _journal_writer(self) -> JournalWriter:
@@ -268,19 +327,19 @@ class Loader:
         wc = self.worker_config
         self._restart_at = None  # the new source runs the current spec
         hook_context.cache_pool = self.cache_pool  # workers inherit it through fork
-        self.dataset.resume = ResumePoint(
+        self._source_ended = False
+        resume = ResumePoint(
             base=self._origin + self._consumed * wc.world_size,
             snapshots=dict(self._snapshots),
         )
         if wc.num_workers == 0:
-            self.dataset.arena = None
-            return iter(self.dataset.executor(0))
+            items = self.dataset.executor(0, resume)
+            return map(functools.partial(_collate, None), items)
         self._arena = BatchArena(wc.num_workers) if arena_supported() else None
-        self.dataset.arena = self._arena
         generator = torch.Generator()
         generator.manual_seed(0)  # torch draws worker base seeds from it, not from the global RNG
         loader = torch.utils.data.DataLoader(
-            _WorkerItems(self.dataset),
+            _WorkerItems(self.dataset, resume, self._arena),
             batch_size=None,
             num_workers=wc.num_workers,
             collate_fn=functools.partial(_collate, self._arena),
@@ -310,6 +369,7 @@ class Loader:
 
     def _close_source(self) -> None:
         source, self._source = self._source, None
+        self._source_ended = False
         shutdown = getattr(source, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
@@ -344,6 +404,7 @@ class Loader:
             micro_batch_size=spec.batch_size,
             weight_changes=[c.config() for c in spec.weight_changes],
             edits=spec.edits.to_json() if spec.edits is not None else None,
+            errors=self._errors.state(),
         )
         return json.loads(json.dumps(state))
 
@@ -360,7 +421,7 @@ class Loader:
         try:
             check_compatible(state, fp, digest)
         except StateError:
-            self.dataset.spec = unedited
+            self.dataset = self.dataset.with_spec(unedited)
             raise
         state = upgrade_state(state, self.dataset.spec.pointer_kinds())
         wc = self.worker_config
@@ -375,12 +436,15 @@ class Loader:
             changes = tuple(WeightChange.from_config(c) for c in weight_changes(state))
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"loader state field 'weight_changes' is damaged: {e}") from e
-        self.dataset.spec = dataclasses.replace(self.dataset.spec, weight_changes=changes)
+        self.dataset = self.dataset.with_spec(
+            dataclasses.replace(self.dataset.spec, weight_changes=changes)
+        )
         self._origin = state["origin"]
         self._consumed = state["consumed"]
         self._pass_offset = state["pass_offset"]
         self._snapshots = copy.deepcopy(stream_snapshots(state))
         self._blend_tracker = self._new_blend_tracker()
+        self._errors.restore(state.get("errors"), self._snapshots)
 
     def _apply_edits(self, edits: PlanEdits | None) -> None:
         """Continue under the cursor edits of the state (skip, exclude, migrate: they change the
@@ -396,7 +460,7 @@ class Loader:
                 f"configuration has {len(spec.sources)}: it belongs to another configuration"
             )
         if edits != spec.edits:
-            self.dataset.spec = dataclasses.replace(spec, edits=edits)
+            self.dataset = self.dataset.with_spec(dataclasses.replace(spec, edits=edits))
 
     def _set_num_streams(self, num_streams: int) -> None:
         spec = self.dataset.spec
@@ -406,7 +470,8 @@ class Loader:
             raise StateError(
                 f"the state uses {num_streams} logical streams but num_streams={spec.num_streams} was given"
             )
-        self.dataset.spec = dataclasses.replace(spec, num_streams=num_streams)
+        # this loader's own copy: other loaders over the same dataset keep their streams
+        self.dataset = self.dataset.with_spec(dataclasses.replace(spec, num_streams=num_streams))
 
     def save_state_global(
         self, global_dst_rank: int | None = None, *, dst_rank: int | None = None
@@ -572,7 +637,7 @@ class Loader:
         if change in spec.weight_changes:
             return position
         changes = tuple(sorted([*kept, change], key=lambda c: c.position))
-        self.dataset.spec = dataclasses.replace(spec, weight_changes=changes)
+        self.dataset = self.dataset.with_spec(dataclasses.replace(spec, weight_changes=changes))
         if self._source is not None and (self._restart_at is None or position < self._restart_at):
             self._restart_at = position
         return position
@@ -635,6 +700,20 @@ class Loader:
             else:
                 schedules.append(WeightSchedule.constant(float(weight)))
         return FlatWeights(tuple(schedules))
+
+    def error_report(self) -> dict[str, Any]:
+        """Samples this rank lost to errors, per source dataset (see docs/errors.md)::
+
+            {"skipped": <total>, "read": <samples read>,
+             "sources": [{"path", "split_part", "read", "skipped", "rate",
+                          "reasons": {exception type: count},
+                          "examples": [{"key", "index", "shard", "offset", "error"}, ...]}]}
+
+        Counts cover the items consumed so far (the current pass and finished ones) and survive
+        save and restore; samples that failed in a worker but whose stream has not delivered an
+        item since are counted with that stream's next item.
+        """
+        return self._errors.report(self._snapshots)
 
     # -- debugging ---------------------------------------------------------------------------
     def can_restore_sample(self) -> bool:

@@ -1,13 +1,16 @@
 """``SavableDataset``: what ``get_train_dataset`` / ``get_val_dataset`` return.
 
-It is a ``torch.utils.data.IterableDataset`` whose iteration in a worker (or in the main process)
-executes that worker's share of the rank's micro-batch positions, yielding ``(item, meta)`` pairs; the
+It is a ``torch.utils.data.IterableDataset``. A loader executes the rank's micro-batch positions
+through :meth:`SavableDataset.executor` (one per worker), which yields ``(item, meta)`` pairs; the
 loader strips ``meta`` (an :class:`~energon.pipeline.executor.ItemMeta`: position, stream and the
-stream's snapshot after the item) and keeps the snapshot for saving state.
+stream's snapshot after the item) and keeps the snapshot for saving state. A dataset holds no loader
+state: where a loader resumes is the loader's own :class:`ResumePoint`, so any number of loaders can
+share one dataset object.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Iterator
@@ -15,12 +18,9 @@ from typing import Any
 
 import torch.utils.data
 
-from energon import debug_log
-from energon.memory.batch_arena import BatchArena
-from energon.pipeline.executor import Executor, ItemMeta
+from energon.pipeline.executor import Executor
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
-from energon.pipeline.stage import Value
 from energon.pipeline.stream import Stream, build_stream
 from energon.worker import Layout, WorkerConfig
 
@@ -39,13 +39,18 @@ class SavableDataset(torch.utils.data.IterableDataset):
     def __init__(self, spec: PipelineSpec, worker_config: WorkerConfig) -> None:
         self.spec = spec
         self.worker_config = worker_config
-        self.resume = ResumePoint()
-        self.arena: BatchArena | None = None
         self.journal_keys = False  # items carry their restore keys (a loader keeps a journal)
+
+    def with_spec(self, spec: PipelineSpec) -> SavableDataset:
+        """A copy of this dataset that runs ``spec`` (this object is left as it is)."""
+        clone = copy.copy(self)
+        clone.spec = spec
+        return clone
 
     # -- sizes -------------------------------------------------------------------------------
     def positions_per_pass(self) -> int | None:
-        """Global micro-batches in one pass (validation), or per epoch (training)."""
+        """Global micro-batches in one pass (validation, as planned from the sample counts), or
+        per epoch (training)."""
         spec = self.spec
         if not spec.training and not spec.even_ranks:
             return sum(spec.stream_val_batches(s) for s in range(spec.num_streams))
@@ -67,7 +72,10 @@ class SavableDataset(torch.utils.data.IterableDataset):
             return spec.virtual_epoch_length
         total = self.positions_per_pass() or 0
         wc = self.worker_config
-        count = len(range(wc.rank, total, wc.world_size))
+        if spec.planned_validation:
+            count = -(-total // wc.world_size)  # every rank: holes keep them even
+        else:
+            count = len(range(wc.rank, total, wc.world_size))
         if spec.limit is not None:
             count = min(count, spec.limit)
         return count
@@ -88,6 +96,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
 
     # -- execution ---------------------------------------------------------------------------
     def layout(self, worker: int = 0, base: int = 0) -> Layout:
+        """Which positions worker ``worker`` of this rank executes, from ``base`` on."""
         wc = self.worker_config
         return Layout(
             num_streams=self.spec.num_streams,
@@ -98,17 +107,21 @@ class SavableDataset(torch.utils.data.IterableDataset):
             base=base,
         )
 
-    def pass_end(self) -> int | None:
-        """First global position after a finite pass (validation, or training with repeat=False)."""
+    def pass_end(self, base: int = 0) -> int | None:
+        """First global position after a finite pass whose length is planned (planned validation,
+        or training with repeat=False), for a rank that resumes at ``base``; None: streams end by
+        themselves (validation whose counts depend on the data) or never.
+
+        Planned validation rounds the end up so that every rank has as many positions left from
+        ``base`` on; the positions beyond the plan are holes that the loader fills.
+        """
         spec = self.spec
-        if not spec.training and spec.repeat:
-            return None  # a repeated validation set (RepeatDataset): passes end by `limit`
-        if not spec.training and spec.data_dependent_counts:
-            return spec.num_streams * max(
-                spec.stream_sample_counts()
-            )  # at most one item per sample
+        if spec.planned_validation:
+            planned = spec.num_streams * spec.val_batches_per_stream()
+            world = self.worker_config.world_size
+            return base + world * -(-max(0, planned - base) // world)
         if not spec.training:
-            return spec.num_streams * spec.val_batches_per_stream()
+            return None
         if spec.repeat or spec.mode == "weight":
             return None
         counts = spec.stream_sample_counts()
@@ -132,35 +145,37 @@ class SavableDataset(torch.utils.data.IterableDataset):
                 return False
         return True
 
-    def executor(self, worker: int) -> Executor:
+    def executor(
+        self, worker: int, resume: ResumePoint | None = None, *, all_workers: bool = False
+    ) -> Executor:
+        """Worker ``worker``'s executor of this rank's positions, resuming at ``resume``
+        (``all_workers``: one executor of all the rank's positions, as without workers)."""
+        resume = resume or ResumePoint()
+        layout = self.layout(worker, resume.base)
+        if all_workers:
+            layout = dataclasses.replace(layout, num_workers=1, worker=0)
         return Executor(
             self.spec,
-            self.layout(worker, self.resume.base),
-            self.resume.snapshots,
-            end=self.pass_end(),
+            layout,
+            resume.snapshots,
+            end=self.pass_end(resume.base),
             build=self.build_stream,
             keys=self.journal_keys,
+            fill_to_end=self.spec.planned_validation,
         )
-
-    def worker_items(self) -> Iterator[tuple[Value, ItemMeta]]:
-        """In a loader worker (or the main process): that worker's ``(item, meta)`` pairs."""
-        info = torch.utils.data.get_worker_info()
-        worker = info.id if info is not None else 0
-        if self.arena is not None:
-            self.arena.activate(worker)
-        debug_log.activate(self.worker_config)
-        return iter(self.executor(worker))
 
     def __iter__(self) -> Iterator[Any]:
         """Iterating a dataset without a loader (as the reference allows) yields this rank's items
         in order, computed in this process: one pass, ``virtual_epoch_length`` / ``limit`` items,
-        or forever (training)."""
+        or forever (training). Holes of a planned validation pass are left out: only a loader
+        fills them (its ``__padding__`` fillers keep ranks even)."""
         spec = self.spec
         length = spec.virtual_epoch_length if spec.training else spec.limit
-        wc = self.worker_config
-        layout = Layout(num_streams=spec.num_streams, world_size=wc.world_size, rank=wc.rank)
-        executor = Executor(spec, layout, {}, end=self.pass_end(), build=self.build_stream)
-        for count, (value, _meta) in enumerate(executor):
+        count = 0
+        for value, meta in self.executor(0, all_workers=True):
             if length and count >= length:
                 return
+            if meta.hole or meta.ended:
+                continue
+            count += 1
             yield value

@@ -4,14 +4,28 @@ For each position ``m`` it asks stream ``m % L`` for its batch ``m // L``. A str
 split over several executors (when the layout does not divide the stream count) is computed by each of
 them, and each keeps only its own batches: correct, just slower. A stream already past a position
 (its snapshot says the batch was consumed before a restore) skips it.
+
+In a planned validation pass (``fill_to_end``) every position below ``end`` is delivered: one whose
+stream has run out becomes a *hole* (an :class:`ItemMeta` with ``hole=True`` and no value), which the
+loader turns into a flagged filler item. After its last position the executor checks that its streams
+have nothing left, so an encoder that yields more than the plan counted is an error, never a silent
+loss. Without ``fill_to_end`` streams simply run until they end.
+
+When a finite stream ends, the executor sends its final snapshot (``ended=True``, no value, no
+position consumed), so that samples that failed after the stream's last item are counted too. It
+does so only when it is the stream's one executor (``world_size x num_workers`` divides the stream
+count, the default): a shared stream's final snapshot could overtake another executor's items.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from energon import debug_log
+from energon.errors import FatalSampleError
+from energon.pipeline import padding
 from energon.pipeline.keys import Key, attach_restore_key, stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
@@ -24,7 +38,8 @@ from energon.worker import Layout
 class ItemMeta:
     """What travels with each item from a worker to the main process (pickled with every batch by
     torch's DataLoader, so it stays small): the item's global position, its stream, the stream's
-    snapshot right after it, and whether the value holds shared-memory arena references."""
+    snapshot right after it, whether the value holds shared-memory arena references, and whether
+    the position is a hole that the loader fills (the value is then None)."""
 
     position: int
     stream: int
@@ -32,6 +47,8 @@ class ItemMeta:
     arena: bool = False
     worker: int = 0  # the rank's worker that made it (debug logs)
     key: Key | None = None  # the item's restore key, when the loader keeps a journal
+    hole: bool = False
+    ended: bool = False  # the stream's final snapshot: no value, no position consumed
 
     def __reduce__(self) -> tuple:
         # positional arguments: smaller and faster to pickle than the slots' name -> value mapping
@@ -42,6 +59,8 @@ class ItemMeta:
             self.arena,
             self.worker,
             self.key,
+            self.hole,
+            self.ended,
         )
 
 
@@ -54,12 +73,16 @@ class Executor:
         end: int | None = None,
         build: Callable[[int], Stream] | None = None,
         keys: bool = False,
+        fill_to_end: bool = False,
     ) -> None:
         self.spec = spec
         self.keys = keys  # put each item's restore key into its ItemMeta (journals)
         self.layout = layout
         self.snapshots = snapshots or {}
         self.end = end
+        self.fill_to_end = fill_to_end and end is not None
+        executors = layout.world_size * max(1, layout.num_workers)
+        self._streams_are_mine = spec.num_streams % executors == 0
         self.build = build if build is not None else (lambda s: build_stream(self.spec, s))
         self.streams: dict[int, Stream] = {}
         self._items = 0
@@ -93,33 +116,76 @@ class Executor:
     def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
         num_streams = self.spec.num_streams
         mine = set(self.layout.streams())
-        exhausted: set[int] = set()
+        ended: set[int] = set()
         for m in self.layout.positions(self.end):
             stream_id, index = m % num_streams, m // num_streams
-            if stream_id in exhausted:
-                if exhausted >= mine:
+            if stream_id in ended:
+                if ended >= mine:
                     return  # a finite pass whose streams all ended
                 continue
             stream = self.stream(stream_id)
             if stream.emitted > index:
                 continue
-            try:
-                while stream.emitted < index:
-                    stream.next()
-                value, key = stream.next()
-            except StopIteration:
-                exhausted.add(stream_id)
+            item = _item_at(stream, index)
+            if item is None:
+                if self.fill_to_end:
+                    yield None, self._meta(m, stream, hole=True)
+                else:
+                    ended.add(stream_id)
+                    if self._streams_are_mine:
+                        yield None, self._meta(m, stream, ended=True)
                 continue
+            value, key = item
             loader_key = stream_key(stream_id, index, key)
             attach_restore_key(value, loader_key)
+            padding.mark(value, False)
             self._log_item(value)
-            yield (
-                value,
-                ItemMeta(
-                    m,
-                    stream_id,
-                    stream.state(),
-                    worker=self.layout.worker,
-                    key=loader_key if self.keys else None,
-                ),
-            )
+            yield value, self._meta(m, stream, key=loader_key if self.keys else None)
+        if self.fill_to_end:
+            yield from self._check_streams_ended()
+
+    def _meta(
+        self,
+        position: int,
+        stream: Stream,
+        hole: bool = False,
+        ended: bool = False,
+        key: Key | None = None,
+    ) -> ItemMeta:
+        return ItemMeta(
+            position,
+            stream.stream_id,
+            stream.state(),
+            worker=self.layout.worker,
+            key=key,
+            hole=hole,
+            ended=ended,
+        )
+
+    def _check_streams_ended(self) -> Iterator[tuple[Value, ItemMeta]]:
+        """A planned pass: a stream with items beyond its planned count would lose them; the
+        others send their final snapshots."""
+        num_streams = self.spec.num_streams
+        for stream_id, stream in self.streams.items():
+            planned = -(-(self.end - stream_id) // num_streams)  # positions of it below `end`
+            if _item_at(stream, max(planned, stream.emitted)) is not None:
+                raise FatalSampleError(
+                    f"validation stream {stream_id} produced more items than the {planned} "
+                    "planned from its sample count: a task encoder hook returned "
+                    "several outputs per input (a generator) without being a generator function. "
+                    "Write it with `yield` (energon then agrees the pass length at run time), so "
+                    "that no output is dropped."
+                )
+            if self._streams_are_mine:
+                yield None, self._meta(self.end, stream, ended=True)
+
+
+def _item_at(stream: Stream, index: int) -> tuple[Value, Any] | None:
+    """Item ``index`` of ``stream`` (skipping items before it, which other executors own), or None
+    when the stream ends first."""
+    try:
+        while stream.emitted < index:
+            stream.next()
+        return stream.next()
+    except StopIteration:
+        return None

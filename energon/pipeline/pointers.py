@@ -304,8 +304,6 @@ def pointer_source(
         stream_ranges(source.start, source.end, spec.num_streams, rotation)[stream_id]
         for source, rotation in zip(spec.sources, spec.source_rotations())
     ]
-    padding = spec.stream_padding(stream_id)
-    padded = next((i for i, (start, end) in enumerate(ranges) if end > start), 0)
     mixing = spec.training and spec.mode in ("weight", "repetitions")
     readers = []
     ids = spec.source_ids()
@@ -326,8 +324,6 @@ def pointer_source(
                 parallel_slices=parallel,
                 repeat=spec.repeat or mixing,
                 excluded=source.leaf.excluded,
-                padding=padding if i == padded else 0,
-                pad_index=start if end > start else source.start,
                 observer=observers[i] if observers is not None else None,
             )
         )

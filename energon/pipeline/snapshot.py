@@ -4,7 +4,8 @@ A snapshot is plain data, taken after every item a stream emits, carried with th
 process and saved in the loader state::
 
     {"emitted": <items the stream emitted so far>,
-     "stages": [<state() of each stage, in chain order>]}
+     "stages": [<state() of each stage, in chain order>],
+     "errors": <the stream's ErrorAccount state: None while nothing failed>}
 
 The first stage of every stream is its pointer source (:mod:`energon.pipeline.pointers`), whose state
 holds the schedule's state and one :class:`~energon.plan.reader.ReaderState` per source. Code outside
@@ -13,7 +14,7 @@ the pipeline reads snapshots only through the functions here.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from energon.plan.mixing import ScheduleState
 from energon.plan.reader import ReaderState
@@ -31,10 +32,18 @@ class PointerState(TypedDict):
 class StreamSnapshot(TypedDict):
     emitted: int
     stages: list[dict[str, Any]]
+    errors: NotRequired[dict[str, Any] | None]  # absent in states saved before error accounts
 
 
-def make_snapshot(emitted: int, stage_states: list[dict[str, Any]]) -> StreamSnapshot:
-    return {"emitted": emitted, "stages": stage_states}
+def make_snapshot(
+    emitted: int, stage_states: list[dict[str, Any]], errors: dict[str, Any] | None = None
+) -> StreamSnapshot:
+    return {"emitted": emitted, "stages": stage_states, "errors": errors}
+
+
+def error_state(snapshot: StreamSnapshot) -> dict[str, Any] | None:
+    """The stream's error account (see :mod:`energon.pipeline.error_account`), None if clean."""
+    return snapshot.get("errors")
 
 
 def emitted(snapshot: StreamSnapshot) -> int:
@@ -59,8 +68,9 @@ def pointer_state(snapshot: StreamSnapshot) -> PointerState:
 
 
 def reader_states(snapshot: StreamSnapshot) -> list[ReaderState]:
-    """One reader state per source of the stream."""
-    return pointer_state(snapshot)["readers"]
+    """One reader state per source of the stream (none for a stream composed of other streams,
+    e.g. by Megatron-Energon's wrapper datasets, whose first stage is not a pointer source)."""
+    return pointer_state(snapshot).get("readers", [])
 
 
 def samples_read(snapshot: StreamSnapshot) -> list[int]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from energon.errors import ErrorHandler, MetadatasetError
+from energon.errors import ErrorBudget, ErrorHandler, MetadatasetError
 from energon.plan.edits import Exclusion, PlanEdits
 from energon.plan.schedules import FlatWeights, Mixture, WeightChange, WeightFunction
 from energon.plan.sharding import stream_counts
@@ -41,6 +42,7 @@ class PipelineSpec:
     decoder: SampleDecoder | None = None
     error_handler: ErrorHandler | None = None
     failure_tolerance: int = 100
+    error_budget: ErrorBudget | None = None  # None: ErrorBudget() (not in the fingerprint)
     virtual_epoch_length: int = 0
     limit: int | None = None  # a pass ends after this many batches per rank (LimitDataset)
     limit_resets: bool = True  # ... and the next pass starts from the beginning again
@@ -63,10 +65,29 @@ class PipelineSpec:
 
     @property
     def data_dependent_counts(self) -> bool:
-        """Packing and grouping decide batch contents from the data: per-stream batch counts can
-        not be planned (validation evenness then cannot be guaranteed in advance)."""
-        return bool(self.packing_buffer_size) or self.task_encoder.is_active(
-            "batch_group_criterion"
+        """Whether the items of a stream can not be counted from its samples: packing and grouping
+        decide batches from the data, and a hook that is a generator function may yield any number
+        of outputs per input. Validation then agrees its length at run time (docs/ordering.md)."""
+        te = self.task_encoder
+        return (
+            bool(self.packing_buffer_size)
+            or te.is_active("batch_group_criterion")
+            or any(
+                te.is_active(hook) and _is_generator_function(getattr(te, hook))
+                for hook in COUNT_CHANGING_HOOKS
+            )
+        )
+
+    @property
+    def planned_validation(self) -> bool:
+        """A validation pass whose length every rank knows in advance: ranks must be even and the
+        item count follows from the sample counts. Streams that run short (skipped samples, fewer
+        samples than batches) get flagged filler items at their planned positions."""
+        return (
+            not self.training
+            and not self.repeat
+            and self.even_ranks
+            and not self.data_dependent_counts
         )
 
     @property
@@ -146,28 +167,15 @@ class PipelineSpec:
             return n
         return n // self.batch_size if self.batch_drop_last else math.ceil(n / self.batch_size)
 
-    def stream_padding(self, stream: int) -> int:
-        """Pointers a validation stream repeats because it has fewer samples than the common batch
-        count (only with batch size 1 or None, or fewer samples than streams; see
-        docs/ordering.md)."""
-        if (
-            self.training
-            or self.repeat
-            or not self.even_ranks
-            or self.batch_drop_last
-            or self.data_dependent_counts
-        ):
-            return 0
-        return max(0, self.val_batches_per_stream() - self.stream_sample_counts()[stream])
-
     def val_batches_per_stream(self) -> int:
-        """Every stream emits at most this many items in a validation pass (exactly this many
-        when ranks must be even)."""
+        """Every stream emits at most this many items in a validation pass whose counts follow
+        from the samples (the positions of streams with fewer are filled when ranks must be
+        even). With ``batch_drop_last`` only each stream's last partial batch is dropped."""
         counts = self.stream_sample_counts()
         if self.batch_size is None:
             return max(counts)
         if self.batch_drop_last:
-            return min(counts) // self.batch_size
+            return max(counts) // self.batch_size
         return math.ceil(max(counts) / self.batch_size)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -210,6 +218,14 @@ class PipelineSpec:
                 else {}
             ),
         }
+
+
+#: Hooks that may turn one input into several outputs when they are generator functions.
+COUNT_CHANGING_HOOKS = ("encode_sample", "preencode_sample", "postencode_sample", "encode_batch")
+
+
+def _is_generator_function(fn: Any) -> bool:
+    return inspect.isgeneratorfunction(inspect.unwrap(fn))
 
 
 def fingerprint_digest(fingerprint: dict[str, Any]) -> str:

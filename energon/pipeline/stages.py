@@ -63,7 +63,7 @@ class LoadStage(Stage):
             try:
                 sample = self.rebuild(key)
             except SampleException as e:
-                self.policy.failed(e)
+                self.policy.failed(e, keys=(key,))
                 continue
             self.policy.succeeded()
             self._loaded += 1
@@ -208,7 +208,7 @@ class MapStage(Stage):
             except SkipSample:
                 continue
             except Exception as e:
-                self.policy.failed(e, value)
+                self.policy.failed(e, value, keys=(key,))
                 continue
             if inspect.isgenerator(result):
                 self._open = _OpenGenerator(result, sample_index, sample_index, key)
@@ -230,7 +230,7 @@ class MapStage(Stage):
             return None
         except Exception as e:
             self._open = None
-            self.policy.failed(e)
+            self.policy.failed(e, keys=(open_gen.inputs,))
             return None
         out_key = map_key(
             self.name,
@@ -337,7 +337,7 @@ class BatchStage(Stage):
             try:
                 batch = _call_hook(self.batcher, hook_index, values)
             except Exception as e:
-                self.policy.failed(e, values)
+                self.policy.failed(e, values, keys=keys)
                 continue
             self.policy.succeeded()
             attach_restore_key(batch, key)
@@ -447,7 +447,7 @@ class PackStage(Stage):
         try:
             groups = _call_hook(self.select, index, seen)
         except Exception as e:
-            self.policy.failed(e, None)
+            self.policy.failed(e, None, keys=[k for _, k in self._reading])
             self.policy.skipped += len(self._reading) - 1
             self._reading = []
             return True
@@ -483,7 +483,7 @@ class PackStage(Stage):
         except SkipSample:
             return None
         except Exception as e:
-            self.policy.failed(e, None)
+            self.policy.failed(e, None, keys=members)
             return None
         if inspect.isgenerator(result):
             self._open = _OpenGenerator(result, self._hook_index(index), index, members)
@@ -502,7 +502,7 @@ class PackStage(Stage):
             return None
         except Exception as e:
             self._open = None
-            self.policy.failed(e, None)
+            self.policy.failed(e, None, keys=open_gen.inputs)
             return None
         key = pack_key(open_gen.index, open_gen.emitted, open_gen.inputs)
         open_gen.emitted += 1
@@ -634,7 +634,7 @@ class GroupBatchStage(Stage):
             seen = value if self.view is None else self.view(value, key)
             group, size = _call_hook(self.criterion, index, seen)
         except Exception as e:
-            self.policy.failed(e, value)
+            self.policy.failed(e, value, keys=(key,))
             return
         if (size is None) == (self.batch_size is None):
             raise ValueError(
@@ -672,7 +672,7 @@ class GroupBatchStage(Stage):
         try:
             batch = _call_hook(self.batcher, hook_index, [v for v, _ in items])
         except Exception as e:
-            self.policy.failed(e, None)
+            self.policy.failed(e, None, keys=[k for _, k in items])
             return None
         self.policy.succeeded()
         attach_restore_key(batch, key)

@@ -10,10 +10,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from energon.errors import ErrorPolicy, FatalSampleError, MetadatasetError, log_exception
+from energon.errors import (
+    ErrorBudget,
+    ErrorPolicy,
+    FatalSampleError,
+    MetadatasetError,
+    log_exception,
+)
+from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.keys import Key, is_group, pointer_target, pointers_of
 from energon.pipeline.pointers import PointerSource, build_pointer_stages
-from energon.pipeline.snapshot import StreamSnapshot, emitted, make_snapshot, stage_states
+from energon.pipeline.snapshot import (
+    StreamSnapshot,
+    emitted,
+    error_state,
+    make_snapshot,
+    stage_states,
+)
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage, Value
 from energon.pipeline.stages import (
@@ -48,15 +61,19 @@ if TYPE_CHECKING:
 
 class Stream(Stage):
     """Emits the items (micro-batches) of one logical stream in order; its state after each item is
-    the stream's snapshot (:mod:`energon.pipeline.snapshot`)."""
+    the stream's snapshot (:mod:`energon.pipeline.snapshot`), which includes its error account."""
 
     def __init__(
-        self, stream_id: int, spec: PipelineSpec, stages: list[Stage], max_items: int | None
+        self,
+        stream_id: int,
+        spec: PipelineSpec,
+        stages: list[Stage],
+        account: ErrorAccount | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.spec = spec
         self.stages = stages
-        self.max_items = max_items
+        self.account = account
         self.emitted = 0
         first = stages[0] if stages else None
         # blend weights changed online start at an item boundary (see PointerSource)
@@ -70,21 +87,27 @@ class Stream(Stage):
 
     def next(self) -> Item:
         """The next item; ``StopIteration`` at the end of a finite (validation) pass."""
-        if self.max_items is not None and self.emitted >= self.max_items:
-            raise StopIteration
         hook_context.batch_index = self.batch_index(self.emitted)
         hook_context.seed = self.spec.seed
         if self._begin_item is not None:
             self._begin_item(self.emitted)
-        item = self.sink.next()
+        try:
+            item = self.sink.next()
+        except StopIteration:
+            if self.account is not None:
+                self.account.finish()
+            raise
         self.emitted += 1
         return item
 
     def state(self) -> StreamSnapshot:
-        return make_snapshot(self.emitted, [stage.state() for stage in self.stages])
+        errors = self.account.state() if self.account is not None else None
+        return make_snapshot(self.emitted, [stage.state() for stage in self.stages], errors)
 
     def restore(self, state: StreamSnapshot) -> None:  # type: ignore[override]
         hook_context.seed = self.spec.seed
+        if self.account is not None:
+            self.account.restore(error_state(state))
         for stage, stage_state in zip(self.stages, stage_states(state)):
             stage.restore(stage_state)
         self.emitted = emitted(state)
@@ -150,10 +173,17 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     batch or group -> encode batch. Only hooks the task encoder overrides become stages."""
     te = spec.task_encoder
     handler = spec.error_handler or log_exception
+    stages = build_pointer_stages(spec, stream_id, prefetch_observers(spec))
+    pointers: PointerSource = stages[0]  # type: ignore[assignment]
+    account = ErrorAccount(
+        spec.error_budget or ErrorBudget(),
+        spec.leaves,
+        lambda source: pointers.readers[source].yielded,
+    )
 
     def policy(name: str, fn: Callable[..., Any] | None = None) -> ErrorPolicy:
         tolerance = getattr(fn, "__failure_tolerance__", spec.failure_tolerance)
-        return ErrorPolicy(name, handler, tolerance)
+        return ErrorPolicy(name, handler, tolerance, account)
 
     def hook_stage(hook: str) -> None:
         fn = getattr(te, hook)
@@ -168,7 +198,6 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             )
         )
 
-    stages = build_pointer_stages(spec, stream_id, prefetch_observers(spec))
     cooks = [_cook_function(spec, source) for source in spec.sources]
     stages.append(
         LoadStage(
@@ -237,10 +266,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         "encode_batch"
     ):
         hook_stage("encode_batch")
-    max_items = None
-    if not spec.training and not spec.repeat and not spec.data_dependent_counts:
-        max_items = spec.stream_val_batches(stream_id)
-    return Stream(stream_id, spec, stages, max_items)
+    return Stream(stream_id, spec, stages, account)
 
 
 def _user_defined(te: TaskEncoder, hook: str) -> bool:
@@ -288,22 +314,22 @@ def _cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
 
 
 def _batch_sizes(spec: PipelineSpec, stream_id: int) -> Callable[[int], int]:
-    """Training: constant. Validation: full batches first, then smaller ones, so that every stream
-    emits the same number of batches (see docs/ordering.md)."""
+    """Training: constant. Planned validation: full batches first, then smaller ones, so that every
+    stream with enough samples emits the common number of batches (see docs/ordering.md)."""
     bs = spec.batch_size
-    if spec.training or spec.batch_drop_last or spec.data_dependent_counts or not spec.even_ranks:
+    if not spec.planned_validation or spec.batch_drop_last:
         return ConstantSize(bs)
-    total = spec.stream_sample_counts()[stream_id] + spec.stream_padding(stream_id)
+    total = spec.stream_sample_counts()[stream_id]
     batches = spec.val_batches_per_stream()
-    if bs <= 1 or batches == 0:
+    if bs <= 1:
         return ConstantSize(bs)
-    full = min(batches, (total - batches) // (bs - 1))
+    full = max(0, min(batches, (total - batches) // (bs - 1)))
 
     def size(i: int) -> int:
         if i < full:
             return bs
-        if i == full:
-            return total - full * bs - (batches - 1 - full)
+        if i == full and i < batches:
+            return max(1, total - full * bs - (batches - 1 - full))
         return 1
 
     return size

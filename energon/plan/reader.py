@@ -42,7 +42,6 @@ class ReaderState(TypedDict):
     pos: int  # slices of the epoch's order opened so far
     active: list[list[int]]  # open slices: [slice number, cursor]
     rng: int  # counter of the open-slice draw
-    padded: int  # padding indices handed out in this pass
     yielded: int  # indices handed out so far, all epochs
     started: bool
 
@@ -58,11 +57,7 @@ class ReaderProgress(NamedTuple):
 
 
 class SliceReader:
-    """Sample indices of one (stream, leaf) pair, epoch after epoch.
-
-    Validation streams that are short of the common batch count hand out ``pad_index``
-    ``padding`` times at the end of a pass (see docs/ordering.md).
-    """
+    """Sample indices of one (stream, leaf) pair, epoch after epoch."""
 
     def __init__(
         self,
@@ -74,8 +69,6 @@ class SliceReader:
         parallel_slices: int = 1,
         repeat: bool = True,
         excluded: frozenset[int] = frozenset(),
-        padding: int = 0,
-        pad_index: int = 0,
         observer: ReadObserver | None = None,
     ) -> None:
         self.bounds = bounds
@@ -86,13 +79,10 @@ class SliceReader:
         self.parallel = max(1, parallel_slices) if self.shuffle else 1
         self.repeat = repeat
         self.excluded = excluded
-        self.padding = padding
-        self.pad_index = pad_index
         self._rng = CounterRng(stable_seed(seed, "slice-choice"))
         self._epoch = 0
         self._pos = 0
         self._active: list[list[int]] = []
-        self._padded = 0
         self._yielded = 0
         self._started = False
         self._order: np.ndarray | None = None
@@ -137,7 +127,6 @@ class SliceReader:
             "pos": self._pos,
             "active": [list(a) for a in self._active],
             "rng": self._rng.counter,
-            "padded": self._padded,
             "yielded": self._yielded,
             "started": self._started,
         }
@@ -147,7 +136,6 @@ class SliceReader:
         self._pos = int(state["pos"])
         self._active = [[int(i), int(c)] for i, c in state["active"]]
         self._rng.counter = int(state["rng"])
-        self._padded = int(state.get("padded", 0))
         self._yielded = int(state.get("yielded", 0))
         self._started = bool(state["started"])
         self._order = None
@@ -167,9 +155,6 @@ class SliceReader:
         elif self._observer is not None and self._observed_until is None:
             self._observe_restored()
         while not self._active:
-            if self._padded < self.padding:
-                self._padded += 1
-                return self.pad_index
             if not self.repeat or self.num_samples == 0:
                 raise StopIteration
             self._epoch += 1
@@ -185,7 +170,6 @@ class SliceReader:
     def _start_epoch(self) -> None:
         self._started = True
         self._pos = 0
-        self._padded = 0
         self._order = None
         self._active = []
         self._observed_until = None  # quiet while the first slices open: all at once below

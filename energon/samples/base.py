@@ -1,9 +1,10 @@
 """The ``Sample`` base class, its mixins, and ``CrudeSample``.
 
-A sample is a slotted, keyword-only dataclass. Besides the user's fields it carries four base
+A sample is a slotted, keyword-only dataclass. Besides the user's fields it carries five base
 fields that the loader fills in: ``__key__`` (the sample's key inside its shard), ``__restore_key__``
 (a plain tuple that lets the loader re-create this exact sample), ``__subflavors__`` (the
-metadataset's per-dataset tags) and ``__sources__`` (``SourceInfo`` tuple for error reports).
+metadataset's per-dataset tags), ``__sources__`` (``SourceInfo`` tuple for error reports) and
+``__padding__`` (True for a filler that keeps validation ranks even; see docs/samples.md).
 
 There is deliberately no ``__subflavor__`` (singular) attribute: the reference removed it, and
 code such as Megatron-LM checks ``hasattr(Sample, "__subflavor__")`` to decide whether to declare
@@ -36,6 +37,7 @@ BASE_SAMPLE_FIELDS: tuple[str, ...] = (
     "__restore_key__",
     "__subflavors__",
     "__sources__",
+    "__padding__",
 )
 
 TSelf = TypeVar("TSelf")
@@ -158,13 +160,17 @@ class Sample(FieldAccessMixin, PinMemoryMixin, ExtendableDataclassMixin):
     __subflavors__: dict[str, Any] | None = None
     #: Where the sample was read from (files, shard, index); used in error messages.
     __sources__: tuple[SourceInfo, ...] | None = None
+    #: True for a filler that only keeps validation ranks even (mask it out of metrics).
+    __padding__: bool = False
 
     @classmethod
     def derive_from(cls: type[TSelf], base_sample: Any, **kwargs: Any) -> TSelf:
         """New ``cls`` instance that keeps the base fields of ``base_sample`` (key, restore key,
-        subflavors, sources) so that an encoded sample can still be traced and restored.
-        Base fields given in ``kwargs`` win over the copied ones."""
+        subflavors, sources, padding flag) so that an encoded sample can still be traced and
+        restored. Base fields given in ``kwargs`` win over the copied ones."""
         base = {name: _read_field(base_sample, name) for name in BASE_SAMPLE_FIELDS}
+        if base["__padding__"] is None:
+            del base["__padding__"]
         base.update(kwargs)
         return cls(**base)
 

@@ -41,10 +41,12 @@ class Batch(FieldAccessMixin, PinMemoryMixin, ExtendableDataclassMixin):
     __subflavors__: list[dict[str, Any] | None] | None = None
     #: All sources of all samples, flattened.
     __sources__: tuple[SourceInfo, ...] | None = None
+    #: Per sample: True for fillers that only keep validation ranks even (mask them out).
+    __padding__: list[bool] | None = None
 
     @classmethod
     def derive_from(cls: type[TBatch], base_batch: Any, **kwargs: Any) -> TBatch:
-        """New ``cls`` instance that keeps the four base fields of ``base_batch`` (kwargs win)."""
+        """New ``cls`` instance that keeps the base fields of ``base_batch`` (kwargs win)."""
         values = {name: getattr(base_batch, name, None) for name in BASE_SAMPLE_FIELDS}
         values.update(kwargs)
         return cls(**values)

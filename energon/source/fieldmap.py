@@ -24,7 +24,9 @@ __all__ = [
 ]
 
 # Fields the loader fills in itself; a field map must not set them.
-_LOADER_FIELDS = frozenset({"__key__", "__restore_key__", "__subflavors__", "__sources__"})
+_LOADER_FIELDS = frozenset(
+    {"__key__", "__restore_key__", "__subflavors__", "__sources__", "__padding__"}
+)
 
 _OPTION_RE = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")
 _ACCESSOR_RE = re.compile(r"\[([^\[\]]*)\]")

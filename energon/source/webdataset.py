@@ -108,6 +108,13 @@ class WebdatasetLeaf:
         shard = bisect.bisect_right(self._starts_list, index) - 1
         return shard, index - self._starts_list[shard]
 
+    def sample_location(self, index: int) -> dict[str, Any]:
+        """Where sample ``index`` lies, for error reports: its shard and the byte offset of its
+        first tar header."""
+        shard, inner = self.locate(index)
+        start, _ = shard_reader().byte_range(self._shard_paths[shard], inner, tar_byte_index)
+        return {"shard": self.shard_names[shard], "offset": start}
+
     def shard_path(self, shard: int) -> str:
         return self._shard_paths[shard]
 

@@ -329,7 +329,9 @@ def test_timeout_bounds_clip_extraction(videos, monkeypatch):
         return convert(frame, size)
 
     monkeypatch.setattr(decoder_module, "_video_frame_to_array", slow_convert)
-    decoder = AVDecoder(videos["mp4"], timeout=0.2, name="slow.mp4")
+    # 90 frames take at least 4.5 s, over twice the timeout; the 2 frames of the short request
+    # take 0.1 s, a twentieth of it (a busy machine only makes the slow one slower)
+    decoder = AVDecoder(videos["mp4"], timeout=2.0, name="slow.mp4")
     with pytest.raises(DecodeTimeoutError, match=r"get_video_clips of slow\.mp4"):
         decoder.get_video_clips([(0, 3)])
     assert decoder.get_video_clips([(0, 0.05)])[0][0].shape[0] == 2  # short requests still work

@@ -1,4 +1,9 @@
-"""Decode deadlines: the context manager, the sample decoder option, and the loader's error policy."""
+"""Decode deadlines: the context manager, the sample decoder option, and the loader's error policy.
+
+Deadlines are about time, but no assertion here depends on how fast the machine is: slow work takes
+many times its deadline (a busy machine only makes it slower), fast work is given deadlines ten
+times longer or more than it needs, and "was it cut short" is read from what happened (an error was
+raised, a sample is missing), not from a stopwatch."""
 
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from energon.decode.deadline import DecodeTimeoutError, check_deadline, deadline
 from energon.errors import SampleException
 from tests.helpers.datasets import make_text_dataset
 
+DEADLINE_S = 0.5  # fast texts decode in microseconds; slow ones take 3 s
+
 
 def busy(seconds: float) -> None:
     """Python-level work (interruptible by the alarm, unlike one long C call)."""
@@ -41,11 +48,10 @@ def test_no_deadline_is_free_and_unbounded():
 
 def test_slow_block_is_interrupted_on_the_main_thread():
     previous = signal.getsignal(signal.SIGALRM)
-    start = time.monotonic()
+    # busy(5) would return normally after 5 s: the error proves the block was cut short
     with pytest.raises(DecodeTimeoutError, match="decoding thing took longer than .* 0.1 s"):
         with deadline(0.1, "decoding thing"):
             busy(5)
-    assert time.monotonic() - start < 1.0
     assert signal.getsignal(signal.SIGALRM) == previous
     assert isinstance(DecodeTimeoutError("x"), SampleException)
 
@@ -56,20 +62,19 @@ def test_nested_deadlines_never_extend_the_outer_one():
             with deadline(10, "inner"):
                 assert remaining_time() <= 0.1
                 busy(5)
-    with deadline(5, "outer"):
+    with deadline(60, "outer"):
         with pytest.raises(DecodeTimeoutError, match="inner"):
             with deadline(0.05, "inner"):
                 busy(5)
-        busy(0.1)  # the outer deadline is still armed, with its own remaining time
-        assert 4 < remaining_time() < 5
+        busy(0.1)  # the outer deadline is still armed, with its own remaining time (not 0.05)
+        assert 1 < remaining_time() <= 60 and signal.getitimer(signal.ITIMER_REAL)[0] > 1
 
 
 def test_fast_block_is_untouched():
-    with deadline(0.2, "fast"):
+    with deadline(2.0, "fast"):  # 200 times what the block needs
         busy(0.01)
     assert remaining_time() is None, "no deadline is armed after the block"
-    busy(0.3)  # the timer was disarmed: nothing fires later (an alarm would raise here)
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0), "the timer was disarmed"
 
 
 def test_other_threads_use_cooperative_checks():
@@ -114,14 +119,14 @@ def slow_text(monkeypatch):
 
 
 def test_sample_decoder_deadline_names_the_part(slow_text):
-    decoder = SampleDecoder(decode_timeout=0.1)
+    decoder = SampleDecoder(decode_timeout=DEADLINE_S)
     texts = [f"text number {i}" for i in range(40)]
     slow = next(t for t in texts if is_slow(t))
     quick = next(t for t in texts if not is_slow(t))
     with pytest.raises(DecodeTimeoutError, match=r"decoding k7\.txt took longer"):
         decoder.decode_part("txt", slow.encode(), key="k7")
     assert decoder.decode_part("txt", quick.encode()) == quick
-    assert decoder.config()["decode_timeout"] == 0.1
+    assert decoder.config()["decode_timeout"] == DEADLINE_S
     with pytest.raises(ValueError, match="decode_timeout"):
         SampleDecoder(decode_timeout=0)
 
@@ -139,7 +144,7 @@ def all_texts(root) -> dict[str, str]:
 
 def timed_loader(root, num_workers, **config):
     encoder = DefaultTaskEncoder()
-    encoder.decoder = SampleDecoder(decode_timeout=0.2)
+    encoder.decoder = SampleDecoder(decode_timeout=DEADLINE_S)
     wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers, **config)
     dataset = get_val_dataset(
         root, split_part="train", worker_config=wc, batch_size=None, task_encoder=encoder
@@ -158,16 +163,14 @@ def test_loader_skips_and_reports_samples_past_their_deadline(text_ds, num_worke
         (busy(3) if is_slow(fast(d)) else None) or fast(d)
     )
     try:
-        start = time.monotonic()
         loaded = [s.__key__ for s in timed_loader(text_ds, num_workers)]
-        elapsed = time.monotonic() - start
     finally:
         sample_decoder_module._decode_text = fast
+    # a slow sample that was waited for would have loaded: each one was cut off
     assert sorted(loaded) == sorted(set(texts) - expected_slow)
-    assert elapsed < 3 * len(expected_slow)  # each slow sample was cut off, not waited for
     err = capfd.readouterr().err
     assert err.count("DecodeTimeoutError") >= len(expected_slow)
-    assert "took longer than its deadline of 0.2 s" in err
+    assert f"took longer than its deadline of {DEADLINE_S} s" in err
     assert ".tar sample '" in err and "byte offset" in err
 
 

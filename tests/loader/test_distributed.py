@@ -77,7 +77,7 @@ def _run(world_size, path, out_dir, phase, num_workers=0):
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout=120)
+        p.join(timeout=600)  # a hang guard, not a speed bound
     errors = [f for f in os.listdir(out_dir) if f.startswith(f"error_{phase}")]
     for name in errors:
         print(open(os.path.join(out_dir, name)).read())

@@ -50,9 +50,18 @@ SPLITS = range(0, 40, 3)
             repeat=False,
         ),
         dict(leaves=[MemoryLeaf(13), MemoryLeaf(8)], mode="concat", training=False, repeat=False),
-        dict(leaves=[MemoryLeaf(3)], training=False, repeat=False, num_streams=4),  # padding
+        dict(
+            leaves=[MemoryLeaf(3)], training=False, repeat=False, num_streams=4
+        ),  # streams without samples
     ],
-    ids=["shuffle", "weighted", "epochized", "epochized-once", "validation", "padded"],
+    ids=[
+        "shuffle",
+        "weighted",
+        "epochized",
+        "epochized-once",
+        "validation",
+        "fewer-samples-than-streams",
+    ],
 )
 def test_pointer_stages_resume_exactly(case):
     spec = memory_spec(**case)

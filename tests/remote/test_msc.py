@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -333,7 +332,8 @@ def test_aux_folders_and_datasets_under_msc(msc_env, tmp_path, notes_url):
 
 
 def test_missing_objects_fail_fast_naming_the_msc_url(msc_env):
-    start = time.monotonic()
+    """Fast means without retries (and their backoff): counted, not timed."""
+    remote_stats().reset()
     with pytest.raises(FileNotFoundError, match="msc://objs/nope"):
         _loader("msc://objs/nope", 0)
     for url in ("msc://objs/text/missing.tar", "msc://disk/text/missing.tar"):
@@ -346,7 +346,6 @@ def test_missing_objects_fail_fast_naming_the_msc_url(msc_env):
     assert not epath.exists("msc://objs/nope") and epath.is_dir("msc://objs/text")
     with pytest.raises(RemoteError, match="msc://nosuchprofile"):
         epath.read_bytes("msc://nosuchprofile/x")
-    assert time.monotonic() - start < 5
     assert remote_stats().retries == 0
 
 

@@ -179,8 +179,12 @@ def blob():
     return f"s3://{BUCKET}/blob/data.bin", data, np.arange(0, 65 * 1024, 1024, dtype=np.uint64)
 
 
+HANG_S = 120  # waits that end as soon as the awaited thing happens: only a hang reaches this
+STALL_S = 25.0  # a stalled request: inside the 30 s read timeout, so no retry ends it
+
+
 def _wait_idle(cache: RemoteChunkCache) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_S
     while any(not c.future.done() for c in cache._chunks.values()):
         assert time.monotonic() < deadline
         time.sleep(0.01)
@@ -365,20 +369,22 @@ def test_a_slow_request_is_hedged_and_the_first_answer_wins(blob, monkeypatch):
     proxy, handler, stop = start_fault_proxy(
         endpoint, schedule=lambda n: "stall" if n == 1 else None
     )
-    handler.stall_s = 6.0  # well inside the read timeout: no retry would end it
+    handler.stall_s = STALL_S
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
     s3.reset_client()
     try:
         cache = RemoteChunkCache(budget=1 << 20, hedge_min_s=0.3)
         remote_stats().reset()
         cache.prefetch(url, offsets[0:9])  # the first ranged GET of the proxy: it stalls
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S
         while handler.faults["stall"] == 0:  # the fetch thread's request reached the proxy
             assert time.monotonic() < deadline
             time.sleep(0.01)
         began = time.monotonic()
         assert cache.read(url, 1024, 2048, offsets) == data[1024:2048]
-        assert time.monotonic() - began < 3.0  # the hedge answered, not the stalled request
+        # the hedge (after 0.3 s) answered, not the stalled request: this bound is half the stall
+        # and dozens of times what the hedge takes
+        assert time.monotonic() - began < STALL_S / 2
         assert remote_stats().hedged == 1 and remote_stats().retries == 0
     finally:
         stop()
@@ -401,7 +407,7 @@ def test_the_first_answer_wins_even_when_the_hedge_is_the_slow_one(blob, monkeyp
     url, data, offsets = blob
     endpoint = s3.client().meta.endpoint_url
     proxy, handler, stop = start_fault_proxy(endpoint, schedule=lambda n: "stall")
-    handler.stall_s = 6.0  # every request through the proxy (here: the hedge) stalls
+    handler.stall_s = STALL_S  # every request through the proxy (here: the hedge) stalls
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
     s3.reset_client()
     try:
@@ -417,7 +423,8 @@ def test_the_first_answer_wins_even_when_the_hedge_is_the_slow_one(blob, monkeyp
         threading.Thread(target=first_request_answers, daemon=True).start()
         began = time.monotonic()
         assert cache.read(url, 1024, 2048, offsets) == data[1024:2048]
-        assert time.monotonic() - began < 4.0  # the first answer, not the stalled hedge
+        # the first answer (after 1 s), not the stalled hedge: half the stall is 12x that
+        assert time.monotonic() - began < STALL_S / 2
         assert remote_stats().hedged >= 1
     finally:
         stop()

@@ -15,8 +15,14 @@ By default every configuration runs in a fresh subprocess: peak memory is then t
 configuration alone, and a crash or hang (timeout) in one configuration still leaves a table.
 ``--in-process`` runs them in this process instead, which gives full tracebacks for debugging.
 
+``--compare-error-accounting N`` instead measures what counting skipped samples costs
+(docs/errors.md): each configuration runs N times with the error accounting and N times without it
+(streams without error accounts, a loader that observes nothing), alternating, each in a fresh
+subprocess, and the medians are printed side by side with their ratio.
+
 Usage: python tools/benchmarks/bench_loader.py [--workload captioning|text|all] [--workers 0,2]
                                     [--batches N] [--root bench_data]
+                                    [--compare-error-accounting N]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import gc
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import traceback
@@ -206,6 +213,16 @@ def run_loader(workload: Workload, workers: int, batches: int) -> LoaderResult:
     return result
 
 
+def disable_error_accounting() -> None:
+    """For the comparison run only: streams get no error account and the loader observes nothing
+    (workers are forked from this process and inherit it)."""
+    import energon.pipeline.stream as stream_module
+    from energon.loader.error_report import ErrorReport
+
+    stream_module.ErrorAccount = lambda *args, **kwargs: None
+    ErrorReport.observe = lambda self, *args: None
+
+
 def run_loader_safely(workload: Workload, workers: int, batches: int) -> LoaderResult:
     """Like :func:`run_loader`, but an exception becomes the result's ``error``."""
     try:
@@ -222,6 +239,7 @@ def run_loader_in_subprocess(
     root: str,
     timeout: float,
     torch_threads: int | None = None,
+    error_accounting: bool = True,
 ) -> LoaderResult:
     """Run one configuration in a fresh interpreter; it reports back one JSON line on stdout."""
     command = [
@@ -239,6 +257,8 @@ def run_loader_in_subprocess(
     ]
     if torch_threads is not None:
         command += ["--torch-threads", str(torch_threads)]
+    if not error_accounting:
+        command.append("--no-error-accounting")
     try:
         completed = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False
@@ -350,7 +370,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="torch intra-op threads of the main process (default: torch's own default); "
         "matters for 0 workers, where decoding and batching run in the main process",
     )
+    parser.add_argument(
+        "--compare-error-accounting",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run every configuration N times with and N times without error accounting "
+        "(alternating) and print the medians",
+    )
     parser.add_argument("--run-one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-error-accounting", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -358,6 +387,8 @@ def run_one(args: argparse.Namespace) -> None:
     """Child mode: one workload, one worker count, result as a JSON line on stdout."""
     workload = ensure_workload(args.workload, args.root, progress=False)
     batches = args.batches or DEFAULT_BATCHES[workload.kind]
+    if args.no_error_accounting:
+        disable_error_accounting()
     result = run_loader_safely(workload, int(args.workers), batches)
     # A fresh process's own high-water mark is exact, and catches peaks the probe samples miss.
     own_max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -401,6 +432,63 @@ def benchmark_workload(
     return [report_row(result, limits.get(max(1, result.workers))) for result in results]
 
 
+COMPARE_HEADERS = (
+    "workload",
+    "workers",
+    "runs each",
+    "median samples/s with accounting",
+    "median samples/s without",
+    "with / without (medians)",
+    "median of paired ratios",
+    "ratios run by run",
+)
+
+
+def compare_error_accounting(
+    name: str, worker_counts: Sequence[int], args: argparse.Namespace
+) -> list[tuple[object, ...]]:
+    """Median throughput with and without error accounting, runs alternating (noise hits both)."""
+    workload = ensure_workload(name, args.root)
+    prepare_workload(workload)
+    warm_page_cache(workload)
+    batches = args.batches or DEFAULT_BATCHES[workload.kind]
+    rows = []
+    for workers in worker_counts:
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for run in range(args.compare_error_accounting):
+            for accounting in (True, False) if run % 2 == 0 else (False, True):
+                print(
+                    f"# {name}: {workers} workers, accounting={accounting}, run {run}", flush=True
+                )
+                result = run_loader_in_subprocess(
+                    workload,
+                    workers,
+                    batches,
+                    args.root,
+                    args.timeout,
+                    args.torch_threads,
+                    error_accounting=accounting,
+                )
+                if result.error:
+                    raise RuntimeError(result.error)
+                rates[accounting].append(result.steady_samples_per_second)
+        with_, without = statistics.median(rates[True]), statistics.median(rates[False])
+        ratios = [a / b for a, b in zip(rates[True], rates[False])]
+        rows.append(
+            (
+                name,
+                workers,
+                len(ratios),
+                with_,
+                without,
+                with_ / without,
+                statistics.median(ratios),
+                " ".join(f"{r:.2f}" for r in ratios),
+            )
+        )
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.torch_threads is not None:
@@ -412,6 +500,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     worker_counts = [int(count) for count in args.workers.split(",")]
     names = ["captioning", "text"] if args.workload == "all" else [args.workload]
+    if args.compare_error_accounting:
+        rows = [r for name in names for r in compare_error_accounting(name, worker_counts, args)]
+        print(f"\n{machine_summary()}\n")
+        print_markdown_table(COMPARE_HEADERS, rows)
+        return
     rows: list[tuple[object, ...]] = []
     for name in names:
         rows.extend(benchmark_workload(name, worker_counts, args))
