@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from energon import epath
 from energon.errors import EmptyShardError, PrepareError, ShardReadError
+from energon.format.checksums import checksum_rel_path, encode_checksums, sample_checksums
 from energon.format.info import (
     DatasetInfoError,
     current_energon_version,
@@ -43,7 +44,6 @@ from energon.format.info import (
     read_info,
     write_info,
 )
-from energon.format.checksums import checksum_rel_path, encode_checksums, sample_checksums
 from energon.format.layout import (
     CHECKSUMS_FOLDER_NAME,
     INDEX_SQLITE_FILENAME,
