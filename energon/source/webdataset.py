@@ -31,7 +31,7 @@ from energon.format.layout import (
     MAIN_FOLDER_NAME,
     SPLIT_YAML_FILENAME,
 )
-from energon.format.split import read_split
+from energon.format.split import read_split, warn_unmatched_exclude
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.format.tar_index import TarIndex, tar_index_path
 from energon.samples import SourceInfo
@@ -108,7 +108,7 @@ class WebdatasetLeaf:
             subflavors={**builder.subflavors, **(subflavors or {})},
             checksums=epath.is_dir(epath.join(root, MAIN_FOLDER_NAME, CHECKSUMS_FOLDER_NAME)),
         )
-        leaf.excluded = leaf._resolve_sample_excludes(split.sample_excludes())
+        leaf.excluded = leaf._resolve_sample_excludes(split.sample_excludes(), split.source)
         return leaf
 
     def __len__(self) -> int:
@@ -271,7 +271,9 @@ class WebdatasetLeaf:
             raise SampleReadError("no sample members with a key")
         return key, parts
 
-    def _resolve_sample_excludes(self, excludes: set[tuple[str, str]]) -> frozenset[int]:
+    def _resolve_sample_excludes(
+        self, excludes: set[tuple[str, str]], source: str
+    ) -> frozenset[int]:
         """Global indices of ``<shard>/<key>`` excludes (looked up in the sqlite index once)."""
         if not excludes:
             return frozenset()
@@ -290,9 +292,15 @@ class WebdatasetLeaf:
                     "SELECT sample_index FROM samples WHERE tar_file_id=? AND sample_key=?",
                     (tar_ids[shard_name], key),
                 ).fetchone()
-                if row is not None:
-                    shard = self.shard_names.index(shard_name)
-                    found.add(self._starts_list[shard] + int(row[0]))
+                if row is None:
+                    warn_unmatched_exclude(
+                        source,
+                        f"{shard_name}/{key}",
+                        f"{shard_name} has no sample {key!r}",
+                    )
+                    continue
+                shard = self.shard_names.index(shard_name)
+                found.add(self._starts_list[shard] + int(row[0]))
         finally:
             db.close()
         return frozenset(found)
