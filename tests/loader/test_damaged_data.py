@@ -166,7 +166,7 @@ def test_checksums_catch_every_payload_flip(checked, pristine_texts, tmp_path, w
     shutil.rmtree(plain / ".nv-meta" / "checksums")
     layout = sample_layout(root)
     flipped: dict[str, tuple[str, int]] = {}
-    for shard, key, start, end, headers in rng.sample(layout, 12):
+    for shard, key, start, _end, headers in rng.sample(layout, 12):
         with tarfile.open(root / shard) as tf:
             member = next(m for m in tf.getmembers() if m.offset == headers[0])
         where = member.offset_data + rng.randrange(member.size)
@@ -246,7 +246,7 @@ def test_checksums_of_another_index_are_a_clear_error(checked, tmp_path):
         list(loader)
 
 
-def test_reference_loads_a_dataset_prepared_with_checksums(checked, reference):
+def test_reference_loads_a_dataset_prepared_with_checksums(checked, reference):  # noqa: F811
     program = f"""
 from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
