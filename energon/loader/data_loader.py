@@ -31,6 +31,7 @@ from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.stage import Value
 from energon.state import (
     check_compatible,
+    check_position,
     check_state_shape,
     make_rank_state,
     redistribute_states,
@@ -39,6 +40,10 @@ from energon.state import (
 )
 from energon.task_encoder.base import hook_context
 from energon.worker import WorkerConfig
+
+# A state may name at most world_size x MAX_WORKERS logical streams (or one per sample): more is a
+# damaged state, and building that many streams would look like a hang.
+MAX_WORKERS = 1024
 
 
 def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Value, ItemMeta]:
@@ -142,7 +147,10 @@ class Loader:
         return self._one_pass()
 
     def _pass_length(self) -> int | None:
-        spec = self.dataset.spec
+        return self._pass_length_of(self.dataset.spec)
+
+    @staticmethod
+    def _pass_length_of(spec: Any) -> int | None:
         if spec.limit is not None:
             return spec.limit
         if spec.training:
@@ -299,21 +307,53 @@ class Loader:
                 f"loader is rank {wc.rank} of {wc.world_size}: use restore_state_global(states) or "
                 "energon.redistribute_states(states, new_world_size)"
             )
-        self._set_num_streams(state["num_streams"])
+        spec = self._spec_with_streams(state["num_streams"])
+        self._check_state_fits(state, spec)
+        self.dataset.spec = spec
         self._origin = state["origin"]
         self._consumed = state["consumed"]
         self._pass_offset = state["pass_offset"]
         self._snapshots = copy.deepcopy(stream_snapshots(state))
 
-    def _set_num_streams(self, num_streams: int) -> None:
+    def _spec_with_streams(self, num_streams: int) -> Any:
+        """The dataset's spec with the state's number of logical streams (not applied yet)."""
         spec = self.dataset.spec
         if num_streams == spec.num_streams:
-            return
+            return spec
         if spec.num_streams_fixed:
             raise StateError(
                 f"the state uses {num_streams} logical streams but num_streams={spec.num_streams} was given"
             )
-        self.dataset.spec = dataclasses.replace(spec, num_streams=num_streams)
+        samples = sum(len(source) for source in spec.sources)
+        limit = max(samples, spec.num_streams, self.worker_config.world_size * MAX_WORKERS)
+        if num_streams > limit:
+            raise StateError(
+                f"loader state field 'num_streams' is {num_streams}, more than this dataset "
+                f"({samples} samples) can have (at most {limit}; the state is damaged)"
+            )
+        spec = dataclasses.replace(spec, num_streams=num_streams)
+        if spec.training and spec.repeat and min(spec.stream_sample_counts()) == 0:
+            raise StateError(
+                f"loader state field 'num_streams' is {num_streams}: more logical streams than "
+                f"the {samples} samples of this dataset (the state is damaged or from another "
+                "dataset)"
+            )
+        return spec
+
+    def _check_state_fits(self, state: dict[str, Any], spec: Any) -> None:
+        """Every field against this dataset and config: the position against the pass and the
+        snapshots, each snapshot's pointer stages by restoring them (no data is read)."""
+        probe = copy.copy(self.dataset)
+        probe.spec = spec
+        check_position(state, probe.pass_end())
+        length = self._pass_length_of(spec)
+        if length is not None and state["pass_offset"] > length:
+            raise StateError(
+                f"loader state field 'pass_offset' is {state['pass_offset']}, beyond the pass of "
+                f"{length} batches"
+            )
+        for stream_id, snap in stream_snapshots(state).items():
+            probe.check_snapshot(stream_id, snap)
 
     def save_state_global(
         self, global_dst_rank: int | None = None, *, dst_rank: int | None = None

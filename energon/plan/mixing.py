@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypedDict, runtime_checkable
 
+from energon import state_fields as fields
+
 
 class ScheduleState(TypedDict):
     picks: int
@@ -46,7 +48,9 @@ class Schedule(Protocol):
 
     def state(self) -> ScheduleState: ...
 
-    def restore(self, state: ScheduleState) -> None: ...
+    def restore(self, state: ScheduleState, where: str = "schedule") -> None:
+        """Continue from ``state`` (``StateError`` naming the field if it does not fit)."""
+        ...
 
 
 class _DeficitCounts:
@@ -63,9 +67,17 @@ class _DeficitCounts:
     def state(self) -> ScheduleState:
         return {"picks": self.picks, "counts": list(self.counts)}
 
-    def restore(self, state: ScheduleState) -> None:
-        self.picks = int(state["picks"])
-        self.counts = [int(c) for c in state["counts"]]
+    def restore(self, state: ScheduleState, where: str = "schedule") -> None:
+        picks = fields.int_field(state, "picks", where)
+        counts = fields.list_field(state, "counts", where)
+        if len(counts) != len(self.counts):
+            raise fields.bad_field(f"{where}.counts", counts, f"{len(self.counts)} counts")
+        counts = [fields.as_int(c, f"{where}.counts[{i}]") for i, c in enumerate(counts)]
+        if sum(counts) != picks:
+            raise fields.bad_field(
+                f"{where}.picks", picks, f"the sum of the counts ({sum(counts)})"
+            )
+        self.picks, self.counts = picks, counts
 
 
 class WeightedSchedule(_DeficitCounts):
@@ -116,6 +128,12 @@ class QuotaSchedule(_DeficitCounts):
     @property
     def done(self) -> bool:
         return self.picks >= self.total
+
+    def restore(self, state: ScheduleState, where: str = "schedule") -> None:
+        super().restore(state, where)
+        for i, (count, quota) in enumerate(zip(self.counts, self.quotas)):
+            if count > quota:
+                raise fields.bad_field(f"{where}.counts[{i}]", count, f"at most the quota {quota}")
 
     def next(self) -> int:
         if self.done:
