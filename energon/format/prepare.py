@@ -17,8 +17,6 @@ first removes the temporary files that killed runs left behind.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import random
 import re
@@ -51,11 +49,11 @@ from energon.format.layout import (
     INFO_JSON_FILENAME,
     INFO_YAML_FILENAME,
     MAIN_FOLDER_NAME,
-    PREPARE_LOCK_FILENAME,
     SPLIT_YAML_FILENAME,
     PathLike,
     copy_permissions,
     nv_meta_dir,
+    prepare_lock,
     remove_quietly,
     temp_name_for,
 )
@@ -428,49 +426,6 @@ def prepare_dataset(
 
 
 BeforeInfo = Callable[["PrepareResult", Path], None]
-
-
-@contextlib.contextmanager
-def prepare_lock(root: PathLike) -> Iterator[None]:
-    """Hold the dataset's prepare lock, or fail at once naming who holds it.
-
-    ``flock`` on ``.nv-meta/.prepare.lock``: the kernel releases it when the holder exits, even on
-    ``kill -9``, so a killed run never blocks the next. The file is removed when the run ends; a
-    run that locked a file removed meanwhile tries again with the new one. (On network file
-    systems this is as good as their ``flock``; remote ``s3://`` datasets have no lock, see
-    docs/remote.md.)
-    """
-    path = nv_meta_dir(root) / PREPARE_LOCK_FILENAME
-    for _ in range(10):  # bounded: each retry means another run finished in between
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
-            os.close(fd)
-            raise PrepareError(
-                f"{root}: another `energon prepare` (pid {holder}) is preparing this dataset "
-                f"right now (it holds {path}); wait for it to finish, then run again"
-            ) from None
-        if _same_file(fd, path):
-            break
-        os.close(fd)  # locked a file that its holder removed on finishing: take the new one
-    else:
-        raise PrepareError(f"{root}: could not take the prepare lock {path}")
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        remove_quietly(path)  # a run that opened it meanwhile sees it gone and retries
-        os.close(fd)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False
 
 
 _INDEX_TEMP_RE = re.compile(r"^\.?.+\.tar\.idx(?:\.[0-9a-f]{12})\.tmp$")

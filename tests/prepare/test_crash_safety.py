@@ -263,3 +263,22 @@ def test_the_duplicate_key_error_names_the_key_and_both_places(tmp_path, num_wor
         "shard b.tar at byte offset 2048",
     )
     assert not has_info(tmp_path) and leftovers(tmp_path) == []
+
+
+def test_prepare_and_prepare_media_share_the_lock(shards_only, tmp_path):
+    import shutil
+
+    from energon.format.layout import prepare_lock
+    from energon.media.extract import MediaFilterConfig
+    from energon.media.prepare import prepare_webdataset_media
+
+    root = Path(shutil.copytree(shards_only, tmp_path / "ds"))
+    prepare_dataset(root, split_parts_ratio=[("train", 1.0)], progress=False)
+    config = MediaFilterConfig.parse(glob="*.txt", header=False, extension=False)
+    with prepare_lock(root):  # another process's run, as far as flock is concerned
+        with pytest.raises(PrepareError, match="another `energon prepare`"):
+            prepare_dataset(root, split_parts_ratio=[("train", 1.0)], progress=False)
+        with pytest.raises(PrepareError, match="another `energon prepare`"):
+            prepare_webdataset_media(root, config, num_workers=1, progress=False)
+    prepare_webdataset_media(root, config, num_workers=1, progress=False)
+    assert leftovers(root) == []
