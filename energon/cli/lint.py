@@ -17,6 +17,7 @@ from typing import Any
 import click
 from tqdm import tqdm
 
+from energon import epath
 from energon.cli.info import DatasetPathType
 from energon.errors import EnergonError, SampleException
 
@@ -38,6 +39,9 @@ def lint_shard(leaf: Any, decoder: Any, shard: int) -> ShardReport:
     name, count = leaf.shard_names[shard], leaf.shard_counts[shard]
     one = dataclasses.replace(leaf, shard_names=[name], shard_counts=[count], excluded=frozenset())
     report = ShardReport(name, count)
+    if not epath.exists(one.shard_path(0)):
+        report.problem = f"the shard file {one.shard_path(0)} does not exist"
+        return report
     for index in range(count):
         try:
             one.load(index, decoder, ("webdataset", 0, index))
