@@ -284,8 +284,18 @@ def merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, StreamSnap
 def _check_prefix(
     merged: dict[int, StreamSnapshot], states: list[dict[str, Any]], num_streams: int, origin: int
 ) -> None:
-    """Each stream's consumed batches must be a prefix, or no snapshot can resume it exactly."""
+    """Each stream's consumed batches must be a prefix, or no snapshot can resume it exactly.
+
+    Ranks saved at (about) the same step are a few positions apart; a spread beyond
+    ``world_size x (num_streams + 2)`` positions is a damaged state (checking it position by
+    position would take forever)."""
     horizon = max(_rank_next_position(st) for st in states)
+    world_size = states[0]["world_size"]
+    if horizon - origin > world_size * (num_streams + 2):
+        raise StateError(
+            f"the per-rank states are {horizon - origin} positions apart (loader state fields "
+            "'origin' / 'consumed'): save all ranks at the same step (or the states are damaged)"
+        )
     for m in range(origin, horizon):
         s, i = m % num_streams, m // num_streams
         emitted = snapshot.emitted(merged[s]) if s in merged else 0

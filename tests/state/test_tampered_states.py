@@ -263,3 +263,14 @@ def test_malformed_keys_in_a_restore_key_are_state_errors(text_ds):
     malformed = (*key[:3], (key[3][0], key[3][1], "x"))
     assert loader.restore_sample(malformed) is None
     assert isinstance(broken[1], StateError) and "is not a" in str(broken[1])
+
+
+def test_redistributing_a_tampered_state_is_refused_not_looped(text_ds):
+    states = []
+    for rank in range(2):
+        loader = make_loader(text_ds, rank=rank, world_size=2, num_workers=0, num_streams=4)
+        take(iter(loader), 2)
+        states.append(loader.save_state_rank())
+    states[1] = edited(states[1], lambda s: s.__setitem__("consumed", 10**15))
+    with pytest.raises(StateError, match="positions apart"):
+        redistribute_states(states, 3)
