@@ -84,6 +84,10 @@ class PrepareResult:
         return sum(self.shard_counts.values())
 
 
+# Called with the result and the folder that holds the new metadata, before .info.json is written.
+BeforeInfo = Callable[[PrepareResult, Path], None]
+
+
 # ---------------------------------------------------------------------------------------------
 # Shard discovery and split assignment
 
@@ -425,10 +429,7 @@ def prepare_dataset(
     return result
 
 
-BeforeInfo = Callable[["PrepareResult", Path], None]
-
-
-_INDEX_TEMP_RE = re.compile(r"^\.?.+\.tar\.idx(?:\.[0-9a-f]{12})\.tmp$")
+_INDEX_TEMP_RE = re.compile(r"^\.?.+\.tar\.idx\.[0-9a-f]{12}\.tmp$")
 _META_TEMP_RE = re.compile(r"^\..+\.[0-9a-f]{12}\.(?:tmp|old)$")
 
 
@@ -632,7 +633,7 @@ def _publish_checksums(staging: _Staging, target: Path) -> None:
     if target.exists():
         os.replace(target, old)
     if staging.checksum_dir is not None:
-        staging.checksum_dir.mkdir(exist_ok=True)  # a dataset without shards writes none
+        staging.checksum_dir.mkdir(exist_ok=True)
         os.replace(staging.checksum_dir, target)
         staging.checksum_dir = None
     shutil.rmtree(old, ignore_errors=True)

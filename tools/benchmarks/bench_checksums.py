@@ -75,7 +75,7 @@ def measure(name: str, workers: int, repeats: int, batches: int | None, root: st
         without.append(a.steady_samples_per_second)
         with_sums.append(b.steady_samples_per_second)
         ratios.append(b.steady_samples_per_second / a.steady_samples_per_second)
-    return (
+    row = (
         name,
         workers,
         count,
@@ -85,6 +85,8 @@ def measure(name: str, workers: int, repeats: int, batches: int | None, root: st
         statistics.median(ratios),
         f"{min(ratios):.3f}..{max(ratios):.3f}",
     )
+    print(f"# result: {row}", flush=True)  # each row as soon as it is known
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> None:
