@@ -274,3 +274,44 @@ def test_redistributing_a_tampered_state_is_refused_not_looped(text_ds):
     states[1] = edited(states[1], lambda s: s.__setitem__("consumed", 10**15))
     with pytest.raises(StateError, match="positions apart"):
         redistribute_states(states, 3)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_streams_that_ran_dry_in_a_finite_pass_restore(text_val_ds, num_workers):
+    """Packing makes per-stream counts data dependent: a stream may end long before the others;
+    its snapshot then lags the rank's position legitimately (nothing to replay)."""
+    from energon import get_val_dataset
+    from tests.task_encoder.test_packing_grouping import TokenPacker
+
+    class UnevenPacker(TokenPacker):
+        """Stream 0 (the first val shard) packs 4 samples at a time, stream 1 one by one."""
+
+        def select_samples_to_pack(self, samples):
+            if samples[0].__key__.startswith(first_shard):
+                return [samples]
+            return [[s] for s in samples]
+
+    def loader():
+        wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+        dataset = get_val_dataset(
+            text_val_ds,
+            worker_config=wc,
+            batch_size=1,
+            packing_buffer_size=4,
+            task_encoder=UnevenPacker(400, over_length="split"),
+            num_streams=2,
+        )
+        return get_savable_loader(dataset)
+
+    first_shard = "00003_"
+    full = [tuple(b.__key__) for b in loader()]
+    assert len(full) == 5 + 20 and sum(k[0].count(",") == 3 for k in full) == 5
+    first = loader()
+    it = iter(first)
+    head = [tuple(next(it).__key__) for _ in range(len(full) - 3)]
+    state = first.save_state_rank()
+    emitted = {s: snap["emitted"] for s, snap in state["streams"]}
+    assert emitted[0] == 5 and emitted[1] == 17  # stream 0 is 11 items behind the position
+    again = loader()
+    again.restore_state_rank(state)
+    assert head + [tuple(b.__key__) for b in again] == full
