@@ -2,9 +2,9 @@
 without verification, measured in the same run on the same bytes.
 
 The workload is prepared with checksums; a second view of it shares the shards and tar indices but
-has no ``.nv-meta/checksums`` (so nothing is verified). The two are run alternately, ``--repeats``
-times each (A B A B ...), so that drifts of a noisy, shared machine hit both alike; the report
-gives the median samples/s of each and the median of the per-pair ratios.
+has no ``.nv-meta/checksums`` (so nothing is verified). The two are run in pairs, ``--repeats``
+times (A B, B A, A B, ...: the order alternates), so that drifts of a noisy, shared machine hit
+both alike; the report gives the median samples/s of each and the median of the per-pair ratios.
 
     python tools/benchmarks/bench_checksums.py [--workload captioning|text|all] [--workers 0,2]
                                                [--repeats 5] [--batches N] [--root bench_data]
@@ -68,8 +68,12 @@ def measure(name: str, workers: int, repeats: int, batches: int | None, root: st
     with_sums, without, ratios = [], [], []
     for i in range(repeats):
         print(f"# {name}: {workers} workers, repeat {i + 1}/{repeats}", flush=True)
-        a = run_loader(plain, workers, count)
-        b = run_loader(checked, workers, count)
+        if i % 2:  # alternate which goes first, so that order effects cancel out
+            b = run_loader(checked, workers, count)
+            a = run_loader(plain, workers, count)
+        else:
+            a = run_loader(plain, workers, count)
+            b = run_loader(checked, workers, count)
         if a.error or b.error:
             raise RuntimeError(a.error or b.error)
         without.append(a.steady_samples_per_second)
