@@ -18,7 +18,7 @@ import posixpath
 import shutil
 from collections.abc import Iterator
 
-from energon.format.layout import atomic_write_bytes, temp_name_for
+from energon.format.layout import atomic_write_bytes, remove_quietly, temp_name_for
 from energon.remote import RemoteNotFoundError, msc, s3
 from energon.remote import cache as remote_cache
 from energon.remote.store import RemoteStore
@@ -161,6 +161,14 @@ def upload(local: str, path: str) -> None:
         os.replace(tmp, normalize(path))
         return
     _store(path).upload(local, path)
+
+
+def remove(path: str) -> None:
+    """Delete a file or object; a missing one is not an error."""
+    if not is_remote(path):
+        remove_quietly(normalize(path))
+        return
+    _store(path).delete(path)
 
 
 def walk(root: str) -> Iterator[str]:

@@ -15,6 +15,8 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
             FatalSampleError
                 ErrorBudgetExceeded
             SampleReadError
+                DamagedSampleError
+                    TruncatedShardError (OSError)
             DecodeError
             DecodeTimeoutError
             AVDecodeError
@@ -110,6 +112,27 @@ class ErrorBudgetExceeded(FatalSampleError):
 
 class SampleReadError(SampleException):
     """A sample's bytes could not be read, split or decoded."""
+
+
+class DamagedSampleError(SampleReadError):
+    """A sample's bytes are not what ``prepare`` indexed (a damaged tar header, a checksum that
+    does not match). Names the shard, the byte offset and the sample key when it is known."""
+
+    def __init__(self, path: str, offset: int, message: str, key: str | None = None) -> None:
+        self.path = path
+        self.offset = offset
+        self.key = key
+        self.message = message
+        sample = f" sample {key!r}" if key is not None else ""
+        super().__init__(f"{path}{sample} at byte offset {offset}: {message}")
+
+    def __reduce__(self):  # keeps the fields across process boundaries (loader workers)
+        return (type(self), (self.path, self.offset, self.message, self.key))
+
+
+class TruncatedShardError(DamagedSampleError, OSError):
+    """A shard ends (or is gone) before a byte range its index names: truncated, deleted or
+    replaced since it was prepared."""
 
 
 class DecodeError(SampleException):

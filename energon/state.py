@@ -13,14 +13,17 @@ re-split for any other number of ranks (``redistribute_states``); the number of 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
+from energon import state_fields as fields
 from energon.errors import StateError
 from energon.pipeline import snapshot
 from energon.pipeline.error_account import merge_totals
 from energon.pipeline.keys import retag_legacy_pointers
 from energon.pipeline.snapshot import StreamSnapshot
+from energon.pipeline.spec import fingerprint_digest
 from energon.plan.edits import edits_from_json
 
 STATE_FORMAT = "energon-loader-state"
@@ -115,7 +118,7 @@ def check_state_shape(state: Any) -> dict[str, Any]:
             f"versions {', '.join(map(str, READABLE_VERSIONS))})"
         )
     for name, kind in _REQUIRED.items():
-        if not isinstance(state.get(name), kind):
+        if not isinstance(state.get(name), kind) or (kind is int and isinstance(state[name], bool)):
             raise StateError(
                 f"loader state field {name!r} is missing or not a {kind.__name__} (the state is damaged)"
             )
@@ -123,7 +126,80 @@ def check_state_shape(state: Any) -> dict[str, Any]:
         if not (isinstance(entry, list | tuple) and len(entry) == 2 and isinstance(entry[1], dict)):
             raise StateError("loader state field 'streams' is damaged")
     edits_from_json(state.get("edits"))  # raises StateError saying what is wrong
+    _check_ranges(state)
+    _check_fingerprint(state)
     return state
+
+
+def _check_ranges(state: dict[str, Any]) -> None:
+    """Values that no loader can have saved (negative, out of range, inconsistent)."""
+    fields.int_field(state, "num_streams", "", low=1)
+    world_size = fields.int_field(state, "world_size", "", low=1)
+    fields.int_field(state, "rank", "", high=world_size - 1)
+    for name in ("origin", "consumed", "pass_offset"):
+        fields.int_field(state, name, "")
+    if state.get("micro_batch_size") is not None:
+        fields.int_field(state, "micro_batch_size", "", low=1)
+    seen: set[int] = set()
+    for i, entry in enumerate(state["streams"]):
+        where = f"streams[{i}]"
+        if not (isinstance(entry, list | tuple) and len(entry) == 2 and isinstance(entry[1], dict)):
+            raise fields.bad_field(where, entry, "[stream id, snapshot]")
+        stream = fields.as_int(entry[0], f"{where}[0]", high=state["num_streams"] - 1)
+        if stream in seen:
+            raise StateError(f"loader state field 'streams' holds stream {stream} twice")
+        seen.add(stream)
+        fields.int_field(entry[1], "emitted", f"streams[{stream}]")
+        stages = fields.list_field(entry[1], "stages", f"streams[{stream}]")
+        if not stages or not all(isinstance(stage, dict) for stage in stages):
+            raise fields.bad_field(f"streams[{stream}].stages", stages, "a list of stage states")
+
+
+def _check_fingerprint(state: dict[str, Any]) -> None:
+    """The fingerprint must be the one its digest was made from: restore compares digests, so an
+    edited fingerprint would otherwise pass unnoticed (and mislead ``checkpoint info``)."""
+    if fingerprint_digest(state["fingerprint"]) != state["fingerprint_digest"]:
+        raise StateError(
+            "loader state field 'fingerprint' does not match 'fingerprint_digest' (the state "
+            "was edited or damaged)"
+        )
+
+
+def check_position(state: dict[str, Any], pass_end: int | None, finite: bool) -> None:
+    """The rank's position and each stream's snapshot must agree, so that restoring replays at
+    most a few items per stream and skips none that nobody consumed.
+
+    A stream ``s`` has ``n_s(P)`` positions below the rank's next position ``P``. A rank that
+    saved the state has emitted all of them but those of the other ranks since its own last one
+    (fewer than ``world_size``), unless the stream ran dry in a ``finite`` pass (where the pass
+    has a planned end, ``pass_end``, ``P`` must lie inside it); a redistributed state may be a few steps ahead. Anything
+    else (a consumed count of 1e15, an ``emitted`` far from the position) is a damaged state.
+    """
+    num_streams, world_size, rank = state["num_streams"], state["world_size"], state["rank"]
+    position = _rank_next_position(state)
+    if pass_end is not None and position > pass_end + world_size:
+        raise fields.bad_field(
+            "consumed", state["consumed"], f"a position inside the pass (it has {pass_end})"
+        )
+    snapshots = stream_snapshots(state)
+    step = math.gcd(num_streams, world_size)
+    first = (state["origin"] + rank) % step  # the rank reads positions origin + rank + k W
+    for stream in range(first, num_streams, step):
+        before = max(0, -(-(position - stream) // num_streams))
+        emitted = snapshot.emitted(snapshots[stream]) if stream in snapshots else 0
+        if not finite and before - emitted > world_size:  # (a finite pass: streams
+            # that ran dry legitimately lag behind, and restoring them replays nothing)
+            raise StateError(
+                f"loader state field 'consumed' ({state['consumed']}) puts this rank at position "
+                f"{position}, but stream {stream} has emitted only {emitted} of its {before} items "
+                "before it: restoring would replay them (the state is damaged)"
+            )
+        if emitted - before > world_size + num_streams:
+            raise StateError(
+                f"loader state field 'streams[{stream}].emitted' ({emitted}) is far ahead of this "
+                f"rank's position {position} ({before} items of the stream before it; the state "
+                "is damaged)"
+            )
 
 
 def upgrade_state(state: dict[str, Any], pointer_kinds: list[str]) -> dict[str, Any]:
@@ -254,8 +330,18 @@ def merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, StreamSnap
 def _check_prefix(
     merged: dict[int, StreamSnapshot], states: list[dict[str, Any]], num_streams: int, origin: int
 ) -> None:
-    """Each stream's consumed batches must be a prefix, or no snapshot can resume it exactly."""
+    """Each stream's consumed batches must be a prefix, or no snapshot can resume it exactly.
+
+    Ranks saved at (about) the same step are a few positions apart; a spread beyond
+    ``world_size x (num_streams + 2)`` positions is a damaged state (checking it position by
+    position would take forever)."""
     horizon = max(_rank_next_position(st) for st in states)
+    world_size = states[0]["world_size"]
+    if horizon - origin > world_size * (num_streams + 2):
+        raise StateError(
+            f"the per-rank states are {horizon - origin} positions apart (loader state fields "
+            "'origin' / 'consumed'): save all ranks at the same step (or the states are damaged)"
+        )
     for m in range(origin, horizon):
         s, i = m % num_streams, m // num_streams
         emitted = snapshot.emitted(merged[s]) if s in merged else 0

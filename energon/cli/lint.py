@@ -1,83 +1,101 @@
-"""``energon lint PATH``: check that every sample of a prepared dataset loads; list those that don't."""
+"""``energon lint PATH``: read every sample of a prepared dataset; list every one that fails.
+
+Shards are checked one by one (in ``--parallel`` worker processes): each sample is read, its
+checksum compared when the dataset has them, decoded and built, exactly as the loader does. A
+damaged sample is listed with its shard, key and byte offset; a shard that cannot be read at all
+(missing, a damaged or mismatching ``.tar.idx``) is listed as a bad shard; neither stops the check
+of the rest. The command exits non-zero if anything was found, and never with a traceback.
+"""
 
 from __future__ import annotations
 
-import os
-import tempfile
+import dataclasses
+import multiprocessing
+from collections.abc import Iterator
+from typing import Any
 
 import click
+from tqdm import tqdm
 
+from energon import epath
 from energon.cli.info import DatasetPathType
+from energon.errors import EnergonError, SampleException
+
+_LEAF: Any = None  # the split's leaf, inherited by forked workers
+_DECODER: Any = None
 
 
-class _FailureLog:
-    """Collects per-sample failures from any process (one appended line per failure)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __call__(self, exc: BaseException, sample=None, sources=None) -> None:
-        message = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-        with open(self.path, "a") as f:
-            f.write(message + "\n")
-
-    def read(self) -> list[str]:
-        if not os.path.exists(self.path):
-            return []
-        with open(self.path) as f:
-            return [line.rstrip("\n") for line in f if line.strip()]
+@dataclasses.dataclass
+class ShardReport:
+    shard: str
+    samples: int
+    loaded: int = 0
+    failures: list[str] = dataclasses.field(default_factory=list)  # one line per bad sample
+    problem: str | None = None  # the whole shard could not be read
 
 
-def check_shard_indices(path: str) -> list[str]:
-    """Mismatches between each shard's ``.tar.idx`` and the sample counts in ``.info.json``."""
-    from energon import epath
-    from energon.format.info import read_info
-    from energon.format.tar_index import TarIndex, tar_index_path
-
-    problems = []
-    for shard, count in read_info(path).items():
+def lint_shard(leaf: Any, decoder: Any, shard: int) -> ShardReport:
+    """Read every sample of shard ``shard`` of ``leaf``; collect what fails."""
+    name, count = leaf.shard_names[shard], leaf.shard_counts[shard]
+    one = dataclasses.replace(leaf, shard_names=[name], shard_counts=[count], excluded=frozenset())
+    report = ShardReport(name, count)
+    if not epath.exists(one.shard_path(0)):
+        report.problem = f"the shard file {one.shard_path(0)} does not exist"
+        return report
+    for index in range(count):
         try:
-            if epath.is_remote(path):
-                index_file = epath.local_copy(epath.join(path, tar_index_path(shard)))
-            else:
-                index_file = tar_index_path(os.path.join(path, shard))
-            found = len(TarIndex(index_file))
-        except Exception as e:  # a missing or damaged index is a lint finding, not a crash
-            problems.append(f"{shard}: {e}")
+            one.load(index, decoder, ("webdataset", 0, index))
+        except SampleException as e:
+            report.failures.append(f"{type(e).__name__}: {e}".replace("\n", " "))
             continue
-        if found != count:
-            problems.append(f"{shard}: index has {found} samples, .info.json says {count}")
-    return problems
+        except (EnergonError, OSError) as e:  # the shard itself: no use trying its other samples
+            report.problem = f"{type(e).__name__}: {e}".replace("\n", " ")
+            break
+        report.loaded += 1
+    return report
 
 
-def lint_split(
-    path: str, split_part: str, *, parallel: int, dataset_config: str, split_config: str
-):
-    """(samples loaded, failure messages) of one split; None if the split is empty."""
-    from energon import WorkerConfig, get_loader, get_val_dataset
-    from energon.errors import EmptyDatasetError
-    from energon.format.split import UnknownSplitError
+def _lint_shard_in_worker(shard: int) -> ShardReport:
+    return lint_shard(_LEAF, _DECODER, shard)
+
+
+def lint_split(leaf: Any, *, parallel: int, progress: bool) -> Iterator[ShardReport]:
+    """One report per shard of the split, in shard order."""
+    global _LEAF, _DECODER
     from energon.task_encoder import DefaultTaskEncoder
 
-    with tempfile.TemporaryDirectory() as tmp:
-        failures = _FailureLog(os.path.join(tmp, "failures.txt"))
-        wc = WorkerConfig(rank=0, world_size=1, num_workers=parallel, global_error_handler=failures)
-        encoder = DefaultTaskEncoder()
-        encoder.__default_failure_tolerance__ = 0  # lint reports every failure, never gives up
-        try:
-            dataset = get_val_dataset(
-                path,
-                split_part=split_part,
-                worker_config=wc,
-                batch_size=None,
-                task_encoder=encoder,
-                dataset_config=dataset_config,
-                split_config=split_config,
-            )
-        except (EmptyDatasetError, UnknownSplitError):
-            return None
-        loaded = sum(1 for _ in get_loader(dataset))
-        return loaded, failures.read()
+    _LEAF, _DECODER = leaf, DefaultTaskEncoder().decoder
+    shards = range(len(leaf.shard_names))
+    bar = tqdm(
+        total=len(leaf), desc=f"Checking {leaf.split_part}", unit="sample", disable=not progress
+    )
+    try:
+        if parallel <= 1:
+            reports = (lint_shard(leaf, _DECODER, s) for s in shards)
+            for report in reports:
+                bar.update(report.samples)
+                yield report
+            return
+        with multiprocessing.get_context("fork").Pool(parallel) as pool:
+            for report in pool.imap(_lint_shard_in_worker, shards):
+                bar.update(report.samples)
+                yield report
+    finally:
+        bar.close()
+        _LEAF = _DECODER = None
+
+
+def open_split(path: str, split_part: str, dataset_config: str, split_config: str) -> Any:
+    """The split's leaf, or None when the split does not exist or is empty."""
+    from energon.errors import EmptyDatasetError, UnknownSplitError
+    from energon.source.webdataset import WebdatasetLeaf
+
+    try:
+        return WebdatasetLeaf.open(
+            path, split_part=split_part, split_config=split_config, dataset_config=dataset_config
+        )
+    except (EmptyDatasetError, UnknownSplitError):
+        return None
 
 
 @click.command(name="lint")
@@ -86,32 +104,73 @@ def lint_split(
 @click.option("--dataset-config", default="dataset.yaml", show_default=True)
 @click.option("--split-config", default="split.yaml", show_default=True)
 @click.option("--parallel", default=1, show_default=True, help="Worker processes.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Require per-sample checksums (prepare --checksums) and check every sample against them.",
+)
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 def command(
-    path: str, split_parts: str, dataset_config: str, split_config: str, parallel: int
+    path: str,
+    split_parts: str,
+    dataset_config: str,
+    split_config: str,
+    parallel: int,
+    verify: bool,
+    progress: bool,
 ) -> None:
-    """Load every sample of PATH; exit non-zero and list the samples that fail."""
-    problems = check_shard_indices(path)
-    for problem in problems:
-        click.echo(f"Index mismatch: {problem}", err=True)
+    """Read every sample of PATH; exit non-zero and list the samples and shards that fail."""
     failed: list[str] = []
+    bad_shards: list[str] = []
+    seen: dict[str, ShardReport] = {}
     for split_part in [s.strip() for s in split_parts.split(",") if s.strip()]:
-        result = lint_split(
-            path,
-            split_part,
-            parallel=parallel,
-            dataset_config=dataset_config,
-            split_config=split_config,
-        )
-        if result is None:
+        try:
+            leaf = open_split(path, split_part, dataset_config, split_config)
+        except (EnergonError, OSError) as e:
+            raise click.ClickException(f"cannot read the dataset: {e}") from None
+        if leaf is None:
             click.echo(f"Skipping empty split part {split_part}")
             continue
-        loaded, failures = result
-        click.echo(f"{split_part}: {loaded} samples loaded, {len(failures)} failed")
-        failed += failures
+        if verify and not leaf.checksums:
+            raise click.ClickException(
+                f"{path} has no checksums: prepare it with `energon prepare --checksums` to "
+                "use --verify"
+            )
+        loaded = errors = 0
+        for report in _reports(leaf, seen, parallel, progress):
+            loaded += report.loaded
+            errors += report.samples - report.loaded
+            failed += report.failures
+            if report.problem is not None:
+                bad_shards.append(f"{report.shard}: {report.problem}")
+        click.echo(f"{split_part}: {loaded} samples loaded, {errors} failed")
     for message in failed:
         click.echo(f"FAILED {message}", err=True)
-    if problems or failed:
+    for message in bad_shards:
+        click.echo(f"BAD SHARD {message}", err=True)
+    if failed or bad_shards:
         raise click.ClickException(
-            f"Validation failed: {len(problems)} index problem(s), {len(failed)} sample(s) failed"
+            f"Validation failed: {len(bad_shards)} unreadable shard(s), {len(failed)} "
+            "damaged or undecodable sample(s)"
         )
     click.echo("All samples loaded successfully.")
+
+
+def _reports(
+    leaf: Any, seen: dict[str, ShardReport], parallel: int, progress: bool
+) -> Iterator[ShardReport]:
+    """Reports of the split's shards; a shard listed in several splits is read once."""
+    todo = [s for s in leaf.shard_names if s not in seen]
+    if todo:
+        keep = [leaf.shard_names.index(s) for s in todo]
+        part = dataclasses.replace(
+            leaf,
+            shard_names=[leaf.shard_names[i] for i in keep],
+            shard_counts=[leaf.shard_counts[i] for i in keep],
+        )
+        for report in lint_split(part, parallel=parallel, progress=progress):
+            seen[report.shard] = report
+            yield report
+    for shard in leaf.shard_names:
+        if shard not in todo:
+            yield dataclasses.replace(seen[shard], failures=[], problem=None)

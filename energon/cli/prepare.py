@@ -184,6 +184,12 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
     is_flag=True,
     help="Store media metadata for parts with image/audio/video extensions.",
 )
+@click.option(
+    "--checksums",
+    is_flag=True,
+    help="Also store a CRC-32 of every sample (reads all shard bytes); loading and "
+    "`energon lint` then detect changed bytes. Without it, old checksums are removed.",
+)
 @click.option("--fix-duplicates", is_flag=True, help="(not supported yet)")
 @click.option("--non-interactive", is_flag=True, help="Never prompt; fail if an answer is missing.")
 @click.option("--split-ratio", default=None, help='train,val,test ratio of shards, e.g. "8,1,1".')
@@ -211,6 +217,7 @@ def command(
     media_metadata_by_glob: str | None,
     media_metadata_by_header: bool,
     media_metadata_by_extension: bool,
+    checksums: bool,
     fix_duplicates: bool,
     non_interactive: bool,
     split_ratio: str | None,
@@ -255,11 +262,28 @@ def command(
             tmp_path,
             tar_index_only=True,
             media_filter=media_filter,
+            checksums=checksums,
         )
         click.echo(f"Rebuilt the tar indices and index.sqlite of {len(shards)} shards. Done.")
         return
     ratio, patterns = _ask_split(split_ratio, split_parts, non_interactive)
-    result = _run_prepare(
+    if sample_type is not None and not skip_dataset_yaml:  # bad options fail before any work
+        spec = _choose_sample_type(sample_type)
+        if spec is not None and field_map is not None:
+            parse_field_map(field_map, spec)
+
+    def before_info(result: PrepareResult, staged_root: Path) -> None:
+        """Runs before ``.info.json`` is written: a killed run never looks prepared without
+        its dataset.yaml."""
+        _print_summary(path, result, staged_root)
+        if not _should_write_dataset_yaml(skip_dataset_yaml, sample_type, non_interactive):
+            return
+        content = _ask_dataset_yaml(path, result, sample_type, field_map, non_interactive)
+        mode_like = None if remote else path / shards[0]
+        target = write_dataset_yaml(path, content, dataset_yaml_name, mode_like=mode_like)
+        click.echo(f"Wrote {target}.")
+
+    _run_prepare(
         path,
         shards,
         progress,
@@ -269,14 +293,9 @@ def command(
         split_parts_patterns=patterns,
         shuffle_seed=42 if shuffle_tars else None,
         media_filter=media_filter,
+        checksums=checksums,
+        before_info=before_info,
     )
-    _print_summary(path, result)
-    if not _should_write_dataset_yaml(skip_dataset_yaml, sample_type, non_interactive):
-        return
-    content = _ask_dataset_yaml(path, result, sample_type, field_map, non_interactive)
-    mode_like = None if remote else path / shards[0]
-    target = write_dataset_yaml(path, content, dataset_yaml_name, mode_like=mode_like)
-    click.echo(f"Wrote {target}.")
     click.echo("Done")
 
 
@@ -417,14 +436,14 @@ def _run_prepare(
 # What was found
 
 
-def _print_summary(path: Path | str, result: PrepareResult) -> None:
+def _print_summary(path: Path | str, result: PrepareResult, staged_root: Path) -> None:
     click.echo(f"Found {result.total_samples:,} samples in {len(result.shard_counts)} shards.")
     for name, shards in (result.split_parts or {}).items():
         count = sum(result.shard_counts.get(s, 0) for s in shards)
         click.echo(f"  {name}: {len(shards)} shards, {count:,} samples")
     first_shard = next(iter(result.shard_counts))
     click.echo("Sample 0 and 1 of the first shard:")
-    for key, parts, json_preview in _first_samples_preview(path, first_shard, result):
+    for key, parts, json_preview in _first_samples_preview(path, first_shard, result, staged_root):
         click.echo(f" - {key}: parts {', '.join(parts)}")
         if json_preview is not None:
             for line in json_preview.splitlines():
@@ -436,14 +455,11 @@ def _print_summary(path: Path | str, result: PrepareResult) -> None:
     )
 
 
-def _first_samples_preview(path: Path | str, shard: str, result: PrepareResult):
-    """Key, parts and a shortened JSON view of the first samples (reads only those bytes)."""
-    if isinstance(path, str):
-        index = TarIndex(epath.local_copy(epath.join(path, tar_index_path(shard))))
-        shard_path = epath.join(path, shard)
-    else:
-        index = TarIndex(path / tar_index_path(shard))
-        shard_path = str(path / shard)
+def _first_samples_preview(path: Path | str, shard: str, result: PrepareResult, staged_root: Path):
+    """Key, parts and a shortened JSON view of the first samples (reads only those bytes; the
+    new tar index is in ``staged_root``, which for a remote dataset is not uploaded yet)."""
+    index = TarIndex(Path(staged_root) / tar_index_path(shard))
+    shard_path = epath.join(path, shard) if isinstance(path, str) else str(path / shard)
     for i, (key, parts) in enumerate(result.first_samples):
         preview = None
         if "json" in parts:

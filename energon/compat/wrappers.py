@@ -30,6 +30,7 @@ from energon.errors import ErrorPolicy, SkipSample
 from energon.loader import wrappers as core_wrappers
 from energon.loader.savable_dataset import SavableDataset
 from energon.pipeline.keys import as_key, attach_restore_key
+from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.pipeline.stage import Item, Stage
 from energon.pipeline.stages import BatchStage, GroupBatchStage, MapStage, PackStage
@@ -253,6 +254,9 @@ class BaseWrapperDataset(SavableDataset):
 
     def pass_end(self, base: int = 0) -> int | None:
         return None  # streams end by themselves (finite leaves) or never
+
+    def check_snapshot(self, stream_id: int, snapshot: StreamSnapshot) -> None:
+        pass  # a composed stream checks its state when a worker restores it
 
     def _rank_streams(self) -> list[int]:
         workers = range(max(1, self.worker_config.num_workers))

@@ -63,18 +63,29 @@ def read_dataset_info(root: PathLike) -> DatasetInfo:
     json_path, yaml_path = meta / INFO_JSON_FILENAME, meta / INFO_YAML_FILENAME
     if json_path.is_file():
         path = json_path
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
     elif yaml_path.is_file():
         path = yaml_path
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
     else:
         raise DatasetInfoError(
             f"{meta}: no {INFO_JSON_FILENAME} found; is this a prepared dataset? "
             "Run 'energon prepare' first."
         )
-    return _parse_info(raw, str(path))
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetInfoError(f"{path}: not UTF-8 text ({e}); the file is damaged") from None
+    return _parse_info(_load(text, path.name, str(path)), str(path))
+
+
+def _load(text: str, name: str, path: str) -> object:
+    """JSON or YAML text as data; a damaged file is an error naming it."""
+    try:
+        return json.loads(text) if name == INFO_JSON_FILENAME else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise DatasetInfoError(
+            f"{path}: not valid {'JSON' if name == INFO_JSON_FILENAME else 'YAML'} ({e}); the "
+            "file is damaged: prepare the dataset again"
+        ) from None
 
 
 def _read_remote_info(root: str) -> DatasetInfo:
@@ -83,9 +94,13 @@ def _read_remote_info(root: str) -> DatasetInfo:
     for name in _INFO_FILENAMES:
         path = epath.join(meta, name)
         if epath.is_file(path):
-            text = epath.read_text(path)
-            raw = json.loads(text) if name == INFO_JSON_FILENAME else yaml.safe_load(text)
-            return _parse_info(raw, path)
+            try:
+                text = epath.read_bytes(path).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetInfoError(
+                    f"{path}: not UTF-8 text ({e}); the file is damaged"
+                ) from None
+            return _parse_info(_load(text, name, path), path)
     raise DatasetInfoError(
         f"{meta}: no {INFO_JSON_FILENAME} found; is this a prepared dataset? "
         "Run 'energon prepare' first."
@@ -100,10 +115,12 @@ def _parse_info(raw: object, path: str) -> DatasetInfo:
         raise DatasetInfoError(f"{path}: unknown keys {sorted(unknown)}")
     counts = raw.get("shard_counts")
     if not isinstance(counts, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
         for k, v in counts.items()
     ):
-        raise DatasetInfoError(f"{path}: 'shard_counts' must map shard names to integers")
+        raise DatasetInfoError(
+            f"{path}: 'shard_counts' must map shard names to sample counts (integers >= 0)"
+        )
     version = raw.get("energon_version")
     if version is not None and not isinstance(version, str):
         raise DatasetInfoError(f"{path}: 'energon_version' must be a string or null")

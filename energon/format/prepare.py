@@ -4,9 +4,15 @@ Shards are scanned in parallel worker processes, each reading only tar headers. 
 aggregated in the order of the shard list (which defines ``tar_file_id``), so the output does not
 depend on which worker finished first.
 
-Nothing is published until every shard was scanned: tar indices and ``index.sqlite`` are built
-under temporary names, then renamed into place, and ``.info.json`` (the "this dataset is prepared"
-marker) is written last. An interrupted or failed run leaves the previous metadata as it was.
+Nothing is published until every shard was scanned: tar indices, checksums and ``index.sqlite``
+are built under temporary names, then renamed into place; ``dataset.yaml`` (the caller's
+``before_info`` step) comes next and ``.info.json`` (the "this dataset is prepared" marker) is
+written last, so a killed run never leaves a dataset that looks prepared without the rest. A
+failed run leaves the previous metadata as it was.
+
+One prepare at a time per dataset folder: a run holds an exclusive lock
+(``.nv-meta/.prepare.lock``, ``flock``; released by the kernel even on ``kill -9``) and, holding it,
+first removes the temporary files that killed runs left behind.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import shutil
 import tempfile
 import uuid
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -27,6 +33,7 @@ from tqdm import tqdm
 
 from energon import epath
 from energon.errors import EmptyShardError, PrepareError, ShardReadError
+from energon.format.checksums import checksum_rel_path, encode_checksums, sample_checksums
 from energon.format.info import (
     DatasetInfoError,
     current_energon_version,
@@ -36,6 +43,7 @@ from energon.format.info import (
     write_info,
 )
 from energon.format.layout import (
+    CHECKSUMS_FOLDER_NAME,
     INDEX_SQLITE_FILENAME,
     INDEX_UUID_FILENAME,
     INFO_JSON_FILENAME,
@@ -45,6 +53,7 @@ from energon.format.layout import (
     PathLike,
     copy_permissions,
     nv_meta_dir,
+    prepare_lock,
     remove_quietly,
     temp_name_for,
 )
@@ -73,6 +82,10 @@ class PrepareResult:
     @property
     def total_samples(self) -> int:
         return sum(self.shard_counts.values())
+
+
+# Called with the result and the folder that holds the new metadata, before .info.json is written.
+BeforeInfo = Callable[[PrepareResult, Path], None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,6 +206,7 @@ class _ShardTask:
     index_tmp_path: str | None  # where to write the .tar.idx (renamed into place by the parent)
     media_filter: MediaFilterConfig | None = None  # also compute media metadata of the parts
     download_dir: str | None = None  # remote shards are streamed into a temporary file here
+    checksum_tmp_path: str | None = None  # prepare --checksums: where to write the checksums
 
 
 def _scan_shard(task: _ShardTask) -> ShardScanResult:
@@ -226,9 +240,15 @@ def _scan_local_shard(task: _ShardTask, local_path: str) -> ShardScanResult:
             "remove it or exclude it with --exclude"
         )
     offsets = array("Q", scan.sample_offsets())
+    index_bytes = encode_offsets(offsets)
     if task.index_tmp_path is not None:
         with open(task.index_tmp_path, "wb") as f:
-            f.write(encode_offsets(offsets))
+            f.write(index_bytes)
+    if task.checksum_tmp_path is not None:
+        sums = sample_checksums(local_path, offsets)
+        os.makedirs(os.path.dirname(task.checksum_tmp_path), exist_ok=True)
+        with open(task.checksum_tmp_path, "wb") as f:
+            f.write(encode_checksums(index_bytes, sums))
     result = _compact_result(task.shard_id, scan.samples, offsets)
     if task.media_filter is not None:
         # same worker, same pass over the shard: the payloads are read while the file is hot
@@ -300,12 +320,15 @@ class _Staging:
     run_id: str
     index_tmps: dict[str, str] = field(default_factory=dict)  # final .tar.idx path -> tmp path
     sqlite_tmp: Path | None = None
+    checksum_dir: Path | None = None  # prepare --checksums: the new checksums folder, filled
 
     def cleanup(self) -> None:
         for tmp in self.index_tmps.values():
             remove_quietly(tmp)
         if self.sqlite_tmp is not None:
             remove_quietly(self.sqlite_tmp)
+        if self.checksum_dir is not None:
+            shutil.rmtree(self.checksum_dir, ignore_errors=True)
 
 
 def _default_num_workers() -> int:
@@ -326,6 +349,8 @@ def prepare_dataset(
     progress: bool = True,
     tmp_path: PathLike | None = None,
     media_filter: MediaFilterConfig | None = None,
+    checksums: bool = False,
+    before_info: BeforeInfo | None = None,
 ) -> PrepareResult:
     """Index every shard of the WebDataset at ``root`` and write ``.nv-meta``.
 
@@ -336,6 +361,12 @@ def prepare_dataset(
     when the dataset lives on a slow network file system). ``media_filter``: also compute media
     metadata (image sizes, audio/video durations, ...) for the parts it selects, replacing any
     media metadata of a previous preparation; without it, existing media metadata is kept.
+    ``checksums``: also store a CRC-32 of every sample (reads all shard bytes, not only headers);
+    without it, checksums of an earlier preparation are removed (they would be stale).
+    ``before_info(result, staged_root)`` runs after everything else was written and before
+    ``.info.json``: the CLI writes ``dataset.yaml`` there, so a killed run never leaves a dataset
+    that looks prepared but lacks it (``staged_root`` holds the new metadata: ``root``, or the
+    local staging folder of a remote prepare).
 
     An ``s3://`` root is prepared remotely: see :func:`_prepare_remote`.
 
@@ -356,34 +387,74 @@ def prepare_dataset(
             progress=progress,
             tmp_path=tmp_path,
             media_filter=media_filter,
+            checksums=checksums,
+            before_info=before_info,
         )
     root = Path(root)
     if not root.is_dir():
         raise PrepareError(f"{root}: not a directory")
-    shard_list = _resolve_shards(root, shards, exclude, tar_index_only)
-    _check_index_names_unique(shard_list)
     meta = nv_meta_dir(root)
     created_meta = not meta.exists()
     meta.mkdir(exist_ok=True)
     _copy_dir_mode(root, meta)
     staging = _Staging(run_id=uuid.uuid4().hex[:12])
     try:
-        result = _index_shards(
-            root, shard_list, staging, num_workers, progress, tmp_path, media_filter
-        )
-        split_parts = None
-        if not tar_index_only:
-            split_parts = _assign_splits(
-                shard_list, split_parts_ratio, split_parts_patterns, shuffle_seed
+        with prepare_lock(root):
+            shard_list = _resolve_shards(root, shards, exclude, tar_index_only)
+            _check_index_names_unique(shard_list)
+            remove_stale_temp_files(root, shard_list)
+            result = _index_shards(
+                root, shard_list, staging, num_workers, progress, tmp_path, media_filter, checksums
             )
-        _publish(root, shard_list, staging, result, split_parts, split_config, tar_index_only)
+            split_parts = None
+            if not tar_index_only:
+                split_parts = _assign_splits(
+                    shard_list, split_parts_ratio, split_parts_patterns, shuffle_seed
+                )
+            result.split_parts = split_parts
+            _publish(
+                root,
+                shard_list,
+                staging,
+                result,
+                split_config,
+                tar_index_only,
+                lambda: before_info(result, root) if before_info is not None else None,
+            )
     except BaseException:
         staging.cleanup()
         if created_meta and not any(meta.iterdir()):
             meta.rmdir()
         raise
-    result.split_parts = split_parts
     return result
+
+
+_INDEX_TEMP_RE = re.compile(r"^\.?.+\.tar\.idx\.[0-9a-f]{12}\.tmp$")
+_META_TEMP_RE = re.compile(r"^\..+\.[0-9a-f]{12}\.(?:tmp|old)$")
+
+
+def remove_stale_temp_files(root: PathLike, shards: Sequence[str]) -> list[str]:
+    """Remove the temporary files that killed runs left in ``.nv-meta`` and next to the shards
+    (call holding the prepare lock: no other run can own them). Returns what was removed."""
+    removed = []
+    meta = nv_meta_dir(root)
+    folders = {meta: _META_TEMP_RE}
+    for shard in shards:
+        folders.setdefault(Path(root) / os.path.dirname(shard), _INDEX_TEMP_RE)
+    for folder, pattern in folders.items():
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if pattern.match(name):
+                path = folder / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    remove_quietly(path)
+                removed.append(str(path))
+    return removed
 
 
 def _resolve_shards(
@@ -432,6 +503,7 @@ def _index_shards(
     progress: bool,
     tmp_path: PathLike | None,
     media_filter: MediaFilterConfig | None = None,
+    checksums: bool = False,
     source_root: str | None = None,
 ) -> PrepareResult:
     """Scan all shards and fill a temporary ``index.sqlite``; nothing is published yet.
@@ -441,15 +513,27 @@ def _index_shards(
     """
     tasks = []
     download_dir = str(root) if source_root is not None else None
+    if checksums:
+        folder = f".{CHECKSUMS_FOLDER_NAME}.{staging.run_id}.tmp"
+        staging.checksum_dir = nv_meta_dir(root) / folder
     for shard_id, shard in enumerate(shards):
         final_index = str(root / tar_index_path(shard))
         if source_root is not None:
             os.makedirs(os.path.dirname(final_index), exist_ok=True)
         staging.index_tmps[final_index] = f"{final_index}.{staging.run_id}.tmp"
         tar_path = epath.join(source_root, shard) if source_root is not None else str(root / shard)
+        checksum_tmp = None
+        if staging.checksum_dir is not None:
+            rel = checksum_rel_path(shard).split("/", 2)[2]  # below the checksums folder
+            checksum_tmp = str(staging.checksum_dir / rel)
         tasks.append(
             _ShardTask(
-                shard_id, tar_path, staging.index_tmps[final_index], media_filter, download_dir
+                shard_id,
+                tar_path,
+                staging.index_tmps[final_index],
+                media_filter,
+                download_dir,
+                checksum_tmp,
             )
         )
     sqlite_dir = Path(tmp_path) if tmp_path is not None else nv_meta_dir(root)
@@ -518,24 +602,41 @@ def _publish(
     shards: list[str],
     staging: _Staging,
     result: PrepareResult,
-    split_parts: dict[str, list[str]] | None,
     split_config: str,
     tar_index_only: bool,
+    before_info: Callable[[], None],
 ) -> None:
-    """Move every staged file into place; ``.info.json`` goes last (it marks a prepared dataset)."""
+    """Move every staged file into place; ``before_info`` (``dataset.yaml``) next, and
+    ``.info.json`` last (it marks a prepared dataset)."""
     meta = nv_meta_dir(root)
     mode_like = root / shards[0]
     for final, tmp in list(staging.index_tmps.items()):
         copy_permissions(mode_like, tmp)
         os.replace(tmp, final)
         del staging.index_tmps[final]
+    _publish_checksums(staging, meta / CHECKSUMS_FOLDER_NAME)
     _publish_sqlite(staging, meta / INDEX_SQLITE_FILENAME, mode_like)
     write_index_uuid(root, mode_like=mode_like)
     if tar_index_only:
+        before_info()
         _convert_legacy_info(root, mode_like)
         return
-    write_split(root, split_parts or {}, (), split_config, mode_like=mode_like)
+    write_split(root, result.split_parts or {}, (), split_config, mode_like=mode_like)
+    before_info()
     write_info(root, result.shard_counts, current_energon_version(), mode_like=mode_like)
+
+
+def _publish_checksums(staging: _Staging, target: Path) -> None:
+    """The new checksums folder replaces the old one; without new checksums the old ones go
+    (they would describe shards as they were)."""
+    old = target.with_name(f".{target.name}.{staging.run_id}.old")
+    if target.exists():
+        os.replace(target, old)
+    if staging.checksum_dir is not None:
+        staging.checksum_dir.mkdir(exist_ok=True)
+        os.replace(staging.checksum_dir, target)
+        staging.checksum_dir = None
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _publish_sqlite(staging: _Staging, target: Path, mode_like: Path) -> None:
@@ -584,15 +685,19 @@ def _prepare_remote(
     progress: bool,
     tmp_path: PathLike | None,
     media_filter: MediaFilterConfig | None,
+    checksums: bool,
+    before_info: BeforeInfo | None,
 ) -> PrepareResult:
     """Prepare the dataset at the remote ``root`` by running the local pipeline on a staging folder.
 
     The staging folder (in ``tmp_path`` or the system temp dir) mirrors the dataset's layout: the
     workers stream each shard once into a temporary file there, scan it and write its ``.tar.idx``;
     ``index.sqlite`` and the other metadata are built there exactly as for a local dataset. Only
-    then is anything uploaded: the ``.tar.idx`` files next to the shards, then ``index.sqlite``,
-    ``index.uuid`` and the split config, and ``.info.json`` last, each through a temporary object
-    and a copy. An interrupted run leaves the previous remote metadata readable.
+    then is anything uploaded: the ``.tar.idx`` files next to the shards, the checksums, then
+    ``index.sqlite``, ``index.uuid`` and the split config, and ``.info.json`` last, each through a
+    temporary object and a copy (``before_info``, i.e. ``dataset.yaml``, is written before any
+    upload). An interrupted run leaves the previous remote metadata readable. There is no lock
+    (object stores have no cheap one): do not run two prepares of one remote dataset at once.
     """
     shard_list = _resolve_shards(root, shards, exclude, tar_index_only)
     _check_index_names_unique(shard_list)
@@ -625,6 +730,7 @@ def _prepare_remote(
                 progress,
                 None,
                 media_filter,
+                checksums,
                 source_root=root,
             )
             split_parts = None
@@ -632,12 +738,20 @@ def _prepare_remote(
                 split_parts = _assign_splits(
                     shard_list, split_parts_ratio, split_parts_patterns, shuffle_seed
                 )
-            _publish(stage, shard_list, staging, result, split_parts, split_config, tar_index_only)
+            result.split_parts = split_parts
+            _publish(
+                stage,
+                shard_list,
+                staging,
+                result,
+                split_config,
+                tar_index_only,
+                lambda: before_info(result, stage) if before_info is not None else None,
+            )
         except BaseException:
             staging.cleanup()
             raise
         _upload_prepared(stage, root, shard_list, split_config, fetched, progress)
-    result.split_parts = split_parts
     return result
 
 
@@ -656,16 +770,26 @@ def _upload_prepared(
         epath.upload(str(stage / rel), epath.join(root, rel))
 
     index_files = [tar_index_path(shard) for shard in shards]
+    checksum_files = [checksum_rel_path(shard) for shard in shards]
+    if not (stage / MAIN_FOLDER_NAME / CHECKSUMS_FOLDER_NAME).is_dir():
+        checksum_files = []
+    checksums_url = epath.join(root, MAIN_FOLDER_NAME, CHECKSUMS_FOLDER_NAME)
+    stale = set(epath.walk(checksums_url)) - {epath.join(root, f) for f in checksum_files}
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(
-            tqdm(
-                pool.map(upload, index_files),
-                total=len(index_files),
-                desc="Uploading tar indices",
-                unit="file",
-                disable=not progress,
+        for files, action, what in (
+            (index_files, upload, "Uploading tar indices"),
+            (checksum_files, upload, "Uploading checksums"),
+            (sorted(stale), epath.remove, "Removing old checksums"),
+        ):
+            list(
+                tqdm(
+                    pool.map(action, files),
+                    total=len(files),
+                    desc=what,
+                    unit="file",
+                    disable=not progress or not files,
+                )
             )
-        )
     meta = nv_meta_dir(stage)
     ordered = [
         INDEX_SQLITE_FILENAME,

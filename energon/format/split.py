@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -149,9 +150,16 @@ def read_split(root: PathLike, split_config: str = SPLIT_YAML_FILENAME) -> Split
         path = meta / "split.json"
     if not path.is_file():
         raise SplitConfigError(f"{meta / split_config}: split config not found")
-    with open(path, encoding="utf-8") as f:
-        raw = json.load(f) if path.suffix == ".json" else yaml.safe_load(f)
-    return _parse_split(raw, str(path))
+    return _parse_split(_load(path.read_bytes(), path.suffix == ".json", str(path)), str(path))
+
+
+def _load(data: bytes, as_json: bool, path: str) -> object:
+    """JSON or YAML bytes as data; a damaged file is an error naming it."""
+    try:
+        text = data.decode("utf-8")
+        return json.loads(text) if as_json else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise SplitConfigError(f"{path}: not valid {'JSON' if as_json else 'YAML'}: {e}") from None
 
 
 def _read_remote_split(root: str, split_config: str) -> SplitConfig:
@@ -161,8 +169,7 @@ def _read_remote_split(root: str, split_config: str) -> SplitConfig:
     for name in candidates:
         path = epath.join(meta, name)
         if epath.is_file(path):
-            text = epath.read_text(path)
-            raw = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+            raw = _load(epath.read_bytes(path), name.endswith(".json"), path)
             return _parse_split(raw, path)
     raise SplitConfigError(f"{epath.join(meta, split_config)}: split config not found")
 
@@ -181,10 +188,44 @@ def _parse_split(raw: object, path: str) -> SplitConfig:
         if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries or []):
             raise SplitConfigError(f"{path}: split {name!r} must be a list of shard names")
         split_parts[str(name)] = expand_all(entries)
+        _check_unique(split_parts[str(name)], str(name), path)
     exclude = raw.get("exclude") or []
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
         raise SplitConfigError(f"{path}: 'exclude' must be a list of strings")
-    return SplitConfig(split_parts=split_parts, exclude=expand_all(exclude), source=path)
+    config = SplitConfig(split_parts=split_parts, exclude=expand_all(exclude), source=path)
+    _warn_unmatched_excludes(config)
+    return config
+
+
+def _check_unique(shards: list[str], split: str, path: str) -> None:
+    """A shard listed twice in one split would be read twice per epoch, silently."""
+    seen: set[str] = set()
+    for shard in shards:
+        if shard in seen:
+            raise SplitConfigError(
+                f"{path}: split {split!r} lists shard {shard!r} more than once (after brace "
+                "expansion); every shard may appear once per split"
+            )
+        seen.add(shard)
+
+
+def _warn_unmatched_excludes(config: SplitConfig) -> None:
+    """An exclude entry that names no shard of any split excludes nothing: likely a typo."""
+    known = config._known_shards()
+    for entry in config.exclude:
+        if entry in known:
+            continue
+        m = _SHARD_KEY_SEPARATOR_RE.search(entry)
+        if m is None or entry[: m.end() - 1] not in known:
+            warn_unmatched_exclude(config.source, entry, "it names no shard of any split")
+
+
+def warn_unmatched_exclude(source: str, entry: str, why: str) -> None:
+    warnings.warn(
+        f"{source or 'split config'}: exclude entry {entry!r} matches nothing ({why})",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def split_config_text(

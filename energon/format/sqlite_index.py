@@ -119,10 +119,17 @@ class SqliteIndexWriter:
     def _explain_duplicate(
         self, tar_file_id: int, keys: Sequence[str], offsets: Sequence[int]
     ) -> DuplicateSampleKeyError:
-        """Find which key of the rejected shard already exists, and where both copies live."""
+        """Find which key of the rejected shard an earlier shard has, and where both copies live.
+
+        With ``journal_mode=OFF`` the rollback does not undo the rows inserted before the failing
+        one, so rows of this shard itself are not evidence (a shard's own keys are unique: the
+        tar scan checks that).
+        """
         for i, key in enumerate(keys):
             row = self._db.execute(
-                "SELECT tar_file_id, byte_offset FROM samples WHERE sample_key = ?", (key,)
+                "SELECT tar_file_id, byte_offset FROM samples WHERE sample_key = ? "
+                "AND tar_file_id != ?",
+                (key, tar_file_id),
             ).fetchone()
             if row is not None:
                 first = self._location(row[0], row[1])

@@ -121,6 +121,18 @@ def _decode_name(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+def _check_utf8(name: str, path: str, offset: int) -> None:
+    """Member names must be UTF-8: keys are text everywhere (index.sqlite, states, logs), and two
+    differently broken names must not collapse into one key."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = name.encode("utf-8", "surrogateescape")
+        raise TarFormatError(
+            path, offset, f"member name {shown!r} is not valid UTF-8; rename the member"
+        ) from None
+
+
 def _checksum_ok(header: bytes | memoryview) -> bool:
     """Validate the header checksum; like tarfile, both unsigned and signed sums are accepted."""
     stored = _stored_checksum(bytes(header[148:156]))
@@ -283,6 +295,7 @@ def _next_member(walker: _HeaderWalker, offset: int) -> tuple[str, int, int, int
         name = long_name
     else:
         name = _header_name(header)
+    _check_utf8(name, walker.path, first_offset)
     if pax is not None and "size" in pax:
         size = int(pax["size"])
     is_dir = typeflag == _DIRECTORY or (typeflag == 0 and name.endswith("/"))
@@ -427,6 +440,7 @@ def split_sample_bytes(
             size = int(pax.get("size", size))
         else:
             name = long_name if long_name is not None else _header_name(header)
+        _check_utf8(name, path, base_offset + pos)
         long_name = None
         pax = None
         if typeflag in _NO_PAYLOAD_TYPES or (typeflag == 0 and name.endswith("/")):

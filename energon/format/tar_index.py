@@ -74,19 +74,31 @@ class TarIndex:
     """Read-only, memory-mapped view of a ``.tar.idx`` file.
 
     The file is opened lazily on first access and not pickled, so instances are cheap to send to
-    worker processes and hold no file handles until used.
+    worker processes and hold no file handles until used. Opening checks what is cheap to check:
+    the size, that offsets increase, and (given ``expected_samples``, the count ``.info.json``
+    records) the number of samples, which the file size tells without reading the entries.
+    ``name`` is how errors call the file (a remote index is read through a local copy).
     """
 
-    def __init__(self, index_path: PathLike) -> None:
+    def __init__(
+        self,
+        index_path: PathLike,
+        *,
+        expected_samples: int | None = None,
+        name: str | None = None,
+        expected_from: str = ".info.json",
+    ) -> None:
         self.index_path = os.fspath(index_path)
+        self.expected_samples = expected_samples
+        self.expected_from = expected_from
+        self.name = name or self.index_path
         self._offsets: np.ndarray | None = None
+        # CRC-32 of each sample's bytes, when the dataset has checksums (set by the reader that
+        # opens the index, see energon.format.checksums)
+        self.checksums: np.ndarray | None = None
 
     def __getstate__(self) -> dict:
-        return {"index_path": self.index_path}
-
-    def __setstate__(self, state: dict) -> None:
-        self.index_path = state["index_path"]
-        self._offsets = None
+        return {**self.__dict__, "_offsets": None, "checksums": None}
 
     @property
     def offsets(self) -> np.ndarray:
@@ -100,17 +112,27 @@ class TarIndex:
             size = os.path.getsize(self.index_path)
         except FileNotFoundError:
             raise TarIndexError(
-                f"{self.index_path}: tar index not found; run 'energon prepare' on the dataset "
+                f"{self.name}: tar index not found; run 'energon prepare' on the dataset "
                 "(--tar-index-only is enough)"
             ) from None
         if size == 0 or size % 8:
             raise TarIndexError(
-                f"{self.index_path}: invalid tar index size {size} (must be a non-zero multiple of 8)"
+                f"{self.name}: invalid tar index size {size} (must be a non-zero multiple of 8); "
+                "the file is damaged: run 'energon prepare --tar-index-only'"
+            )
+        found = size // 8 - 1
+        if self.expected_samples is not None and found != self.expected_samples:
+            raise TarIndexError(
+                f"{self.name}: the tar index has {found} samples, but {self.expected_from} says "
+                f"the shard has {self.expected_samples}: the metadata does not match; prepare "
+                "the dataset again"
             )
         # A plain ndarray over the mapping: indexing it is much cheaper than np.memmap's.
         with open(self.index_path, "rb") as f:
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return np.frombuffer(mapping, dtype="<u8")
+        offsets = np.frombuffer(mapping, dtype="<u8")
+        _check_increasing(offsets, self.name)
+        return offsets
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -122,6 +144,18 @@ class TarIndex:
         """(start, end) byte offsets of sample ``i`` in the shard."""
         n = len(self)
         if not 0 <= i < n:
-            raise TarIndexError(f"{self.index_path}: sample index {i} out of range (0..{n - 1})")
+            raise TarIndexError(f"{self.name}: sample index {i} out of range (0..{n - 1})")
         start, end = self.offsets[i : i + 2].tolist()
         return start, end
+
+
+def _check_increasing(offsets: np.ndarray, name: str) -> None:
+    """Every sample spans at least one header block: offsets strictly increase (one vectorised
+    pass over the mapping; a damaged entry would otherwise become a giant or negative read)."""
+    bad = np.flatnonzero(offsets[1:] <= offsets[:-1])
+    if len(bad):
+        i = int(bad[0])
+        raise TarIndexError(
+            f"{name}: damaged tar index: entry {i + 1} ({int(offsets[i + 1])}) does not follow "
+            f"entry {i} ({int(offsets[i])}); run 'energon prepare --tar-index-only'"
+        )

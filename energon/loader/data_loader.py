@@ -42,6 +42,7 @@ from energon.plan.edits import PlanEdits, edits_from_json
 from energon.plan.schedules import FlatWeights, WeightChange, WeightSchedule
 from energon.state import (
     check_compatible,
+    check_position,
     check_state_shape,
     make_rank_state,
     redistribute_states,
@@ -53,6 +54,9 @@ from energon.task_encoder.base import hook_context
 from energon.worker import WorkerConfig
 
 BLEND_REPORT_WINDOW = 1000  # global samples per window of Loader.blend_report()
+# A state may name at most world_size x MAX_WORKERS logical streams (or one per sample): more is a
+# damaged state, and building that many streams would look like a hang.
+MAX_WORKERS = 1024
 
 
 def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Value, ItemMeta]:
@@ -183,7 +187,10 @@ class Loader:
         return self._one_pass()
 
     def _pass_length(self) -> int | None:
-        spec = self.dataset.spec
+        return self._pass_length_of(self.dataset.spec)
+
+    @staticmethod
+    def _pass_length_of(spec: Any) -> int | None:
         if spec.limit is not None:
             return spec.limit
         if spec.training:
@@ -431,14 +438,19 @@ class Loader:
                 f"loader is rank {wc.rank} of {wc.world_size}: use restore_state_global(states) or "
                 "energon.redistribute_states(states, new_world_size)"
             )
-        self._set_num_streams(state["num_streams"])
+        spec = self._spec_with_streams(state["num_streams"])
         try:
             changes = tuple(WeightChange.from_config(c) for c in weight_changes(state))
         except (KeyError, TypeError, ValueError) as e:
             raise StateError(f"loader state field 'weight_changes' is damaged: {e}") from e
-        self.dataset = self.dataset.with_spec(
-            dataclasses.replace(self.dataset.spec, weight_changes=changes)
-        )
+        spec = dataclasses.replace(spec, weight_changes=changes)
+        try:
+            self._check_state_fits(state, spec)
+        except StateError:
+            self.dataset = self.dataset.with_spec(unedited)
+            raise
+        # this loader's own copy: other loaders over the same dataset keep their streams
+        self.dataset = self.dataset.with_spec(spec)
         self._origin = state["origin"]
         self._consumed = state["consumed"]
         self._pass_offset = state["pass_offset"]
@@ -462,16 +474,44 @@ class Loader:
         if edits != spec.edits:
             self.dataset = self.dataset.with_spec(dataclasses.replace(spec, edits=edits))
 
-    def _set_num_streams(self, num_streams: int) -> None:
+    def _spec_with_streams(self, num_streams: int) -> Any:
+        """The dataset's spec with the state's number of logical streams (not applied yet)."""
         spec = self.dataset.spec
         if num_streams == spec.num_streams:
-            return
+            return spec
         if spec.num_streams_fixed:
             raise StateError(
                 f"the state uses {num_streams} logical streams but num_streams={spec.num_streams} was given"
             )
-        # this loader's own copy: other loaders over the same dataset keep their streams
-        self.dataset = self.dataset.with_spec(dataclasses.replace(spec, num_streams=num_streams))
+        samples = sum(len(source) for source in spec.sources)
+        limit = max(samples, spec.num_streams, self.worker_config.world_size * MAX_WORKERS)
+        if num_streams > limit:
+            raise StateError(
+                f"loader state field 'num_streams' is {num_streams}, more than this dataset "
+                f"({samples} samples) can have (at most {limit}; the state is damaged)"
+            )
+        spec = dataclasses.replace(spec, num_streams=num_streams)
+        if spec.training and spec.repeat and min(spec.stream_sample_counts()) == 0:
+            raise StateError(
+                f"loader state field 'num_streams' is {num_streams}: more logical streams than "
+                f"the {samples} samples of this dataset (the state is damaged or from another "
+                "dataset)"
+            )
+        return spec
+
+    def _check_state_fits(self, state: dict[str, Any], spec: Any) -> None:
+        """Every field against this dataset and config: the position against the pass and the
+        snapshots, each snapshot's pointer stages by restoring them (no data is read)."""
+        probe = self.dataset.with_spec(spec)
+        check_position(state, probe.pass_end(), finite=not (spec.training and spec.repeat))
+        length = self._pass_length_of(spec)
+        if length is not None and state["pass_offset"] > length:
+            raise StateError(
+                f"loader state field 'pass_offset' is {state['pass_offset']}, beyond the pass of "
+                f"{length} batches"
+            )
+        for stream_id, snap in stream_snapshots(state).items():
+            probe.check_snapshot(stream_id, snap)
 
     def save_state_global(
         self, global_dst_rank: int | None = None, *, dst_rank: int | None = None

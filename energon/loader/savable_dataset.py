@@ -19,9 +19,10 @@ from typing import Any
 import torch.utils.data
 
 from energon.pipeline.executor import Executor
+from energon.pipeline.pointers import build_pointer_stages
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
-from energon.pipeline.stream import Stream, build_stream
+from energon.pipeline.stream import Stream, build_stream, restore_stages
 from energon.worker import Layout, WorkerConfig
 
 
@@ -136,6 +137,14 @@ class SavableDataset(torch.utils.data.IterableDataset):
     def build_stream(self, stream_id: int) -> Stream:
         """The stage chain of one logical stream (datasets composed otherwise override this)."""
         return build_stream(self.spec, stream_id)
+
+    def check_snapshot(self, stream_id: int, snapshot: StreamSnapshot) -> None:
+        """Check a saved stream snapshot without reading data (``StateError`` naming the field):
+        the pointer stages are built and restored (no I/O); the stages behind them check their
+        part when a worker restores the stream."""
+        restore_stages(
+            build_pointer_stages(self.spec, stream_id), snapshot, stream_id, complete=False
+        )
 
     def can_restore_sample(self) -> bool:
         """Whether ``restore_sample`` can regenerate items: every active hook is ``@stateless``."""

@@ -24,6 +24,7 @@ from energon.format.layout import (
     MAIN_FOLDER_NAME,
     PathLike,
     nv_meta_dir,
+    prepare_lock,
     remove_quietly,
     temp_name_for,
 )
@@ -178,10 +179,13 @@ def prepare_webdataset_media(
         raise DatasetNotPreparedError(
             f"{root} is not a prepared dataset: run `energon prepare` first"
         )
-    shards = list(read_info(root))
-    tasks = [_ShardMediaTask(str(root / shard), config) for shard in shards]
-    rows = _run_tasks(_shard_media_rows, tasks, num_workers, progress, "shard", [1] * len(tasks))
-    return _write_media_index(db_path, rows, config, fresh=False)
+    with prepare_lock(root):  # not while a prepare replaces index.sqlite
+        shards = list(read_info(root))
+        tasks = [_ShardMediaTask(str(root / shard), config) for shard in shards]
+        rows = _run_tasks(
+            _shard_media_rows, tasks, num_workers, progress, "shard", [1] * len(tasks)
+        )
+        return _write_media_index(db_path, rows, config, fresh=False)
 
 
 def _folder_files(root: Path) -> list[str]:
@@ -208,7 +212,8 @@ def prepare_folder_media(
     meta = nv_meta_dir(root)
     meta.mkdir(exist_ok=True)
     db_path = meta / INDEX_SQLITE_FILENAME
-    rows = _run_tasks(
-        _files_media_rows, tasks, num_workers, progress, "file", [len(b) for b in batches]
-    )
-    return _write_media_index(db_path, rows, config, fresh=True)
+    with prepare_lock(root):
+        rows = _run_tasks(
+            _files_media_rows, tasks, num_workers, progress, "file", [len(b) for b in batches]
+        )
+        return _write_media_index(db_path, rows, config, fresh=True)

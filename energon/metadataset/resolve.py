@@ -481,6 +481,21 @@ def _token_config(ctx: _Context, where: str) -> GPTConfig:
     return GPTConfig(**merged)
 
 
+def _resolve_joiner(ref: dict[str, str], where: str) -> Any:
+    """A joiner reference: a sample class (joined with ``from_joined``) or a plain function, both
+    resolved through the allow-list of :mod:`energon.format.typeref`."""
+    module = ref.get("__module__", "energon")
+    if "__function__" in ref:
+        return resolve_class(module, ref["__function__"], where=where, function=True)
+    joiner = resolve_class(module, ref["__class__"], where=where)
+    if not callable(getattr(joiner, "from_joined", None)):
+        raise MetadatasetError(
+            f"{where}: joiner class {ref['__class__']!r} has no from_joined (use a Sample class, "
+            "or __function__ for a joining function)"
+        )
+    return joiner
+
+
 def _resolve_join(node: Join, ctx: _Context) -> Source:
     """A source over the prepared join index of ``node`` (built by ``energon prepare mix.yaml``)."""
     split_part = node.split_part or ctx.split_part
@@ -490,8 +505,7 @@ def _resolve_join(node: Join, ctx: _Context) -> Source:
     index_path = os.path.join(cache_dir(ctx.mds_path), join_index_name(members))
     joiner = None
     if node.joiner is not None:
-        name = node.joiner.get("__class__") or node.joiner.get("__function__")
-        joiner = resolve_class(node.joiner.get("__module__", "energon"), name, where=ctx.mds_path)
+        joiner = _resolve_joiner(node.joiner, ctx.mds_path)
     leaf = open_leaf(
         JoinSpec(tuple(members), index_path, joiner),
         split_part=split_part,

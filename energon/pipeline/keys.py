@@ -22,12 +22,15 @@ carries its key in ``__restore_key__``. This module is the only place that knows
 
 A regenerated item sees the same ``current_sample_index`` / ``current_batch_index`` as the original.
 
-Keys are plain data. JSON turns their tuples into lists; :func:`as_key` turns them back.
+Keys are plain data. JSON turns their tuples into lists; :func:`as_key` turns them back. Keys read
+back from a saved state are checked on use: a key of the wrong shape is a ``StateError``.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeAlias
+
+from energon.errors import StateError
 
 Key: TypeAlias = tuple  # nested tuples of str and int, shaped as the table above says
 
@@ -56,25 +59,67 @@ def stream_key(stream_id: int, item_index: int, key: Key) -> Key:
 
 
 def pointer_target(key: Key) -> tuple[int, int]:
-    """(source, index) of a pointer key."""
+    """(source, index) of a pointer key (the hot path: no checks, see :func:`checked_pointer`)."""
     _, source, index = key
     return source, index
+
+
+def checked_pointer(key: Any) -> tuple[str, int, int]:
+    """(kind, source, index) of a pointer key read back from a state, checked for its shape."""
+    if not (
+        isinstance(key, tuple)
+        and len(key) == 3
+        and isinstance(key[0], str)
+        and _is_int(key[1])
+        and _is_int(key[2])
+    ):
+        raise _malformed(key, "a sample pointer (kind, source, index)")
+    return key[0], key[1], key[2]
 
 
 def map_parts(key: Key) -> tuple[int, int, Key, int | None]:
     """(sample_index, sub, input key, batch index) of a map key (keys of states saved before the
     batch index was recorded have none)."""
+    if not (
+        isinstance(key, tuple)
+        and len(key) in (5, 6)
+        and key[0] == MAP
+        and _is_int(key[2])
+        and _is_int(key[3])
+        and key[3] >= 0
+        and isinstance(key[4], tuple)
+        and (len(key) == 5 or key[5] is None or _is_int(key[5]))
+    ):
+        raise _malformed(key, "a Map key")
     _, _, sample_index, sub, input_key = key[:5]
     return sample_index, sub, input_key, (key[5] if len(key) > 5 else None)
 
 
 def pack_parts(key: Key) -> tuple[int, int, tuple[Key, ...]]:
     """(pack_index, sub, member keys) of a pack key."""
+    if not (
+        isinstance(key, tuple)
+        and len(key) == 4
+        and key[0] == PACK
+        and _is_int(key[1])
+        and _is_int(key[2])
+        and key[2] >= 0
+        and _is_key_tuple(key[3])
+    ):
+        raise _malformed(key, "a Pack key")
     _, pack_index, sub, members = key
     return pack_index, sub, members
 
 
 def batch_members(key: Key) -> tuple[Key, ...]:
+    if not (
+        isinstance(key, tuple)
+        and len(key) == 3
+        and key[0] == BATCH
+        and _is_int(key[1])
+        and _is_key_tuple(key[2])
+    ):
+        raise _malformed(key, "a Batch key")
     return key[2]
 
 
@@ -115,6 +160,21 @@ def pointers_of(key: Key) -> list[Key]:
     else:
         raise ValueError(f"not a restore key: {key!r}")
     return [p for member in members for p in pointers_of(member)]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_key_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and all(isinstance(k, tuple) for k in value)
+
+
+def _malformed(key: Any, expected: str) -> StateError:
+    shown = repr(key)
+    if len(shown) > 120:
+        shown = shown[:117] + "..."
+    return StateError(f"restore key {shown} is not {expected} (the state is damaged)")
 
 
 def parse_stream_key(data: Any) -> tuple[int, int, Key]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from energon import debug_log
-from energon.pipeline.keys import Key, as_key, pointer_key, pointer_target
+from energon import state_fields as fields
+from energon.errors import StateError
+from energon.pipeline.keys import Key, as_key, checked_pointer, pointer_key, pointer_target
 from energon.pipeline.snapshot import PointerState
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage, StageState, Value
@@ -105,12 +107,35 @@ class PointerSource(Stage):
         }
 
     def restore(self, state: PointerState) -> None:  # type: ignore[override]
-        self._current = int(state["current"])
-        self._passes = int(state.get("passes", 0))
+        where = "pointers"
+        self._current = fields.int_field(state, "current", where, high=len(self.readers))
+        self._passes = fields.int_field(state, "passes", where, default=0)
         if self.schedule is not None and state.get("schedule") is not None:
-            self.schedule.restore(state["schedule"])
-        for reader, reader_state in zip(self.readers, state["readers"]):
-            reader.restore(reader_state)
+            self.schedule.restore(state["schedule"], f"{where}.schedule")
+        readers = fields.list_field(state, "readers", where)
+        if len(readers) != len(self.readers):
+            raise fields.bad_field(
+                f"{where}.readers", readers, f"{len(self.readers)} reader states"
+            )
+        for i, (reader, reader_state) in enumerate(zip(self.readers, readers)):
+            reader.restore(reader_state, f"{where}.readers[{i}]")
+
+    def check_key(self, key: Key) -> None:
+        """A pointer this stream's readers can hand out: its source's kind, an index inside the
+        stream's range of that source."""
+        kind, source, index = checked_pointer(key)
+        if not 0 <= source < len(self.readers) or kind != self.kinds[source]:
+            raise StateError(
+                f"restore key {key!r} names source {source} of kind {kind!r}, but this stream's "
+                f"sources are {list(enumerate(self.kinds))}"
+            )
+        reader = self.readers[source]
+        start, end = int(reader.bounds[0]), int(reader.bounds[-1])
+        if not start <= index < end:
+            raise StateError(
+                f"restore key {key!r} points outside this stream's samples {start}..{end - 1} of "
+                f"source {source}"
+            )
 
     def epoch_of(self, source: int) -> tuple[int, int]:
         """The epoch source ``source``'s reader is in, and how far (for debug logs)."""
@@ -231,9 +256,13 @@ class ShuffleBuffer(Stage):
         }
 
     def restore(self, state: StageState) -> None:
-        self._buffer = [as_key(k) for k in state["buffer"]]
-        self.rng.counter = int(state["rng"])
-        self._exhausted = bool(state["exhausted"])
+        where = "shuffle"
+        buffer = fields.list_field(state, "buffer", where, max_len=self.size)
+        self._buffer = [as_key(k) for k in buffer]
+        for key in self._buffer:
+            self.upstream.check_key(key)
+        self.rng.counter = fields.int_field(state, "rng", where)
+        self._exhausted = fields.bool_field(state, "exhausted", where)
 
     def rebuild(self, key: Key) -> Value:
         return self.upstream.rebuild(key)

@@ -8,7 +8,8 @@ methods and nothing else is asked of it:
 - ``next()``: the next item; ``StopIteration`` at the end of a finite (validation) pass.
 - ``state()``: plain JSON-able data (counters, cursors, the keys of buffered items; never values).
 - ``restore(state)``: continue exactly as the stage that saved ``state`` would have. The upstream
-  is restored first; buffered items are regenerated through ``upstream.rebuild``.
+  is restored first; buffered items are regenerated through ``upstream.rebuild``. A state is data
+  from a file: every field is checked (:mod:`energon.state_fields`), a bad one is a ``StateError``.
 - ``rebuild(key)``: the value ``key`` names (used to refill buffers on restore and by
   ``Loader.restore_sample``).
 
@@ -21,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, TypeAlias
 
+from energon import state_fields as fields
 from energon.errors import ErrorPolicy
 from energon.pipeline.keys import Key
 
@@ -61,6 +63,13 @@ class Stage(ABC):
         """
         return None
 
+    def check_key(self, key: Key) -> None:
+        """Raise ``StateError`` unless ``key`` (read back from a state) names an item this stage
+        can make. Pointer stages check sample pointers; others ask their upstream."""
+        upstream = getattr(self, "upstream", None)
+        if upstream is not None:
+            upstream.check_key(key)
+
     def __iter__(self) -> Iterator[Item]:
         return self
 
@@ -75,4 +84,4 @@ class Stage(ABC):
 
     def restore_counters(self, state: StageState) -> None:
         if self.policy is not None:
-            self.policy.skipped = int(state.get("skipped", 0))
+            self.policy.skipped = fields.int_field(state, "skipped", "stage", default=0)

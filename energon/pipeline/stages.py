@@ -15,8 +15,9 @@ from collections.abc import Callable, Generator, Hashable
 from typing import Any
 
 from energon import debug_log
+from energon import state_fields as fields
 from energon.decode.sample_decoder import SampleDecoder
-from energon.errors import ErrorPolicy, SampleException, SkipSample
+from energon.errors import ErrorPolicy, SampleException, SkipSample, StateError
 from energon.pipeline.keys import (
     Key,
     as_key,
@@ -61,7 +62,7 @@ class LoadStage(Stage):
         while True:
             _, key = self.upstream.next()
             try:
-                sample = self.rebuild(key)
+                sample = self._load(key)
             except SampleException as e:
                 self.policy.failed(e, keys=(key,))
                 continue
@@ -100,6 +101,10 @@ class LoadStage(Stage):
         return count  # one sample per pointer (when nothing fails to load)
 
     def rebuild(self, key: Key) -> Value:
+        self.upstream.check_key(key)  # a key from a saved state or a restore key: check it
+        return self._load(key)
+
+    def _load(self, key: Key) -> Value:
         source, index = pointer_target(key)
         sample = self.leaves[source].load(index, self.decoder, key)
         cook = self.cooks[source]
@@ -137,13 +142,32 @@ def _in_batch(batch_index: int | None, fn: Callable[..., Value], *args: Any) -> 
         hook_context.batch_index = previous
 
 
-def _rebuild_items(upstream: Stage, keys: list) -> list[Item]:
+def _rebuild_items(
+    upstream: Stage, keys: Any, where: str, max_len: int | None = None
+) -> list[Item]:
     """Buffered items of a saved state, regenerated from their keys through the upstream stages."""
+    if not isinstance(keys, list | tuple):
+        raise fields.bad_field(where, keys, "a list of restore keys")
+    if max_len is not None and len(keys) > max_len:
+        raise fields.bad_field(where, f"{len(keys)} keys", f"at most {max_len}")
     items = []
     for data in keys:
         key = as_key(data)
         items.append((upstream.rebuild(key), key))
     return items
+
+
+def _replay(gen: Generator, skip: int, hook_index: int, where: str) -> None:
+    """Advance a re-run generator hook past the ``skip`` outputs it had already emitted."""
+    fields.as_int(skip, where, 0, fields.MAX_REPLAY)
+    for done in range(skip):
+        try:
+            _call_hook(next, hook_index, gen)
+        except StopIteration:
+            raise StateError(
+                f"loader state field {where!r} says {skip} outputs were emitted, but the hook "
+                f"makes only {done} for that input (the state is damaged, or the hook changed)"
+            ) from None
 
 
 def _rebuild_batch(
@@ -154,6 +178,18 @@ def _rebuild_batch(
     batch = _call_hook(batcher, key[1] * num_streams + stream, members)
     attach_restore_key(batch, key)
     return batch
+
+
+def _nth_output(gen: Generator, sub: int, hook_index: int, key: Key) -> Value:
+    """Output ``sub`` of a re-run generator hook (the one restore key ``key`` names)."""
+    _replay(gen, sub, hook_index, f"restore key {key!r}")
+    try:
+        return _call_hook(next, hook_index, gen)
+    except StopIteration:
+        raise StateError(
+            f"restore key {key!r} names output {sub} of a generator hook that makes only {sub} "
+            "for that input (the state is damaged, or the hook changed)"
+        ) from None
 
 
 @dataclasses.dataclass(slots=True)
@@ -256,15 +292,23 @@ class MapStage(Stage):
         return {"inputs": self._inputs, "pending": pending, **self.counters()}
 
     def restore(self, state: StageState) -> None:
-        self._inputs = int(state["inputs"])
+        where = f"map[{self.name}]"
+        self._inputs = fields.int_field(state, "inputs", where)
         self.restore_counters(state)
         self._open = None
-        if state.get("pending") is not None:
-            in_key, sample_index, emitted = state["pending"]
+        pending = state.get("pending")
+        if pending is not None:
+            if not isinstance(pending, list | tuple) or len(pending) != 3:
+                raise fields.bad_field(f"{where}.pending", pending, "[key, index, emitted]")
+            in_key, sample_index, emitted = pending
             in_key = as_key(in_key)
+            fields.as_int(sample_index, f"{where}.pending[1]")
             gen = _call_hook(self.fn, sample_index, self.upstream.rebuild(in_key))
-            for _ in range(emitted):
-                _call_hook(next, sample_index, gen)
+            if not inspect.isgenerator(gen):
+                raise fields.bad_field(
+                    f"{where}.pending", pending, "None (the hook is no generator)"
+                )
+            _replay(gen, emitted, sample_index, f"{where}.pending[2]")
             self._open = _OpenGenerator(gen, sample_index, sample_index, in_key, emitted)
 
     def rebuild(self, key: Key) -> Value:
@@ -274,9 +318,7 @@ class MapStage(Stage):
     def _regenerate(self, key: Key, sample_index: int, sub: int, in_key: Key) -> Value:
         result = _call_hook(self.fn, sample_index, self.upstream.rebuild(in_key))
         if inspect.isgenerator(result):
-            for _ in range(sub):
-                _call_hook(next, sample_index, result)
-            result = _call_hook(next, sample_index, result)
+            result = _nth_output(result, sub, sample_index, key)
         attach_restore_key(result, key)
         return result
 
@@ -347,7 +389,7 @@ class BatchStage(Stage):
         return {"batches": self._batches, **self.counters()}
 
     def restore(self, state: StageState) -> None:
-        self._batches = int(state["batches"])
+        self._batches = fields.int_field(state, "batches", "batch")
         self.restore_counters(state)
 
     def skip_items(self, count: int) -> int | None:
@@ -530,33 +572,51 @@ class PackStage(Stage):
         }
 
     def restore(self, state: StageState) -> None:
-        self._reading = _rebuild_items(self.upstream, state["reading"])
-        self._pending = [_rebuild_items(self.upstream, keys) for keys in state["pending"]]
-        self._packs = int(state["packs"])
-        self._rounds = int(state["rounds"])
-        self._exhausted = bool(state["exhausted"])
+        where, size = "pack", self.buffer_size
+        self._reading = _rebuild_items(
+            self.upstream, state.get("reading"), f"{where}.reading", size
+        )
+        pending = fields.list_field(state, "pending", where, max_len=size)
+        self._pending = [
+            _rebuild_items(self.upstream, keys, f"{where}.pending[{i}]", size)
+            for i, keys in enumerate(pending)
+        ]
+        if len(self._reading) + sum(map(len, self._pending)) > size:
+            raise fields.bad_field(where, "buffers", f"at most {size} buffered samples")
+        self._packs = fields.int_field(state, "packs", where)
+        self._rounds = fields.int_field(state, "rounds", where)
+        self._exhausted = fields.bool_field(state, "exhausted", where)
         self.restore_counters(state)
         self._open = None
-        if state.get("open") is not None:
-            index, emitted, members = state["open"]
+        open_pack = state.get("open")
+        if open_pack is not None:
+            if not isinstance(open_pack, list | tuple) or len(open_pack) != 3:
+                raise fields.bad_field(f"{where}.open", open_pack, "[index, emitted, members]")
+            index, emitted, members = open_pack
+            fields.as_int(index, f"{where}.open[0]")
+            if not isinstance(members, list | tuple) or len(members) > self.buffer_size:
+                raise fields.bad_field(f"{where}.open[2]", members, "the keys of a pack's members")
             members = tuple(map(as_key, members))
-            gen = self._replay(index, members, emitted)
+            gen = self._replay(index, members, emitted, f"{where}.open[1]")
+            if not inspect.isgenerator(gen):
+                raise fields.bad_field(
+                    f"{where}.open", open_pack, "None (the packer is no generator)"
+                )
             self._open = _OpenGenerator(gen, self._hook_index(index), index, members, emitted)
 
-    def _replay(self, index: int, members: tuple[Key, ...], skip: int) -> Value:
+    def _replay(self, index: int, members: tuple[Key, ...], skip: int, where: str) -> Value:
         """Re-run the packer on the members (regenerated from their keys), skipping ``skip``
         outputs of a generator packer."""
         result = self._pack_values(index, [self.upstream.rebuild(k) for k in members])
         if inspect.isgenerator(result):
-            for _ in range(skip):
-                _call_hook(next, self._hook_index(index), result)
+            _replay(result, skip, self._hook_index(index), where)
         return result
 
     def rebuild(self, key: Key) -> Value:
         index, sub, members = pack_parts(key)
-        result = self._replay(index, members, sub)
+        result = self._pack_values(index, [self.upstream.rebuild(k) for k in members])
         if inspect.isgenerator(result):
-            result = _call_hook(next, self._hook_index(index), result)
+            result = _nth_output(result, sub, self._hook_index(index), key)
         attach_restore_key(result, key)
         return result
 
@@ -691,13 +751,28 @@ class GroupBatchStage(Stage):
         }
 
     def restore(self, state: StageState) -> None:
+        where = "group"
+        self._seen = fields.int_field(state, "seen", where)
+        self._batches = fields.int_field(state, "batches", where)
         self._buckets = {}
-        for group, size, since, keys in state["buckets"]:
-            items = _rebuild_items(self.upstream, keys)
+        held = 0  # buffered samples: at most the samples seen
+        for i, bucket in enumerate(fields.list_field(state, "buckets", where, self._seen)):
+            at = f"{where}.buckets[{i}]"
+            if not isinstance(bucket, list | tuple) or len(bucket) != 4:
+                raise fields.bad_field(at, bucket, "[group, size, since, keys]")
+            group, size, since, keys = bucket
+            size = fields.as_int(size, f"{at}[1]", low=1)
+            since = fields.as_int(since, f"{at}[2]", high=self._seen)
+            items = _rebuild_items(self.upstream, keys, f"{at}[3]", size - 1)
+            held += len(items)
             self._buckets[as_key(group)] = _Bucket(size, since, items)
-        self._ready = [_rebuild_items(self.upstream, keys) for keys in state["ready"]]
-        self._seen = int(state["seen"])
-        self._batches = int(state["batches"])
+        ready = fields.list_field(state, "ready", where, self._seen)
+        self._ready = [
+            _rebuild_items(self.upstream, keys, f"{where}.ready[{i}]", self._seen)
+            for i, keys in enumerate(ready)
+        ]
+        if held + sum(map(len, self._ready)) > self._seen:
+            raise fields.bad_field(f"{where}.seen", self._seen, "at least the buffered samples")
         self.restore_counters(state)
 
     def rebuild(self, key: Key) -> Value:

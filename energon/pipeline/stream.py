@@ -15,6 +15,8 @@ from energon.errors import (
     ErrorPolicy,
     FatalSampleError,
     MetadatasetError,
+    SampleException,
+    StateError,
     log_exception,
 )
 from energon.pipeline.error_account import ErrorAccount
@@ -108,8 +110,7 @@ class Stream(Stage):
         hook_context.seed = self.spec.seed
         if self.account is not None:
             self.account.restore(error_state(state))
-        for stage, stage_state in zip(self.stages, stage_states(state)):
-            stage.restore(stage_state)
+        restore_stages(self.stages, state, self.stream_id)
         self.emitted = emitted(state)
 
     def batch_index(self, item_index: int) -> int:
@@ -123,6 +124,33 @@ class Stream(Stage):
             hook_context.batch_index = self.batch_index(item_index)
         hook_context.seed = self.spec.seed
         return self.sink.rebuild(key)
+
+
+def restore_stages(
+    stages: list[Stage], state: StreamSnapshot, stream_id: int, *, complete: bool = True
+) -> None:
+    """Restore a stream's stages from its snapshot (``complete=False``: only the first ones, to
+    check a state without reading data). A bad field is a ``StateError`` saying which stream and
+    stage it belongs to."""
+    where = f"streams[{stream_id}]"
+    saved = stage_states(state)
+    if not isinstance(saved, list) or (complete and len(saved) != len(stages)):
+        raise StateError(
+            f"loader state field {where + '.stages'!r} does not hold the states of this "
+            f"stream's {len(stages)} stages (the state is damaged or from another pipeline)"
+        )
+    for i, stage in enumerate(stages):
+        at = f"{where}.stages[{i}] ({type(stage).__name__})"
+        if i >= len(saved):
+            raise StateError(f"loader state field {at!r} is missing (the state is damaged)")
+        try:
+            stage.restore(saved[i])
+        except StateError as e:
+            raise StateError(f"{at}: {e}") from None
+        except SampleException:
+            raise  # a buffered sample that cannot be read: a data error, not a state error
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise StateError(f"{at}: damaged stage state ({type(e).__name__}: {e})") from e
 
 
 class PrefetchObserver:

@@ -21,6 +21,8 @@ import bisect
 from collections.abc import Sequence
 from typing import Protocol, TypedDict, runtime_checkable
 
+from energon import state_fields as fields
+from energon.errors import StateError
 from energon.plan.schedules import FlatWeights, WeightChange, WeightFunction
 
 
@@ -55,7 +57,9 @@ class Schedule(Protocol):
 
     def state(self) -> ScheduleState: ...
 
-    def restore(self, state: ScheduleState) -> None: ...
+    def restore(self, state: ScheduleState, where: str = "schedule") -> None:
+        """Continue from ``state`` (``StateError`` naming the field if it does not fit)."""
+        ...
 
 
 class _DeficitCounts:
@@ -72,9 +76,17 @@ class _DeficitCounts:
     def state(self) -> ScheduleState:
         return {"picks": self.picks, "counts": list(self.counts)}
 
-    def restore(self, state: ScheduleState) -> None:
-        self.picks = int(state["picks"])
-        self.counts = [int(c) for c in state["counts"]]
+    def restore(self, state: ScheduleState, where: str = "schedule") -> None:
+        picks = fields.int_field(state, "picks", where)
+        counts = fields.list_field(state, "counts", where)
+        if len(counts) != len(self.counts):
+            raise fields.bad_field(f"{where}.counts", counts, f"{len(self.counts)} counts")
+        counts = [fields.as_int(c, f"{where}.counts[{i}]") for i, c in enumerate(counts)]
+        if sum(counts) != picks:
+            raise fields.bad_field(
+                f"{where}.picks", picks, f"the sum of the counts ({sum(counts)})"
+            )
+        self.picks, self.counts = picks, counts
 
 
 class WeightedSchedule(_DeficitCounts):
@@ -229,12 +241,18 @@ class WeightedSchedule(_DeficitCounts):
             state["regime"] = self.regime
         return state
 
-    def restore(self, state: ScheduleState) -> None:
-        super().restore(state)
-        self.correction = [float(c) for c in state.get("correction", [0.0] * len(self.counts))]
-        self.regime = int(state.get("regime", -1))
+    def restore(self, state: ScheduleState, where: str = "schedule") -> None:
+        super().restore(state, where)
+        correction = state.get("correction", [0.0] * len(self.counts))
+        if not isinstance(correction, list) or len(correction) != len(self.counts):
+            raise fields.bad_field(f"{where}.correction", correction, f"{len(self.counts)} numbers")
+        try:
+            self.correction = [float(c) for c in correction]
+        except (TypeError, ValueError):
+            raise fields.bad_field(f"{where}.correction", correction, "numbers") from None
+        self.regime = fields.int_field(state, "regime", where, low=-1, default=-1)
         if self.regime >= 0 and all(c.position != self.regime for c in self.changes):
-            raise ValueError(
+            raise StateError(
                 f"this stream's state was saved after an online blend weight change at global "
                 f"micro-batch {self.regime}, which this loader does not know: restore the loader "
                 "state (it records every change) instead of a single stream's snapshot"
@@ -256,6 +274,12 @@ class QuotaSchedule(_DeficitCounts):
     @property
     def done(self) -> bool:
         return self.picks >= self.total
+
+    def restore(self, state: ScheduleState, where: str = "schedule") -> None:
+        super().restore(state, where)
+        for i, (count, quota) in enumerate(zip(self.counts, self.quotas)):
+            if count > quota:
+                raise fields.bad_field(f"{where}.counts[{i}]", count, f"at most the quota {quota}")
 
     def next(self) -> int:
         if self.done:

@@ -18,6 +18,7 @@ from typing import NamedTuple, Protocol, TypedDict
 
 import numpy as np
 
+from energon import state_fields as fields
 from energon.plan.rng import CounterRng, permutations, random_indices, stable_seed
 
 LOOK_AHEAD = 8  # slices announced to the observer beyond the open ones
@@ -118,7 +119,7 @@ class SliceReader:
         opened = self._slice_order()[: self._pos] if self._started else []
         sizes = sum(int(self.bounds[s + 1] - self.bounds[s]) for s in opened)
         return ReaderProgress(
-            self._epoch, self._started, self._pos, remaining, sizes - sum(remaining) + self._padded
+            self._epoch, self._started, self._pos, remaining, sizes - sum(remaining)
         )
 
     def state(self) -> ReaderState:
@@ -131,15 +132,33 @@ class SliceReader:
             "started": self._started,
         }
 
-    def restore(self, state: ReaderState) -> None:
-        self._epoch = int(state["epoch"])
-        self._pos = int(state["pos"])
-        self._active = [[int(i), int(c)] for i, c in state["active"]]
-        self._rng.counter = int(state["rng"])
-        self._yielded = int(state.get("yielded", 0))
-        self._started = bool(state["started"])
+    def restore(self, state: ReaderState, where: str = "reader") -> None:
+        """Continue from ``state``, after checking every field against this reader's slices
+        (a :class:`~energon.errors.StateError` naming the field otherwise)."""
+        self._epoch = fields.int_field(state, "epoch", where)
+        self._pos = fields.int_field(state, "pos", where, high=self.num_slices)
+        # more open slices than ``parallel`` is fine (a migrated cursor whose blend weight, and
+        # so share of parallel slices, shrank: they drain), more than the slices there are is not
+        active = fields.list_field(
+            state, "active", where, max_len=max(self.parallel, self.num_slices)
+        )
+        self._active = [
+            self._checked_slice(entry, f"{where}.active[{i}]") for i, entry in enumerate(active)
+        ]
+        self._rng.counter = fields.int_field(state, "rng", where)
+        self._yielded = fields.int_field(state, "yielded", where, default=0)
+        self._started = fields.bool_field(state, "started", where)
         self._order = None
         self._observed_until = None
+
+    def _checked_slice(self, entry: object, where: str) -> list[int]:
+        """An open slice ``[slice number, cursor]`` whose cursor lies inside that slice."""
+        if not isinstance(entry, list | tuple) or len(entry) != 2:
+            raise fields.bad_field(where, entry, "[slice, cursor]")
+        slice_index = fields.as_int(entry[0], f"{where}[0]", high=self.num_slices - 1)
+        first, end = int(self.bounds[slice_index]), self._ends[slice_index]
+        cursor = fields.as_int(entry[1], f"{where}[1]", first, end - 1)
+        return [slice_index, cursor]
 
     def next(self) -> int:
         """The next sample index; ``StopIteration`` at the end of a pass that does not repeat."""

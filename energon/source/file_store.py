@@ -56,11 +56,20 @@ class SystemFileStore(FileStore):
         self.base_dir = epath.normalize(base_dir) if base_dir else None
 
     def _path(self, name: str) -> str:
+        """The file ``name`` names, which must lie inside the store's folder: ``..``, absolute
+        paths and (for local folders) symbolic links that lead out of it are refused."""
         if self.base_dir is None:
             return name
+        if "\0" in name:
+            raise SampleException(f"{name!r} is not a valid file name")
         path = epath.resolve(name, self.base_dir)
-        separator = "/" if epath.is_remote(self.base_dir) else os.sep
-        if not path.startswith(self.base_dir.rstrip(separator) + separator):
+        if epath.is_remote(self.base_dir):
+            if not _inside(path, self.base_dir, "/"):
+                raise SampleException(f"{name!r} points outside of {self.base_dir}")
+            return path
+        if not _inside(path, self.base_dir, os.sep) or not _inside(
+            os.path.realpath(path), os.path.realpath(self.base_dir), os.sep
+        ):
             raise SampleException(f"{name!r} points outside of {self.base_dir}")
         return path
 
@@ -76,6 +85,10 @@ class SystemFileStore(FileStore):
 
     def get_path(self) -> str:
         return self.base_dir or ""
+
+
+def _inside(path: str, root: str, separator: str) -> bool:
+    return path.startswith(root.rstrip(separator) + separator)
 
 
 class WebdatasetFileStore(FileStore):
@@ -195,6 +208,8 @@ def split_aux_reference(reference: str) -> tuple[str, str]:
         kind, target = "filesystem", reference[len(REMOTE_FILESYSTEM_PREFIX) :]
     else:
         kind, target = "dataset", reference
+    if not target:
+        raise ValueError(f"aux reference {reference!r} names no folder or dataset")
     if "://" in target and not target.startswith(_SUPPORTED_URLS):
         scheme = target.partition("://")[0]
         raise ValueError(

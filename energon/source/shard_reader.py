@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from energon import epath
+from energon.errors import TruncatedShardError
 from energon.source.prefetch import RemoteChunkCache
 
 
@@ -67,12 +68,25 @@ class _Lru(OrderedDict):
         return value
 
 
+def _open_sized(path: str) -> tuple[int, int]:
+    """(descriptor, size) of a local file; a missing file is a damaged sample, not a crash."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise TruncatedShardError(path, 0, "the file does not exist (any more)") from None
+    return fd, os.fstat(fd).st_size
+
+
+def _close_sized(entry: tuple[int, int]) -> None:
+    os.close(entry[0])
+
+
 class ShardReader:
     """Reads byte ranges of data files (local: pread; remote: ranged GETs of prefetched or
     on-demand chunks, see :mod:`energon.source.prefetch`); one per process."""
 
     def __init__(self, max_open: int = 64) -> None:
-        self._fds = _Lru(max_open, os.close)
+        self._fds = _Lru(max_open, _close_sized)
         self._indices = _Lru(max_open, lambda index: None)
         self._remote = RemoteChunkCache()
         self._pid = os.getpid()
@@ -80,15 +94,19 @@ class ShardReader:
     def _check_fork(self) -> None:
         # File offsets are not shared by pread, but be safe and reopen after a fork.
         if os.getpid() != self._pid:
-            self._fds = _Lru(self._fds.capacity, os.close)
+            self._fds = _Lru(self._fds.capacity, _close_sized)
             self._indices = _Lru(self._indices.capacity, lambda index: None)
             self._remote = RemoteChunkCache()
             self._pid = os.getpid()
 
     def byte_range(self, path: str, record: int, open_index: IndexOpener) -> tuple[int, int]:
         """(start, end) of record ``record`` of ``path``, from its byte index."""
+        return self.index(path, open_index).byte_range(record)
+
+    def index(self, path: str, open_index: IndexOpener) -> ByteIndex:
+        """The byte index of ``path`` (opened once per process, kept in a small LRU)."""
         self._check_fork()
-        return self._indices.get_or_open(path, open_index).byte_range(record)
+        return self._indices.get_or_open(path, open_index)
 
     def read(self, path: str, start: int, end: int, open_index: IndexOpener | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``path``. For a remote file, ``open_index`` lets a read that
@@ -97,12 +115,21 @@ class ShardReader:
         self._check_fork()
         if epath.is_remote(path):
             return self._read_remote(path, start, end, open_index)
-        fd = self._fds.get_or_open(path, lambda p: os.open(p, os.O_RDONLY))
+        fd, size = self._fds.get_or_open(path, _open_sized)
+        if not 0 <= start <= end <= size:
+            raise TruncatedShardError(
+                path,
+                start,
+                f"bytes {start}..{end} were indexed, but the file has {size} bytes (the file "
+                "is truncated or changed since it was prepared)",
+            )
         data = os.pread(fd, end - start, start)
         if len(data) != end - start:
-            raise OSError(
-                f"{path}: short read at byte offset {start}: wanted {end - start} bytes, got "
-                f"{len(data)} (the shard is truncated or changed since it was prepared)"
+            raise TruncatedShardError(
+                path,
+                start,
+                f"short read: wanted {end - start} bytes, got {len(data)} (the file is "
+                "truncated or changed since it was prepared)",
             )
         return data
 

@@ -15,15 +15,23 @@ import sqlite3
 from typing import Any
 
 from energon import epath
-from energon.errors import EmptyDatasetError, SampleException, SampleReadError
+from energon.errors import (
+    DamagedSampleError,
+    EmptyDatasetError,
+    SampleException,
+    SampleReadError,
+    TarFormatError,
+)
+from energon.format.checksums import checksum_rel_path, crc32, read_checksums
 from energon.format.info import read_info
 from energon.format.layout import (
+    CHECKSUMS_FOLDER_NAME,
     INDEX_SQLITE_FILENAME,
     INFO_JSON_FILENAME,
     MAIN_FOLDER_NAME,
     SPLIT_YAML_FILENAME,
 )
-from energon.format.split import read_split
+from energon.format.split import read_split, warn_unmatched_exclude
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.format.tar_index import TarIndex, tar_index_path
 from energon.samples import SourceInfo
@@ -31,10 +39,16 @@ from energon.source.dataset_config import SampleBuilder, load_sample_builder
 from energon.source.shard_reader import cumulative_starts, shard_reader
 
 
-def tar_byte_index(shard_path: str) -> TarIndex:
-    """The byte index of a tar shard (``<shard>.tar.idx``; a remote one through its local copy)."""
+def tar_byte_index(
+    shard_path: str, expected_samples: int | None = None, expected_from: str = ".info.json"
+) -> TarIndex:
+    """The byte index of a tar shard (``<shard>.tar.idx``; a remote one through its local copy).
+    With ``expected_samples`` (what ``expected_from`` records) opening it checks the count."""
     index_path = tar_index_path(shard_path)
-    return TarIndex(epath.local_copy(index_path) if epath.is_remote(shard_path) else index_path)
+    local = epath.local_copy(index_path) if epath.is_remote(shard_path) else index_path
+    return TarIndex(
+        local, expected_samples=expected_samples, name=index_path, expected_from=expected_from
+    )
 
 
 @dataclasses.dataclass
@@ -49,11 +63,13 @@ class WebdatasetLeaf:
     builder: SampleBuilder
     excluded: frozenset[int] = frozenset()
     subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
+    checksums: bool = False  # verify every sample against .nv-meta/checksums (prepare --checksums)
 
     def __post_init__(self) -> None:
         self.starts = cumulative_starts(self.shard_counts)
         self._starts_list = [int(s) for s in self.starts]
         self._shard_paths = [epath.join(self.root, name) for name in self.shard_names]
+        self._shard_counts = dict(zip(self._shard_paths, self.shard_counts))
 
     @classmethod
     def open(
@@ -90,8 +106,9 @@ class WebdatasetLeaf:
             shard_counts=counts,
             builder=builder,
             subflavors={**builder.subflavors, **(subflavors or {})},
+            checksums=epath.is_dir(epath.join(root, MAIN_FOLDER_NAME, CHECKSUMS_FOLDER_NAME)),
         )
-        leaf.excluded = leaf._resolve_sample_excludes(split.sample_excludes())
+        leaf.excluded = leaf._resolve_sample_excludes(split.sample_excludes(), split.source)
         return leaf
 
     def __len__(self) -> int:
@@ -130,21 +147,70 @@ class WebdatasetLeaf:
         while first < end:
             shard, inner = self.locate(first)
             count = min(end, self._starts_list[shard + 1]) - first
-            reader.prefetch(self._shard_paths[shard], inner, inner + count, tar_byte_index, later)
+            reader.prefetch(self._shard_paths[shard], inner, inner + count, self._index, later)
             first += count
 
+    def _index(self, shard_path: str) -> TarIndex:
+        """The shard's tar index, checked against the sample count of ``.info.json`` on opening,
+        with the shard's sample checksums when the dataset has them."""
+        info = epath.join(self.root, MAIN_FOLDER_NAME, INFO_JSON_FILENAME)
+        index = tar_byte_index(shard_path, self._shard_counts.get(shard_path), info)
+        if self.checksums:
+            shard = self.shard_names[self._shard_paths.index(shard_path)]
+            url = epath.join(self.root, checksum_rel_path(shard))
+            local = epath.local_copy(url) if self.remote and epath.is_file(url) else url
+            index.checksums = read_checksums(local, url, index.offsets)
+        return index
+
     def read_members(self, index: int) -> tuple[list[tuple[str, memoryview]], int, int]:
-        """(members, shard number, byte offset) of one sample: one pread through the tar index."""
+        """(members, shard number, byte offset) of one sample: one pread through the tar index.
+
+        Bytes that are not what ``prepare`` indexed (a truncated shard, a damaged header) are a
+        :class:`DamagedSampleError` naming the shard, the sample and the offset: the error policy
+        skips and counts that sample, and the rest of the shard still loads.
+        """
         shard, inner = self.locate(index)
         path = self._shard_paths[shard]
         reader = shard_reader()
-        start, end = reader.byte_range(path, inner, tar_byte_index)
-        members = split_sample_bytes(reader.read(path, start, end), base_offset=start, path=path)
+        byte_index = reader.index(path, self._index)
+        start, end = byte_index.byte_range(inner)
+        try:
+            data = reader.read(path, start, end)
+            if byte_index.checksums is not None:
+                _verify(data, int(byte_index.checksums[inner]), path, start)
+            members = split_sample_bytes(data, base_offset=start, path=path)
+        except DamagedSampleError as e:
+            key = e.key or self._key_from_index(shard, inner)
+            raise type(e)(e.path, e.offset, f"{e.message} (index {index})", key) from None
+        except TarFormatError as e:
+            key = self._key_from_index(shard, inner)
+            raise DamagedSampleError(path, e.offset, f"{e.message} (index {index})", key) from e
+        except ValueError as e:  # a damaged PAX record or name inside a checksum-valid header
+            key = self._key_from_index(shard, inner)
+            raise DamagedSampleError(path, start, f"damaged tar data: {e}", key) from e
         if not members:
-            raise SampleReadError(
-                f"{path} at byte offset {start}: sample {inner} has no file members"
-            )
+            raise DamagedSampleError(path, start, f"sample {inner} has no file members")
         return members, shard, start
+
+    def _key_from_index(self, shard: int, inner: int) -> str | None:
+        """The key ``index.sqlite`` records for a sample whose bytes are damaged (best effort; on
+        the error path only, and only for local datasets)."""
+        if self.remote:
+            return None
+        try:
+            tar_file_id = list(read_info(self.root)).index(self.shard_names[shard])
+            sqlite_path = epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
+            db = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
+            try:
+                row = db.execute(
+                    "SELECT sample_key FROM samples WHERE tar_file_id=? AND sample_index=?",
+                    (tar_file_id, inner),
+                ).fetchone()
+            finally:
+                db.close()
+        except (OSError, ValueError, sqlite3.Error):
+            return None
+        return row[0] if row is not None else None
 
     def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
         """Read, decode and build sample ``index``."""
@@ -212,7 +278,9 @@ class WebdatasetLeaf:
             raise SampleReadError("no sample members with a key")
         return key, parts
 
-    def _resolve_sample_excludes(self, excludes: set[tuple[str, str]]) -> frozenset[int]:
+    def _resolve_sample_excludes(
+        self, excludes: set[tuple[str, str]], source: str
+    ) -> frozenset[int]:
         """Global indices of ``<shard>/<key>`` excludes (looked up in the sqlite index once)."""
         if not excludes:
             return frozenset()
@@ -231,9 +299,15 @@ class WebdatasetLeaf:
                     "SELECT sample_index FROM samples WHERE tar_file_id=? AND sample_key=?",
                     (tar_ids[shard_name], key),
                 ).fetchone()
-                if row is not None:
-                    shard = self.shard_names.index(shard_name)
-                    found.add(self._starts_list[shard] + int(row[0]))
+                if row is None:
+                    warn_unmatched_exclude(
+                        source,
+                        f"{shard_name}/{key}",
+                        f"{shard_name} has no sample {key!r}",
+                    )
+                    continue
+                shard = self.shard_names.index(shard_name)
+                found.add(self._starts_list[shard] + int(row[0]))
         finally:
             db.close()
         return frozenset(found)
@@ -250,7 +324,19 @@ class WebdatasetLeaf:
             **self.fingerprint(),
             "sample": self.builder.config(),
             "excluded": len(self.excluded),
+            "checksums": self.checksums,
         }
+
+
+def _verify(data: bytes, expected: int, path: str, offset: int) -> None:
+    found = crc32(data)
+    if found != expected:
+        raise DamagedSampleError(
+            path,
+            offset,
+            f"checksum mismatch (CRC-32 {found:08x}, prepared {expected:08x}): the bytes changed "
+            "since the dataset was prepared",
+        )
 
 
 def _first_key(members: list[tuple[str, memoryview]]) -> str | None:

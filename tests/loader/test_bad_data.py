@@ -9,7 +9,13 @@ import tarfile
 import pytest
 from PIL import Image
 
-from energon import WorkerConfig, get_loader, get_train_dataset, get_val_dataset
+from energon import (
+    WorkerConfig,
+    get_loader,
+    get_train_dataset,
+    get_val_dataset,
+    reraise_exception,
+)
 from energon.errors import DatasetNotPreparedError
 from energon.format.prepare import prepare_dataset
 from energon.source.dataset_config import DatasetConfigError
@@ -55,19 +61,25 @@ def test_undecodable_sample_is_skipped_and_reported(corrupt_ds, capsys):
 
 
 def test_undecodable_sample_raises_with_reraise_policy(corrupt_ds):
-    from energon import reraise_exception
 
     with pytest.raises(Exception, match=r"a\.tar sample 's004'.*byte offset"):
         list(val_loader(corrupt_ds, global_error_handler=reraise_exception))
 
 
-def test_shard_truncated_after_prepare_fails_clearly(corrupt_ds):
+def test_shard_truncated_after_prepare_skips_and_names_the_lost_samples(corrupt_ds, capsys):
     tar = corrupt_ds / "a.tar"
     size = os.path.getsize(tar)
     with open(tar, "r+b") as f:
         f.truncate(size // 2)
-    with pytest.raises(OSError, match=r"a\.tar.*truncated"):
-        list(val_loader(corrupt_ds))
+    keys = [s.__key__ for s in val_loader(corrupt_ds)]
+    assert keys == ["s000", "s001", "s002", "s003", "s005"]  # s004 is no JPEG; s006.. are cut
+    err = capsys.readouterr().err
+    assert "TruncatedShardError" in err and "a.tar sample 's009'" in err and "byte offset" in err
+    seen = []
+    list(val_loader(corrupt_ds, global_error_handler=lambda e, *_: seen.append(e)))
+    truncated = [e for e in seen if isinstance(e, OSError)]  # still an OSError for old callers
+    assert [e.key for e in truncated] == [f"s{i:03d}" for i in range(6, 10)]
+    assert all(e.path.endswith("a.tar") and e.offset > 0 for e in truncated)
 
 
 def test_wrong_dataset_yaml_names_file_and_key(corrupt_ds):
