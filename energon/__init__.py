@@ -18,6 +18,7 @@ _EXPORTS = {
     "FatalSampleError": "energon.errors",
     "NotSimulableError": "energon.errors",
     "PaddingError": "energon.errors",
+    "is_padding": "energon.samples.padding",
     "SampleException": "energon.errors",
     "SkipSample": "energon.errors",
     "StateError": "energon.errors",

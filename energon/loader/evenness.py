@@ -26,8 +26,8 @@ import torch
 import torch.utils.data
 
 from energon.errors import EmptyDatasetError
-from energon.pipeline import padding
 from energon.pipeline.keys import attach_restore_key, stream_key
+from energon.samples import padding
 
 if TYPE_CHECKING:
     from energon.loader.savable_dataset import SavableDataset

@@ -25,12 +25,12 @@ from typing import Any
 
 from energon import debug_log
 from energon.errors import FatalSampleError
-from energon.pipeline import padding
 from energon.pipeline.keys import Key, attach_restore_key, stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Value
 from energon.pipeline.stream import Stream, build_stream
+from energon.samples import padding
 from energon.worker import Layout
 
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from energon.samples import padding
 from energon.samples.edataclass import edataclass
 from energon.samples.source_info import SourceInfo, unique_sources
 
@@ -37,7 +38,6 @@ BASE_SAMPLE_FIELDS: tuple[str, ...] = (
     "__restore_key__",
     "__subflavors__",
     "__sources__",
-    "__padding__",
 )
 
 TSelf = TypeVar("TSelf")
@@ -149,7 +149,7 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 
 @edataclass
-class Sample(FieldAccessMixin, PinMemoryMixin, ExtendableDataclassMixin):
+class Sample(FieldAccessMixin, PinMemoryMixin, ExtendableDataclassMixin, padding.PaddingFlag):
     """Base of all sample types; subclass it (``@edataclass`` or ``@dataclass``) to add fields."""
 
     #: Key of the sample inside its shard (the tar member name without extension).
@@ -160,8 +160,6 @@ class Sample(FieldAccessMixin, PinMemoryMixin, ExtendableDataclassMixin):
     __subflavors__: dict[str, Any] | None = None
     #: Where the sample was read from (files, shard, index); used in error messages.
     __sources__: tuple[SourceInfo, ...] | None = None
-    #: True for a filler that only keeps validation ranks even (mask it out of metrics).
-    __padding__: bool = False
 
     @classmethod
     def derive_from(cls: type[TSelf], base_sample: Any, **kwargs: Any) -> TSelf:
@@ -169,10 +167,10 @@ class Sample(FieldAccessMixin, PinMemoryMixin, ExtendableDataclassMixin):
         subflavors, sources, padding flag) so that an encoded sample can still be traced and
         restored. Base fields given in ``kwargs`` win over the copied ones."""
         base = {name: _read_field(base_sample, name) for name in BASE_SAMPLE_FIELDS}
-        if base["__padding__"] is None:
-            del base["__padding__"]
         base.update(kwargs)
-        return cls(**base)
+        derived = cls(**base)
+        padding.copy_flag(base_sample, derived)
+        return derived
 
     @classmethod
     def from_joined(cls: type[TSelf], *args: Any, **kwargs: Any) -> TSelf:

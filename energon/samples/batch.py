@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from energon.samples import padding
 from energon.samples.base import (
     BASE_SAMPLE_FIELDS,
     ExtendableDataclassMixin,
@@ -26,7 +27,7 @@ _MISSING = object()
 
 
 @edataclass
-class Batch(FieldAccessMixin, PinMemoryMixin, ExtendableDataclassMixin):
+class Batch(FieldAccessMixin, PinMemoryMixin, ExtendableDataclassMixin, padding.PaddingFlag):
     """Base of batch types. Subclass it with the batched fields, e.g. ``images: torch.Tensor``.
 
     Unlike the reference (S5), ``from_samples`` really pad-stacks tensor fields (as its docs
@@ -41,15 +42,15 @@ class Batch(FieldAccessMixin, PinMemoryMixin, ExtendableDataclassMixin):
     __subflavors__: list[dict[str, Any] | None] | None = None
     #: All sources of all samples, flattened.
     __sources__: tuple[SourceInfo, ...] | None = None
-    #: Per sample: True for fillers that only keep validation ranks even (mask them out).
-    __padding__: list[bool] | None = None
 
     @classmethod
     def derive_from(cls: type[TBatch], base_batch: Any, **kwargs: Any) -> TBatch:
         """New ``cls`` instance that keeps the base fields of ``base_batch`` (kwargs win)."""
         values = {name: getattr(base_batch, name, None) for name in BASE_SAMPLE_FIELDS}
         values.update(kwargs)
-        return cls(**values)
+        derived = cls(**values)
+        padding.copy_flag(base_batch, derived)
+        return derived
 
     @classmethod
     def from_samples(cls: type[TBatch], samples: Sequence[Any], **kwargs: Any) -> TBatch:

@@ -441,8 +441,7 @@ program("crude_factory_direct")(
 from megatron.energon.epathlib import EPath
 f = CrudeWebdataset(EPath(data["crude"]), split_part="train", training=False, worker_config=wc())
 s = next(iter(get_loader(f.build())))
-# energon adds __padding__ to every item (docs/migrating.md, difference 2)
-return {"keys": sorted(k for k in s if not k.startswith(("__restore", "__padding"))), "txt": s["txt"], "key": s["__key__"]}
+return {"keys": sorted(k for k in s if not k.startswith("__restore")), "txt": s["txt"], "key": s["__key__"]}
 """
 )
 

@@ -22,6 +22,7 @@ from energon import (
     get_loader,
     get_savable_loader,
     get_val_dataset,
+    is_padding,
 )
 from energon.errors import FatalSampleError, PaddingError
 from energon.loader import evenness
@@ -116,7 +117,7 @@ def all_val_keys(path):
 
 def real_entries(batch):
     """The keys of a batch's non-filler entries (packed keys split into their samples)."""
-    keys, flags = batch["__key__"], batch["__padding__"]
+    keys, flags = batch["__key__"], is_padding(batch)
     assert isinstance(flags, list) and len(flags) == len(keys)
     return [part for k, pad in zip(keys, flags) if not pad for part in k.split("+")]
 
@@ -129,7 +130,7 @@ def one_rank_pass(path, rank, world_size, num_workers, encoder_name, batch_size,
     for batch in get_loader(ds):
         if collective:  # a training loop's per-step metric all_reduce
             dist.all_reduce(torch.ones(1))
-        batches.append([real_entries(batch), list(batch["__padding__"]), len(batch["__key__"])])
+        batches.append([real_entries(batch), list(is_padding(batch)), len(batch["__key__"])])
     return batches
 
 
@@ -344,7 +345,7 @@ def test_restoring_a_planned_pass_between_fillers(text_val_ds, num_workers):
         ds = get_val_dataset(text_val_ds, worker_config=wc, batch_size=1, task_encoder=SkipThirds())
         return get_savable_loader(ds)
 
-    full = [(b["__key__"], b["__padding__"]) for b in loader()]
+    full = [(b["__key__"], is_padding(b)) for b in loader()]
     assert any(pad[0] for _, pad in full)
     for split in [*range(0, len(full), 3), len(full) - 1]:
         first = loader()
@@ -353,8 +354,8 @@ def test_restoring_a_planned_pass_between_fillers(text_val_ds, num_workers):
         state = first.save_state_rank()
         second = loader()
         second.restore_state_rank(state)
-        rest = [(b["__key__"], b["__padding__"]) for b in second]
-        assert [(b["__key__"], b["__padding__"]) for b in head] + rest == full
+        rest = [(b["__key__"], is_padding(b)) for b in second]
+        assert [(b["__key__"], is_padding(b)) for b in head] + rest == full
 
 
 def test_counts_are_the_same_in_every_pass(text_val_ds):
@@ -377,3 +378,17 @@ def test_without_torch_distributed_a_data_dependent_pass_warns_once(text_val_ds,
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list(get_loader(ds))  # once per process
+
+
+def test_real_dicts_are_left_as_the_encoder_made_them(text_val_ds):
+    """Code written for Megatron-Energon sees the same dict keys; is_padding answers all False."""
+
+    class Dicts(DefaultTaskEncoder):
+        def encode_batch(self, batch):
+            return {"__key__": list(batch.__key__), "text": list(batch.text)}
+
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    ds = get_val_dataset(text_val_ds, worker_config=wc, batch_size=3, task_encoder=Dicts())
+    batches = list(get_loader(ds))
+    assert batches and all(set(b) == {"__key__", "text"} for b in batches)
+    assert all(is_padding(b) == [False] * len(b["__key__"]) for b in batches)
