@@ -45,8 +45,12 @@ def write_vlm_shards(
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(math.log(text_median_chars), text_sigma, num_samples), 8, 60000)
     texts = _random_texts(rng, [int(n) for n in lengths])
-    clips = {seconds: encode_video(width=64, height=48, fps=8, seconds=seconds) for seconds in (1, 2, 4)}
-    jpegs = [render_photo_like_jpeg(rng, w, h, quality=80) for w, h in IMAGE_SIZES for _ in range(3)]
+    clips = {
+        seconds: encode_video(width=64, height=48, fps=8, seconds=seconds) for seconds in (1, 2, 4)
+    }
+    jpegs = [
+        render_photo_like_jpeg(rng, w, h, quality=80) for w, h in IMAGE_SIZES for _ in range(3)
+    ]
     samples = []
     for i, text in enumerate(texts):
         parts: dict[str, bytes] = {"txt": text.encode()}
@@ -80,7 +84,9 @@ class VlmSample(Sample):
 def vlm_tokens(sample: dict[str, Any], cost: MultimodalCost) -> tuple[int, int, list, int]:
     """(text tokens, vision tokens, images, video frames) of a decoded crude sample, as ``cost`` counts them."""
     text = sample["txt"]
-    text_tokens = math.ceil(len(text.encode() if isinstance(text, str) else text) / cost.bytes_per_token)
+    text_tokens = math.ceil(
+        len(text.encode() if isinstance(text, str) else text) / cost.bytes_per_token
+    )
     images = [sample[k] for k in sorted(sample) if k.endswith(".jpg")]
     vision = sum(cost.image_tokens(int(im.shape[-1]), int(im.shape[-2])) for im in images)
     frames = 0
