@@ -39,6 +39,7 @@ def write_vlm_shards(
     prepare: bool = True,
 ) -> str:
     """Write (and by default prepare, with media metadata) the synthetic VLM dataset."""
+    from energon.format.layout import DATASET_YAML_FILENAME, nv_meta_dir
     from energon.format.prepare import prepare_dataset
     from energon.media.extract import MediaFilterConfig, MediaFilterStrategy
 
@@ -69,8 +70,7 @@ def write_vlm_shards(
             num_workers=1,
             media_filter=MediaFilterConfig(MediaFilterStrategy.EXTENSION),
         )
-        with open(os.path.join(root, ".nv-meta", "dataset.yaml"), "w") as f:
-            f.write(CRUDE_YAML)
+        (nv_meta_dir(root) / DATASET_YAML_FILENAME).write_text(CRUDE_YAML)
     return str(root)
 
 
