@@ -66,12 +66,17 @@ def make_loaders(path: str, ranks: int, batch: int, balance: Balance | None, wor
     ]
 
 
-def true_cost(samples, cost: MultimodalCost, max_length: int) -> float:
-    total = 0.0
+def sample_costs(samples, cost: MultimodalCost, max_length: int) -> list[float]:
+    """True costs of encoded samples (their token counts, truncated to ``max_length``)."""
+    out = []
     for s in samples:
         n = min(max_length, int(s.tokens.shape[0]))
-        total += n + cost.attention_weight * n * n
-    return total
+        out.append(n + cost.attention_weight * n * n)
+    return out
+
+
+def true_cost(samples, cost: MultimodalCost, max_length: int) -> float:
+    return sum(sample_costs(samples, cost, max_length))
 
 
 def padding_of(packs: int, tokens: int, max_length: int) -> tuple[int, int]:
@@ -83,7 +88,7 @@ def compare(path: str, ranks: int, batch: int, steps: int, max_length: int, prog
     plain_its = [iter(lo) for lo in make_loaders(path, ranks, batch, None)]
     bal_its = [iter(lo) for lo in make_loaders(path, ranks, batch, Balance(max_length))]
     packer = SequencePacker(max_length)
-    out = {"plain": [], "balanced": []}
+    out = {"plain": [], "balanced": [], "bound": []}
     pad = {"plain": [0, 0], "balanced": [0, 0]}
     for _ in tqdm(range(steps), disable=not progress, desc="steps"):
         plain = [next(it) for it in plain_its]
@@ -92,9 +97,12 @@ def compare(path: str, ranks: int, batch: int, steps: int, max_length: int, prog
         bal_keys = sorted(s.__key__ for b in balanced for s in b.samples)
         assert plain_keys == bal_keys, "the two runs must see the same samples per step"
         out["plain"].append(straggler_ratio([true_cost(b, cost, max_length) for b in plain]))
-        out["balanced"].append(
-            straggler_ratio([true_cost(b.samples, cost, max_length) for b in balanced])
-        )
+        rank_costs = [true_cost(b.samples, cost, max_length) for b in balanced]
+        out["balanced"].append(straggler_ratio(rank_costs))
+        # no split beats the heaviest single sample: the best possible ratio of the step
+        heaviest = max(c for b in balanced for c in sample_costs(b.samples, cost, max_length))
+        mean = sum(rank_costs) / len(rank_costs)
+        out["bound"].append(max(1.0, heaviest / mean))
         for b in plain:
             packs = [p for g in packer.select(list(b)) for p in packer.pack(g)]
             tokens = sum(int(p.tokens.shape[0]) for p in packs)
@@ -157,11 +165,18 @@ def main() -> None:
                 f"{padding[name]:.1%}",
             )
         )
+    above = [(r, b) for r, b in zip(ratios["balanced"], ratios["bound"]) if r > 1.05]
+    print(
+        f"balanced steps above 1.05: {len(above)} of {len(ratios['balanced'])}; their best "
+        f"possible ratios (heaviest sample / mean): {[round(b, 3) for _, b in above]}"
+    )
     print(
         f"{args.ranks} ranks x {args.batch} samples per step, {args.steps} steps, "
         f"max_length {args.max_length}"
     )
     print_markdown_table(("packing", "straggler ratio median", "p90", "max", "padding"), rows)
+    if args.repeats < 1:
+        return
     rates = {"plain": [], "balanced": []}
     for _ in tqdm(range(args.repeats), disable=not progress, desc="throughput"):
         for name, balance in (("plain", None), ("balanced", Balance(args.max_length))):
