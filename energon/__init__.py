@@ -10,6 +10,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 _EXPORTS = {
+    "Balance": "energon.balance",
+    "BalancedBatch": "energon.balance",
+    "MultimodalCost": "energon.balance",
+    "SampleCost": "energon.balance",
     "SampleDecoder": "energon.decode",
     "EmptyDatasetError": "energon.errors",
     "ErrorBudget": "energon.errors",

@@ -290,6 +290,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
     ranks = sorted(st["rank"] for st in states)
     if ranks != list(range(first["world_size"])):
         raise StateError(f"need one state per rank 0..{first['world_size'] - 1}, got ranks {ranks}")
+    _check_balanced_steps(states)
     num_streams = first["num_streams"]
     origin = min(_rank_next_position(st) for st in states)
     merged = merge_stream_snapshots(states)
@@ -316,6 +317,20 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
             )
         )
     return out
+
+
+def _check_balanced_steps(states: list[dict[str, Any]]) -> None:
+    """Balanced steps (energon.balance) split each global step over all ranks, so a merge is exact
+    only when every rank was saved after the same step (as a training job saves them)."""
+    if "balance" not in states[0]["fingerprint"]:
+        return
+    steps = {st["origin"] + st["consumed"] * st["world_size"] for st in states}
+    if len(steps) > 1:
+        raise StateError(
+            "these balanced-mode states were saved at different steps (global positions "
+            f"{sorted(steps)}): a balanced step is shared by all ranks, so save every rank's "
+            "state after the same step to restore them on another number of ranks"
+        )
 
 
 def merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, StreamSnapshot]:

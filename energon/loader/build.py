@@ -84,6 +84,9 @@ def _build(
     sample_type = kwargs.pop("sample_type", None)
     even_ranks = kwargs.pop("even_ranks", True)
     global_batch_size = kwargs.pop("global_batch_size", None)
+    balance = _check_balance(
+        kwargs.pop("balance", None), training, batch_size, packing_buffer_size, task_encoder
+    )
     if global_batch_size is not None and (
         isinstance(global_batch_size, bool)
         or not isinstance(global_batch_size, int)
@@ -140,12 +143,41 @@ def _build(
         even_ranks=bool(even_ranks) and worker_config.world_size > 1,
         mixture=resolved.mixture,
         global_batch_size=global_batch_size or resolved.global_batch_size,
+        balance=balance,
     )
     _check_streams_have_samples(spec)
     _check_blend_streams(spec)
     if task_encoder.composes_pipeline():  # Megatron-Energon's build_* hooks, overridden
         return composition().compose(task_encoder, spec, worker_config)
     return SavableDataset(spec, worker_config)
+
+
+def _check_balance(
+    balance: Any,
+    training: bool,
+    batch_size: int | None,
+    packing_buffer_size: int | None,
+    task_encoder: TaskEncoder,
+) -> Any:
+    """``balance=`` (an :class:`energon.balance.Balance`): training only, with a batch size (the
+    samples per rank and step on average), without the per-stream packing and grouping it
+    replaces."""
+    if balance is None:
+        return None
+    from energon.balance.config import Balance
+
+    if not isinstance(balance, Balance):
+        raise TypeError(f"balance must be an energon.balance.Balance, got {type(balance).__name__}")
+    if not training:
+        raise ValueError("balance= is for training datasets (validation is not balanced)")
+    if not batch_size:
+        raise ValueError("balance= needs batch_size (samples per rank and step, on average)")
+    if packing_buffer_size or task_encoder.is_active("batch_group_criterion"):
+        raise ValueError(
+            "balance= packs and groups by itself (Balance.max_length, Balance.group): do not "
+            "combine it with packing_buffer_size or batch_group_criterion"
+        )
+    return balance
 
 
 def _check_sample_type(sources: list[Any], sample_type: type | None) -> None:

@@ -301,6 +301,8 @@ class Loader:
     def _record(self, meta: ItemMeta) -> None:
         wc = self.worker_config
         self._snapshots[meta.stream] = meta.snapshot
+        if meta.others:
+            self._snapshots.update(meta.others)  # a balanced step advanced several streams
         if self._blend_tracker is not None:
             self._blend_tracker.observe(meta.stream, meta.snapshot)
         self._consumed = (meta.position - self._origin - wc.rank) // wc.world_size + 1

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch.utils.data
 
+from energon.balance.executor import BalancedExecutor
 from energon.pipeline.executor import Executor
 from energon.pipeline.pointers import build_pointer_stages
 from energon.pipeline.snapshot import StreamSnapshot
@@ -156,13 +157,17 @@ class SavableDataset(torch.utils.data.IterableDataset):
 
     def executor(
         self, worker: int, resume: ResumePoint | None = None, *, all_workers: bool = False
-    ) -> Executor:
+    ) -> Executor | BalancedExecutor:
         """Worker ``worker``'s executor of this rank's positions, resuming at ``resume``
         (``all_workers``: one executor of all the rank's positions, as without workers)."""
         resume = resume or ResumePoint()
         layout = self.layout(worker, resume.base)
         if all_workers:
             layout = dataclasses.replace(layout, num_workers=1, worker=0)
+        if self.spec.balance is not None:
+            return BalancedExecutor(
+                self.spec, layout, resume.snapshots, end=self.pass_end(resume.base)
+            )
         return Executor(
             self.spec,
             layout,

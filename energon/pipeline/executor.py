@@ -49,6 +49,8 @@ class ItemMeta:
     key: Key | None = None  # the item's restore key, when the loader keeps a journal
     hole: bool = False
     ended: bool = False  # the stream's final snapshot: no value, no position consumed
+    # snapshots of further streams the item advanced (balanced steps: energon.balance)
+    others: dict[int, StreamSnapshot] | None = None
 
     def __reduce__(self) -> tuple:
         # positional arguments: smaller and faster to pickle than the slots' name -> value mapping
@@ -61,6 +63,7 @@ class ItemMeta:
             self.key,
             self.hole,
             self.ended,
+            self.others,
         )
 
 

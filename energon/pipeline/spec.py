@@ -16,6 +16,7 @@ from energon.plan.sharding import stream_counts
 from energon.task_encoder.base import DefaultTaskEncoder, TaskEncoder
 
 if TYPE_CHECKING:
+    from energon.balance.config import Balance
     from energon.decode.sample_decoder import SampleDecoder
     from energon.metadataset.resolve import Source
 
@@ -56,6 +57,7 @@ class PipelineSpec:
     weight_changes: tuple[WeightChange, ...] = ()
     global_batch_size: int | None = None  # samples per training step, to convert steps
     edits: PlanEdits | None = None  # cursor edits of a restored state (energon.plan.edits)
+    balance: Balance | None = None  # compute-balanced steps across ranks (energon.balance)
 
     def blend_weights(self) -> WeightFunction:
         """The configured raw weight of each source as a function of the global sample clock."""
@@ -71,6 +73,7 @@ class PipelineSpec:
         te = self.task_encoder
         return (
             bool(self.packing_buffer_size)
+            or self.balance is not None
             or te.is_active("batch_group_criterion")
             or any(
                 te.is_active(hook) and _is_generator_function(getattr(te, hook))
@@ -201,6 +204,7 @@ class PipelineSpec:
             "group_max_wait": self.group_max_wait,
             "task_encoder": f"{type(te).__module__}.{type(te).__qualname__}",
             **({"mixture": self.mixture.config()} if self.mixture is not None else {}),
+            **({"balance": self.balance.fingerprint()} if self.balance is not None else {}),
         }
 
     def config(self) -> dict[str, Any]:

@@ -101,7 +101,8 @@ class LoadStage(Stage):
         return count  # one sample per pointer (when nothing fails to load)
 
     def rebuild(self, key: Key) -> Value:
-        self.upstream.check_key(key)  # a key from a saved state or a restore key: check it
+        if self.upstream is not None:  # (a load stage without pointer stages: energon.balance)
+            self.upstream.check_key(key)  # a key from a saved state or a restore key: check it
         return self._load(key)
 
     def _load(self, key: Key) -> Value:

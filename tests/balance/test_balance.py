@@ -1,0 +1,356 @@
+"""Compute-balanced steps (energon.balance): costs from metadata, the split, and real loader runs
+(exactly once, determinism across layouts, restore, elastic restore, blends, grouping)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from energon import StateError, WorkerConfig, get_savable_loader, get_train_dataset
+from energon.balance import Balance, MultimodalCost, balance_costs
+from energon.balance.assign import straggler_ratio
+from energon.balance.table import CostTable
+from energon.demo.vlm import VlmTaskEncoder, write_vlm_shards
+from energon.samples.padding import is_padding
+from energon.source.meta import SampleMeta, meta_reader
+from energon.state import redistribute_states
+from energon.task_encoder.packing import PackingTaskEncoder
+from tests.helpers.distributed import run_ranks
+
+NUM_SAMPLES = 240  # 4 logical streams x 60, 12 micro-batches of 5 each
+BATCH = 5
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("vlm")
+    write_vlm_shards(root, num_samples=NUM_SAMPLES, num_shards=6, seed=3, text_median_chars=300)
+    return root
+
+
+def loaders(path, world_size, num_workers=0, *, balance=None, num_streams=4, **kw):
+    out = []
+    shuffle = kw.pop("shuffle_buffer_size", 8)
+    for rank in range(world_size):
+        wc = WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers)
+        ds = get_train_dataset(
+            str(path),
+            worker_config=wc,
+            batch_size=BATCH,
+            shuffle_buffer_size=shuffle,
+            max_samples_per_sequence=10,
+            num_streams=num_streams,
+            task_encoder=VlmTaskEncoder(),
+            balance=balance or Balance(max_length=4096),
+            **kw,
+        )
+        out.append(get_savable_loader(ds))
+    return out
+
+
+def keys_of(batch) -> list[str]:
+    return [s.__key__ for s in batch.samples]
+
+
+def run_steps(its, steps) -> list[list[list[str]]]:
+    """[step][rank] -> the keys of that rank's batch."""
+    return [[keys_of(next(it)) for it in its] for _ in range(steps)]
+
+
+# -- costs ---------------------------------------------------------------------------------------
+
+
+def test_metadata_cost_matches_the_encoded_length(vlm):
+    """The built-in cost counts from the index exactly the tokens the encoder makes of the data."""
+    (loader,) = loaders(vlm, 1, balance=Balance(max_length=100_000))
+    batch = next(iter(loader))
+    ds = loader.dataset
+    table = CostTable(ds.spec.leaves, MultimodalCost())
+    reader = meta_reader(ds.spec.leaves[0])
+    index_of = {reader.key(i): i for i in range(len(ds.spec.sources[0]))}
+    assert batch.samples
+    for sample in batch.samples:
+        index = index_of[sample.__key__]
+        cost = table.cost(0, index)
+        assert cost.tokens == int(sample.tokens.shape[0])
+        assert cost == MultimodalCost()(SampleMeta(reader, 0, index))  # bulk == point queries
+    assert any(s.images for s in batch.samples) or any(s.video_frames for s in batch.samples)
+
+
+def test_cost_without_media_metadata_estimates_images_from_their_bytes(vlm):
+    (loader,) = loaders(vlm, 1)
+    reader = meta_reader(loader.dataset.spec.leaves[0])
+    index = next(i for i in range(NUM_SAMPLES) if "img0.jpg" in reader.part_sizes(i))
+    with_media = SampleMeta(reader, 0, index)
+    without = SampleMeta(reader, 0, index)
+    without._cache["media"] = {}
+    text_only = SampleMeta(reader, 0, index)
+    text_only._cache["parts"] = {"txt": reader.part_sizes(index)["txt"]}
+    cost = MultimodalCost()
+    assert with_media.media and cost(with_media).tokens > cost(text_only).tokens
+    assert cost(without).tokens > cost(text_only).tokens
+
+
+def test_user_cost_function_must_return_a_sample_cost(vlm):
+    (loader,) = loaders(vlm, 1, balance=Balance(max_length=4096, cost=lambda meta: "x"))
+    with pytest.raises(TypeError, match="SampleCost"):
+        next(iter(loader))
+
+
+# -- the split -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_split_is_a_deterministic_near_even_partition(seed):
+    rng = random.Random(seed)
+    costs = [rng.lognormvariate(6, 1.2) for _ in range(rng.randint(40, 200))]
+    shares = balance_costs(costs, 8)
+    assert sorted(i for share in shares for i in share) == list(range(len(costs)))
+    assert shares == balance_costs(list(costs), 8)
+    loads = [sum(costs[i] for i in share) for share in shares]
+    # no split beats the heaviest single sample or the mean
+    assert max(loads) <= 1.05 * max(max(costs), sum(costs) / 8)
+    naive = [sum(costs[i] for i in range(r, len(costs), 8)) for r in range(8)]
+    assert straggler_ratio(loads) < straggler_ratio(naive)
+
+
+def test_split_with_fewer_samples_than_ranks_leaves_ranks_empty():
+    shares = balance_costs([3.0, 1.0], 4)
+    assert sorted(map(len, shares)) == [0, 0, 1, 1]
+
+
+# -- loader runs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("world_size", "num_workers"), [(4, 0), (2, 2)])
+def test_every_sample_exactly_once_per_epoch_and_even_costs(vlm, world_size, num_workers):
+    # (no shuffle buffer: one would carry a few samples over the epoch boundary, as always)
+    its = [iter(lo) for lo in loaders(vlm, world_size, num_workers, shuffle_buffer_size=None)]
+    steps = NUM_SAMPLES // BATCH // world_size
+    seen: Counter[str] = Counter()
+    for _ in range(steps):
+        batches = [next(it) for it in its]
+        costs = batches[0].step_costs
+        assert all(b.step_costs == costs for b in batches)  # every rank computed the same split
+        assert [b.rank_cost for b in batches] == costs
+        assert straggler_ratio(costs) < 1.2
+        for b in batches:
+            assert is_padding(b) in (False, [False] * len(b.__key__))
+            seen.update(keys_of(b))
+            _check_packed_layout(b)
+    assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
+def _check_packed_layout(batch):
+    """cu_seqlens covers the flattened [P, max_length] batch; positions restart per segment."""
+    packs, length = batch.tokens.shape
+    assert int(batch.cu_seqlens[-1]) == packs * length
+    flat_pos = batch.position_ids.reshape(-1)
+    flat_pad = batch.padding_mask.reshape(-1)
+    real = 0
+    for start, end in zip(batch.cu_seqlens[:-1].tolist(), batch.cu_seqlens[1:].tolist()):
+        if flat_pad[start]:
+            assert flat_pad[start:end].all()
+            continue
+        assert flat_pos[start:end].tolist() == list(range(end - start))
+        real += end - start
+    assert real == sum(int(s.tokens.shape[0]) for s in batch.samples) == int((~flat_pad).sum())
+    assert torch.equal(batch.loss_mask.bool(), ~batch.padding_mask)
+
+
+def test_same_steps_with_and_without_workers(vlm):
+    """The order is a function of (config, seed, streams, ranks): workers do not change it."""
+    plain = run_steps([iter(lo) for lo in loaders(vlm, 2, 0)], 6)
+    workers = run_steps([iter(lo) for lo in loaders(vlm, 2, 2)], 6)
+    assert plain == workers
+
+
+def test_balancing_beats_the_plain_split(vlm):
+    """Same positions, same samples per step: the balanced split is more even than one
+    micro-batch per rank."""
+    its = [iter(lo) for lo in loaders(vlm, 4, shuffle_buffer_size=None)]
+    table = CostTable(its and loaders(vlm, 1)[0].dataset.spec.leaves, MultimodalCost())
+    reader = meta_reader(table.leaves[0])
+    index_of = {reader.key(i): i for i in range(NUM_SAMPLES)}
+    balanced, plain = [], []
+    for _ in range(6):
+        batches = [next(it) for it in its]
+        balanced.append(straggler_ratio(batches[0].step_costs))
+        pool = sorted(k for b in batches for k in keys_of(b))  # plan order: key order here
+        plain.append(
+            straggler_ratio(
+                [
+                    sum(table.cost(0, index_of[k]).cost for k in pool[r * BATCH : (r + 1) * BATCH])
+                    for r in range(4)
+                ]
+            )
+        )
+    assert max(balanced) < min(1.1, max(plain))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_restore_each_rank_exactly_even_a_step_apart(vlm, num_workers):
+    reference = run_steps([iter(lo) for lo in loaders(vlm, 2, num_workers)], 8)
+    first = loaders(vlm, 2, num_workers)
+    its = [iter(lo) for lo in first]
+    for _ in range(3):
+        for it in its:
+            next(it)
+    next(its[0])  # rank 0 is one step ahead when the states are saved
+    states = [json.loads(json.dumps(lo.save_state_rank())) for lo in first]
+    second = loaders(vlm, 2, num_workers)
+    for lo, st in zip(second, states):
+        lo.restore_state_rank(st)
+    its = [iter(lo) for lo in second]
+    assert [keys_of(next(its[0])) for _ in range(4)] == [s[0] for s in reference[4:8]]
+    assert [keys_of(next(its[1])) for _ in range(5)] == [s[1] for s in reference[3:8]]
+
+
+def test_elastic_restore_delivers_every_sample_once(vlm):
+    first = loaders(vlm, 4, shuffle_buffer_size=None)
+    its = [iter(lo) for lo in first]
+    seen: Counter[str] = Counter()
+    for _ in range(5):
+        for it in its:
+            seen.update(keys_of(next(it)))
+    states = redistribute_states([lo.save_state_rank() for lo in first], 2)
+    second = loaders(vlm, 2, shuffle_buffer_size=None)
+    for lo, st in zip(second, states):
+        lo.restore_state_rank(st)
+    its = [iter(lo) for lo in second]
+    for _ in range((NUM_SAMPLES // BATCH - 5 * 4) // 2):
+        batches = [next(it) for it in its]
+        assert straggler_ratio(batches[0].step_costs) < 1.2
+        for b in batches:
+            seen.update(keys_of(b))
+    assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
+def test_elastic_restore_refuses_states_of_different_steps(vlm):
+    first = loaders(vlm, 2)
+    its = [iter(lo) for lo in first]
+    for it in its:
+        next(it)
+    next(its[0])
+    with pytest.raises(StateError, match="same step"):
+        redistribute_states([lo.save_state_rank() for lo in first], 4)
+
+
+def test_blend_and_groups(vlm, tmp_path):
+    other = tmp_path / "other"
+    write_vlm_shards(other, num_samples=120, num_shards=2, seed=9, video_fraction=0.5)
+    (tmp_path / "blend.yaml").write_text(
+        f"""__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend:
+      - weight: 2
+        path: {vlm}
+      - weight: 1
+        path: {other}
+"""
+    )
+
+    def has_video(meta) -> bool:
+        return "mp4" in meta.part_sizes
+
+    its = [
+        iter(lo)
+        for lo in loaders(
+            tmp_path / "blend.yaml", 2, balance=Balance(max_length=4096, group=has_video)
+        )
+    ]
+    datasets = set()
+    for _ in range(10):
+        batches = [next(it) for it in its]
+        assert straggler_ratio(batches[0].step_costs) < 1.2
+        for b in batches:
+            for pack in _packs(b):
+                assert len({s.video_frames > 0 for s in pack}) == 1  # one group per pack
+            datasets.update(str(s.__sources__[0].dataset_path) for s in b.samples)
+    assert len(datasets) == 2
+
+
+def _packs(batch):
+    """The members of each pack of a batch, from its segments."""
+    out, members = [], iter(batch.samples)
+    length = batch.tokens.shape[1]
+    bounds = batch.cu_seqlens.tolist()
+    for row in range(batch.tokens.shape[0]):
+        pack = []
+        for start in bounds[:-1]:
+            if (
+                row * length <= start < (row + 1) * length
+                and not batch.padding_mask.reshape(-1)[start]
+            ):
+                pack.append(next(members))
+        out.append(pack)
+    return out
+
+
+def test_validation_and_packing_are_refused(vlm):
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    from energon import get_val_dataset
+
+    with pytest.raises(ValueError, match="training"):
+        get_val_dataset(str(vlm), worker_config=wc, batch_size=2, balance=Balance(max_length=64))
+    no_shuffle = dict(shuffle_buffer_size=None, max_samples_per_sequence=None)
+    with pytest.raises(ValueError, match="batch_size"):
+        get_train_dataset(
+            str(vlm),
+            worker_config=wc,
+            batch_size=None,
+            balance=Balance(max_length=64),
+            **no_shuffle,
+        )
+    with pytest.raises(ValueError, match="packing_buffer_size"):
+        get_train_dataset(
+            str(vlm),
+            worker_config=wc,
+            batch_size=2,
+            packing_buffer_size=4,
+            task_encoder=PackingTaskEncoder(64),
+            balance=Balance(max_length=64),
+            **no_shuffle,
+        )
+
+
+def _gloo_rank(rank, world_size, path):
+    import torch.distributed as dist
+
+    (loader,) = [
+        get_savable_loader(
+            get_train_dataset(
+                path,
+                worker_config=WorkerConfig(rank=rank, world_size=world_size, num_workers=2),
+                batch_size=BATCH,
+                shuffle_buffer_size=8,
+                max_samples_per_sequence=10,
+                task_encoder=VlmTaskEncoder(),
+                balance=Balance(max_length=4096),
+            )
+        )
+    ]
+    out = []
+    it = iter(loader)
+    for _ in range(4):
+        batch = next(it)
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, (batch.rank_cost, keys_of(batch)))
+        assert [g[0] for g in gathered] == batch.step_costs  # the same split on every rank
+        out.append(keys_of(batch))
+    state = loader.save_state_global(dst_rank=0)
+    return {"keys": out, "state": state if rank == 0 else None}
+
+
+def test_real_ranks_agree_without_communicating(vlm):
+    results = run_ranks(2, _gloo_rank, str(vlm))
+    keys = [k for r in results for step in r["keys"] for k in step]
+    assert len(keys) == len(set(keys)) == 4 * 2 * BATCH
+    assert len(results[0]["state"]) == 2
