@@ -132,7 +132,7 @@ class Watchdog:
         ]
         for slot, state in self._worker_states():
             lines.append(self._describe_worker(slot, state))
-        lines.append("main process (pid %d) stacks:" % os.getpid())
+        lines.append(f"main process (pid {os.getpid()}) stacks:")
         lines.append(_main_stacks())
         return "\n".join(lines)
 
