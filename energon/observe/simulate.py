@@ -182,7 +182,8 @@ def train_figures(config: str, settings: Settings, dataset: SavableDataset) -> d
     try:
         samples = first_samples(sim, _window_positions(sim, steps * R))
         shuffle = shuffle_figures(sim, samples)
-        delivered = delivered_shares(sim, samples, settings.window)
+        window = min(settings.window, max(1, len(samples) // 10))
+        delivered = delivered_shares(sim, samples, window)
     except NotSimulableError as e:
         shuffle = delivered = {"error": str(e)}
     return {
