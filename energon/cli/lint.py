@@ -51,7 +51,13 @@ def check_shard_indices(path: str) -> list[str]:
 
 
 def lint_split(
-    path: str, split_part: str, *, parallel: int, dataset_config: str, split_config: str
+    path: str,
+    split_part: str,
+    *,
+    parallel: int,
+    dataset_config: str,
+    split_config: str,
+    progress: bool = False,
 ):
     """(samples loaded, failure messages) of one split; None if the split is empty."""
     from energon import WorkerConfig, get_loader, get_val_dataset
@@ -76,8 +82,17 @@ def lint_split(
             )
         except (EmptyDatasetError, UnknownSplitError):
             return None
-        loaded = sum(1 for _ in get_loader(dataset))
+        loader = get_loader(dataset)
+        loaded = sum(1 for _ in _progress(loader, progress, f"Checking {split_part}"))
         return loaded, failures.read()
+
+
+def _progress(loader, enabled: bool, desc: str):
+    if not enabled:
+        return loader
+    from tqdm import tqdm
+
+    return tqdm(loader, total=len(loader), desc=desc, unit="sample")
 
 
 @click.command(name="lint")
@@ -86,8 +101,14 @@ def lint_split(
 @click.option("--dataset-config", default="dataset.yaml", show_default=True)
 @click.option("--split-config", default="split.yaml", show_default=True)
 @click.option("--parallel", default=1, show_default=True, help="Worker processes.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 def command(
-    path: str, split_parts: str, dataset_config: str, split_config: str, parallel: int
+    path: str,
+    split_parts: str,
+    dataset_config: str,
+    split_config: str,
+    parallel: int,
+    progress: bool,
 ) -> None:
     """Load every sample of PATH; exit non-zero and list the samples that fail."""
     problems = check_shard_indices(path)
@@ -101,6 +122,7 @@ def command(
             parallel=parallel,
             dataset_config=dataset_config,
             split_config=split_config,
+            progress=progress,
         )
         if result is None:
             click.echo(f"Skipping empty split part {split_part}")

@@ -23,9 +23,8 @@ import click
 @click.option(
     "--window",
     type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="global samples per blend window",
+    default=None,
+    help="global samples per blend window [default: a tenth of those simulated]",
 )
 @click.option(
     "--max-length",
@@ -48,7 +47,7 @@ def command(
     shuffle_buffer_size: int,
     max_samples_per_sequence: int,
     val_split: str,
-    window: int,
+    window: int | None,
     max_length: int | None,
     measure: bool,
     measure_samples: int,
@@ -80,9 +79,12 @@ def command(
     if measure:
         from energon.observe.measure import measure as run_measure
 
-        result = run_measure(
-            config, settings, samples=measure_samples, target=target, progress=progress
-        )
+        try:
+            result = run_measure(
+                config, settings, samples=measure_samples, target=target, progress=progress
+            )
+        except (EnergonError, ValueError) as e:
+            raise click.ClickException(f"--measure: {e}") from e
         click.echo(result.text())
         figures["measure"] = result.to_dict()
     if json_path:

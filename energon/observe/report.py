@@ -57,11 +57,11 @@ def build_report(
 
 
 def _pick(spec: Any, rng: CounterRng, count: int) -> list[tuple[int, int]]:
-    """``count`` random (source, index) pairs, sources in proportion to their sizes."""
-    sizes = [max(0, s.end - s.start) for s in spec.sources]
+    """``count`` random (source, index) pairs, taking the sources in turn so each is shown."""
+    sources = [i for i, s in enumerate(spec.sources) if s.end > s.start]
     out = []
-    for _ in range(count):
-        source = rng.choice_weighted(sizes)
+    for k in range(count if sources else 0):
+        source = sources[k % len(sources)]
         s = spec.sources[source]
         out.append((source, s.start + rng.randbelow(s.end - s.start)))
     return out
@@ -201,7 +201,9 @@ def _shares_plot(sim: Simulation) -> str:
         return "<p>no training split, or its order cannot be simulated</p>"
     plt = _pyplot()
     names = [s["name"] for s in train["sources"]]
-    windows = delivered["windows"]
+    windows = [w for w in delivered["windows"] if sum(w["counts"]) == delivered["window"]]
+    if not windows:  # fewer samples than one window
+        windows = delivered["windows"]
     xs = [w["start"] for w in windows]
     fig, ax = plt.subplots(figsize=(8, 3))
     for i, name in enumerate(names):

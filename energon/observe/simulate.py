@@ -57,7 +57,7 @@ class Settings:
     max_samples_per_sequence: int | None = 100
     packing_buffer_size: int | None = None
     steps: int | None = None  # training steps to simulate the blend and shuffle over
-    window: int = 1000  # global samples per blend window
+    window: int | None = None  # global samples per blend window (None: a tenth of those simulated)
     max_length: int | None = None  # the packing limit (tokens, else bytes) to check samples against
     task_encoder: Any = None
 
@@ -143,7 +143,7 @@ def simulate(config: str, settings: Settings, *, val_split: str = "val") -> Simu
         spec = train_ds.spec
         if spec.mode == "weight":
             samples = train["simulated_samples"]
-            window = min(settings.window, max(1, samples // 10))
+            window = settings.window or max(1, samples // 10)
             blend = simulate_blend(spec, -(-samples // window) * window, window)
         found += warnings_for(spec, settings, train, blend)
     val = val_figures(config, settings, val_ds, val_split) if val_ds is not None else None
@@ -182,7 +182,7 @@ def train_figures(config: str, settings: Settings, dataset: SavableDataset) -> d
     try:
         samples = first_samples(sim, _window_positions(sim, steps * R))
         shuffle = shuffle_figures(sim, samples)
-        window = min(settings.window, max(1, len(samples) // 10))
+        window = settings.window or max(1, len(samples) // 10)
         delivered = delivered_shares(sim, samples, window)
     except NotSimulableError as e:
         shuffle = delivered = {"error": str(e)}
