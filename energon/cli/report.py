@@ -42,9 +42,9 @@ def command(
 
     from energon.errors import EnergonError
     from energon.observe.report import build_report
-    from energon.observe.simulate import Settings
+    from energon.observe.simulate import SimulationSettings
 
-    settings = Settings(
+    settings = SimulationSettings(
         world_size=world_size,
         num_workers=num_workers,
         batch_size=batch_size,

@@ -57,9 +57,9 @@ def command(
 ) -> None:
     """Simulate CONFIG (a dataset or a metadataset YAML) on WORLD_SIZE ranks x NUM_WORKERS."""
     from energon.errors import EnergonError
-    from energon.observe.simulate import Settings, simulate
+    from energon.observe.simulate import SimulationSettings, simulate
 
-    settings = Settings(
+    settings = SimulationSettings(
         world_size=world_size,
         num_workers=num_workers,
         batch_size=batch_size,

@@ -81,7 +81,7 @@ def measure(
     seed: int = 0,
 ) -> Measurement:
     """Decode about ``samples`` samples of ``config`` (built as ``settings`` says, see
-    :class:`energon.observe.simulate.Settings`) through the real pipeline of random streams."""
+    :class:`energon.observe.simulate.SimulationSettings`) through the real pipeline of random streams."""
     from energon.observe.simulate import build
 
     dataset = build(config, settings, "train") or build(config, settings, "val")

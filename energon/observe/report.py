@@ -19,7 +19,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from energon.observe.simulate import Settings, Simulation, build, simulate
+from energon.observe.simulate import Simulation, SimulationSettings, build, simulate
 from energon.plan.rng import CounterRng, stable_seed
 from energon.source.meta import meta_reader
 
@@ -32,7 +32,7 @@ SIZE_SAMPLES = 2000  # samples per source whose sizes the histograms show
 
 def build_report(
     config: str,
-    settings: Settings,
+    settings: SimulationSettings,
     *,
     samples: int = 16,
     seed: int = 0,

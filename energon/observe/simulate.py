@@ -46,7 +46,7 @@ PERFECT_SPREAD = 1 / math.sqrt(12)  # std of a uniform position over the window,
 
 
 @dataclasses.dataclass
-class Settings:
+class SimulationSettings:
     """What the loader will be built with (the CLI's options)."""
 
     world_size: int
@@ -73,7 +73,7 @@ class Settings:
 @dataclasses.dataclass
 class Simulation:
     config: str
-    settings: Settings
+    settings: SimulationSettings
     train: dict[str, Any] | None
     val: dict[str, Any] | None
     blend: BlendReport | None
@@ -97,7 +97,9 @@ class Simulation:
         return format_text(self)
 
 
-def build(config: str, settings: Settings, split: str, rank: int = 0) -> SavableDataset | None:
+def build(
+    config: str, settings: SimulationSettings, split: str, rank: int = 0
+) -> SavableDataset | None:
     """The dataset the loader would build for ``rank`` (None: the config has no such split)."""
     from energon.loader.build import get_train_dataset, get_val_dataset
 
@@ -125,7 +127,7 @@ def build(config: str, settings: Settings, split: str, rank: int = 0) -> Savable
         raise
 
 
-def simulate(config: str, settings: Settings, *, val_split: str = "val") -> Simulation:
+def simulate(config: str, settings: SimulationSettings, *, val_split: str = "val") -> Simulation:
     found: list[str] = []
     try:
         train_ds = build(config, settings, "train")
@@ -154,7 +156,9 @@ def simulate(config: str, settings: Settings, *, val_split: str = "val") -> Simu
 
 
 # -- training ---------------------------------------------------------------------------------
-def train_figures(config: str, settings: Settings, dataset: SavableDataset) -> dict[str, Any]:
+def train_figures(
+    config: str, settings: SimulationSettings, dataset: SavableDataset
+) -> dict[str, Any]:
     spec = dataset.spec
     R = settings.world_size
     per_rank = [
@@ -308,7 +312,7 @@ def shuffle_figures(sim: PipelineSpec, samples: list[tuple[int, int, int]]) -> d
 
 # -- validation -------------------------------------------------------------------------------
 def val_figures(
-    config: str, settings: Settings, dataset: SavableDataset, split: str
+    config: str, settings: SimulationSettings, dataset: SavableDataset, split: str
 ) -> dict[str, Any]:
     """Micro-batches per rank in one validation pass: in total (what ``len(loader)`` says and the
     loader delivers) and how many of them are real (the rest are ``__padding__`` fillers)."""
@@ -360,7 +364,7 @@ def val_warnings(val: dict[str, Any]) -> list[str]:
 # -- warnings ---------------------------------------------------------------------------------
 def warnings_for(
     spec: PipelineSpec,
-    settings: Settings,
+    settings: SimulationSettings,
     train: dict[str, Any],
     blend: BlendReport | None,
 ) -> list[str]:
@@ -413,7 +417,9 @@ def _too_few_slices(spec: PipelineSpec, names: list[str], train: dict[str, Any])
     return out
 
 
-def _tiny_shards(names: list[str], train: dict[str, Any], settings: Settings) -> list[str]:
+def _tiny_shards(
+    names: list[str], train: dict[str, Any], settings: SimulationSettings
+) -> list[str]:
     out = []
     for name, source in zip(names, train["sources"]):
         sizes = [s["samples"] for s in source["shards"]]

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
 from energon.cli.main import main
-from energon.observe.simulate import Settings, simulate
+from energon.observe.simulate import SimulationSettings, simulate
 from tests.helpers.datasets import make_text_dataset
 
 R, W, B = 3, 1, 4
@@ -52,7 +52,7 @@ def settings(**kw):
         max_samples_per_sequence=10,
     )
     base.update(kw)
-    return Settings(**base)
+    return SimulationSettings(**base)
 
 
 def real_train_loaders(path, s):

@@ -25,7 +25,7 @@ from bench_loader import ensure_dataset_yaml, prepare_workload  # noqa: E402
 
 from energon import WorkerConfig, get_savable_loader, get_train_dataset  # noqa: E402
 from energon.observe.measure import measure  # noqa: E402
-from energon.observe.simulate import Settings  # noqa: E402
+from energon.observe.simulate import SimulationSettings  # noqa: E402
 
 
 def loader_rate(path: str, *, stats: bool, batches: int, batch_size: int, workers: int) -> float:
@@ -79,7 +79,7 @@ def main() -> None:
     )
     print(f"overhead of stats: {100 * (med_off - med_on) / med_off:+.2f}% (median vs. median)")
 
-    settings = Settings(world_size=1, num_workers=1, batch_size=args.batch_size)
+    settings = SimulationSettings(world_size=1, num_workers=1, batch_size=args.batch_size)
     estimates, reals = [], []
     for _ in range(args.repeats):
         estimates.append(measure(path, settings, samples=256).samples_per_second_per_worker)
