@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 import time
+import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,6 +79,39 @@ def main() -> None:
         ],
     )
     print(f"overhead of stats: {100 * (med_off - med_on) / med_off:+.2f}% (median vs. median)")
+
+    # the probe's own cost, free of the machine's noise: ns per stage switch (an active probe),
+    # times the switches per sample (read, decode per part, encode: 2 each; per item: executor,
+    # batch, transfer: 2 each), against the busy time per sample of a real worker
+    from energon.observe import probe
+
+    board = probe.Board(1)
+    probe.activate(board, 0)
+    switch = min(timeit.repeat(lambda: probe.ACTIVE.enter(probe.DECODE), number=100_000, repeat=5))
+    probe.deactivate()
+    board.close()
+    ns = switch / 100_000 * 1e9
+    parts = 2
+    per_sample = 2 + 2 * parts + 2 + 6 / args.batch_size
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=1)
+    ds = get_train_dataset(
+        path,
+        worker_config=wc,
+        batch_size=args.batch_size,
+        shuffle_buffer_size=100,
+        max_samples_per_sequence=100,
+    )
+    loader = get_savable_loader(ds)
+    for _ in zip(range(args.batches), loader):
+        pass
+    capacity = loader.stats()["workers"][0]["busy_samples_per_second"]
+    del loader
+    cost = per_sample * ns * capacity / 1e9
+    print(
+        f"probe: {ns:.0f} ns per stage switch x {per_sample:.1f} switches per sample = "
+        f"{per_sample * ns / 1e3:.1f} us per sample; a worker's busy time per sample "
+        f"{1e6 / capacity:.0f} us: {100 * cost:.2f}% of it"
+    )
 
     settings = SimulationSettings(world_size=1, num_workers=1, batch_size=args.batch_size)
     estimates, reals = [], []
