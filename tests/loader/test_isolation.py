@@ -20,7 +20,7 @@ from energon import (
     get_val_dataset,
 )
 from energon.format.prepare import prepare_dataset
-from tests.helpers.ref_venv import OUR_PYTHON, reference, run_script  # noqa: F401
+from tests.helpers.ref_venv import OUR_PYTHON, ref_python, run_script  # noqa: F401
 
 
 def train_loader(dataset):
@@ -153,9 +153,9 @@ def test_parts_have_the_same_types_with_and_without_workers(npy_ds):
 
 
 @pytest.mark.compat
-def test_part_types_are_megatron_energons(reference, npy_ds):  # noqa: F811
+def test_part_types_are_megatron_energons(ref_python, npy_ds):  # noqa: F811
     """torch's default_convert on dicts, lists and tuples (not dataclasses), with 0 and 2 workers."""
-    assert _types(OUR_PYTHON, npy_ds) == _types(reference, npy_ds)
+    assert _types(OUR_PYTHON, npy_ds) == _types(ref_python, npy_ds)
 
 
 # -- WorkerConfig ------------------------------------------------------------------------------------
@@ -169,9 +169,9 @@ print(json.dumps(list(inspect.signature(WorkerConfig).parameters)))
 
 
 @pytest.mark.compat
-def test_worker_config_takes_megatron_energons_fields(reference):  # noqa: F811
+def test_worker_config_takes_megatron_energons_fields(ref_python):  # noqa: F811
     ours = json.loads(run_script(OUR_PYTHON, SIGNATURE_SCRIPT).strip().splitlines()[-1])
-    assert ours == json.loads(run_script(reference, SIGNATURE_SCRIPT).strip().splitlines()[-1])
+    assert ours == json.loads(run_script(ref_python, SIGNATURE_SCRIPT).strip().splitlines()[-1])
 
 
 def test_every_worker_config_field_is_used(text_ds, tmp_path):
