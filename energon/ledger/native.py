@@ -606,7 +606,7 @@ _KNOWN_STATES = {
     ShuffleBuffer: {"buffer", "rng", "exhausted"},
     ExcludeFilter: {"dropped"},
 }
-_KNOWN_READER_STATE = {"epoch", "pos", "active", "rng", "padded", "yielded", "started"}
+_KNOWN_READER_STATE = {"epoch", "pos", "active", "rng", "yielded", "started"}
 _KNOWN_SCHEDULE_STATE = {"picks", "counts"}
 _DERIVED_SCHEDULE_STATE = {"expected"}  # recomputed on restore
 
@@ -643,7 +643,7 @@ def _supported(stages: Sequence[Stage]) -> bool:
     for reader, may_be_picked in zip(source.readers, picked):
         if type(reader) is not SliceReader:
             return False
-        if not reader.repeat or reader.padding or reader.state()["padded"]:
+        if not reader.repeat:
             return False
         if reader.num_samples == 0 and may_be_picked:
             return False  # Python moves on or stops there; the C loop does not

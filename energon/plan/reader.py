@@ -118,7 +118,7 @@ class SliceReader:
         opened = self._slice_order()[: self._pos] if self._started else []
         sizes = sum(int(self.bounds[s + 1] - self.bounds[s]) for s in opened)
         return ReaderProgress(
-            self._epoch, self._started, self._pos, remaining, sizes - sum(remaining) + self._padded
+            self._epoch, self._started, self._pos, remaining, sizes - sum(remaining)
         )
 
     def state(self) -> ReaderState:
