@@ -224,7 +224,7 @@ def _items(samples: int, spec: PipelineSpec) -> int:
 def samples_per_shard(sim: PipelineSpec, items_per_stream: list[int]) -> list[list[dict]]:
     """How often each shard's samples are drawn in one epoch (every stream moved through its
     epoch's items with the ledger's exposure counting)."""
-    counts = [np.zeros(len(s.leaf), dtype=np.int64) for s in sim.sources]
+    counts = [np.zeros(len(s.leaf), dtype=np.uint32) for s in sim.sources]  # as exposure counting
     for stream_id, items in enumerate(items_per_stream):
         SimulatedStream(sim, stream_id).skip(items, counts)
     out = []
@@ -235,7 +235,7 @@ def samples_per_shard(sim: PipelineSpec, items_per_stream: list[int]) -> list[li
         shards = []
         for a, b in zip(bounds, bounds[1:]):
             if b > a:
-                drawn = int(array[a:b].sum())
+                drawn = int(array[a:b].sum(dtype=np.uint64))
                 shards.append({"shard": reader.shard_name(a), "samples": b - a, "drawn": drawn})
         out.append(shards)
     return out

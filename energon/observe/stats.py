@@ -21,7 +21,7 @@ import numpy as np
 from energon.errors import WatchdogTimeout
 from energon.observe import probe
 from energon.observe.probe import STAGES, Board, probe_state
-from energon.observe.watchdog import Describe, Interrupted, Watchdog
+from energon.observe.watchdog import Describe, Watchdog
 
 logger = logging.getLogger("energon.stats")
 RECENT_WAITS = 1000  # wait percentiles are over the most recent batches
@@ -89,12 +89,10 @@ class LoaderMonitor:
             watchdog.begin_wait(first=self._received_here == 0)
         try:
             entry = next(source)
-        except BaseException as e:
+        except BaseException:
             failed = watchdog.end_wait() if watchdog is not None else None
             if failed is not None:
                 raise WatchdogTimeout(failed) from None
-            if isinstance(e, Interrupted):  # pragma: no cover - end_wait always reports it
-                raise WatchdogTimeout("energon watchdog: interrupted") from None
             raise
         failed = watchdog.end_wait() if watchdog is not None else None
         if failed is not None:

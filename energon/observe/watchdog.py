@@ -35,11 +35,9 @@ from energon.observe.probe import STACK_SIGNAL, Board, probe_state
 logger = logging.getLogger("energon.watchdog")
 STACK_POLLS = 50  # how many times to look for a worker's stack dump ...
 STACK_POLL_SECONDS = 0.02  # ... and how long to wait between looks
-
-
-class Interrupted(BaseException):  # noqa: N818 - a signal to the waiting thread, not a failure
-    """Raised asynchronously in the thread that waits for a batch (never caught by stage code,
-    which catches ``Exception``); the loader turns it into :class:`WatchdogTimeout`."""
+# raised asynchronously in the waiting thread: a BaseException, so that stage code (which catches
+# Exception) does not take it for a failed sample; the loader turns it into WatchdogTimeout
+INTERRUPT = KeyboardInterrupt
 
 
 Describe = Callable[[int, int], dict[str, Any]]  # (source, index) -> key, shard, dataset, ...
@@ -123,7 +121,7 @@ class Watchdog:
         self._since = None
         self._kill_workers()
         if self._waiter is not None:
-            self._interrupted = _async_raise(self._waiter, Interrupted)
+            self._interrupted = _async_raise(self._waiter, INTERRUPT)
 
     def report(self, waited: float) -> str:
         lines = [
