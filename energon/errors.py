@@ -44,6 +44,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
             ThrottledError
         UseBotocore
         MegatronEnergonInstalledError (RuntimeError)
+        WatchdogTimeout (TimeoutError)
 
 A bad sample must never be lost silently: a ``SampleException`` is either raised, or skipped *and
 counted*, and a run of consecutive failures beyond the tolerance stops the job with the last error
@@ -317,6 +318,11 @@ class UseBotocore(EnergonError):  # noqa: N818 - a signal, not a failure
 
 class MegatronEnergonInstalledError(EnergonError, RuntimeError):
     """A real megatron-energon is installed; ``energon.megatron_alias`` would shadow it."""
+
+
+class WatchdogTimeout(EnergonError, TimeoutError):
+    """No batch arrived within the loader's watchdog timeout (``fail_on_timeout=True``); the
+    message holds the stacks of the main process and every worker, and what each worker was on."""
 
 
 # Errors that indicate broken code rather than a broken sample: never skipped.

@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "prepare-media": "energon.cli.prepare_media",
     "demo-av": "energon.cli.demo_av",
     "blend-plan": "energon.cli.blend_plan",
+    "simulate": "energon.cli.simulate",
+    "report": "energon.cli.report",
 }
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}

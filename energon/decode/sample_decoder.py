@@ -33,6 +33,8 @@ from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, ImageMode, decod
 from energon.decode.sniff import guess_extension
 from energon.errors import SYSTEM_EXCEPTIONS, DecodeError
 from energon.format.layout import DATASET_YAML_FILENAME, MAIN_FOLDER_NAME
+from energon.observe import probe as _probe
+from energon.observe.probe import DECODE
 
 __all__ = [
     "AV_DECODE_MODES",
@@ -206,6 +208,8 @@ class SampleDecoder:
         """
         name = part_name
         label = f"{key}.{part_name}" if key is not None else part_name
+        probe = _probe.ACTIVE
+        previous_stage = probe.enter(DECODE)
         try:
             with deadline(self.decode_timeout, f"decoding {label}"):
                 if name.endswith(".gz") or name == "gz":
@@ -222,6 +226,8 @@ class SampleDecoder:
             raise
         except Exception as exc:
             raise DecodeError(f"{type(exc).__name__}: {exc}", part_name=part_name, key=key) from exc
+        finally:
+            probe.enter(previous_stage)
 
     def _dispatch(self, extension: str, data: bytes | memoryview, label: str) -> Any:
         lowered = extension.lower()

@@ -25,13 +25,15 @@ import torch
 import torch.utils.data
 
 from energon import debug_log
-from energon.errors import ErrorBudget, SkipSample, StateError
+from energon.errors import ErrorBudget, SkipSample, StateError, WatchdogTimeout
 from energon.ledger.journal import JournalWriter, sources_digest
 from energon.loader.blend_report import BlendReport, BlendTracker, source_names, source_rows
 from energon.loader.error_report import ErrorReport
 from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.memory.batch_arena import BatchArena, arena_supported
+from energon.observe import probe
+from energon.observe.stats import LoaderMonitor
 from energon.pipeline import snapshot
 from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, as_key, attach_restore_key, parse_stream_key
@@ -40,6 +42,7 @@ from energon.pipeline.spec import check_blend_streams
 from energon.pipeline.stage import Value
 from energon.plan.edits import PlanEdits, edits_from_json
 from energon.plan.schedules import FlatWeights, WeightChange, WeightSchedule
+from energon.source.meta import SampleMeta, meta_reader
 from energon.state import (
     check_compatible,
     check_position,
@@ -64,9 +67,11 @@ def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Va
     ``default_convert`` (numpy arrays in dicts, lists and tuples -> tensors, as Megatron-Energon
     does with and without workers), and arena tensors -> small references."""
     value, meta = item
+    stage = probe.ACTIVE.enter(probe.TRANSFER)
     value = torch.utils.data.default_convert(value)
     if arena is not None:
         value, meta.arena = arena.export(value)
+    probe.ACTIVE.enter(stage)
     return value, meta
 
 
@@ -100,7 +105,12 @@ class Loader:
     reset says to continue).
 
     The constructor takes Megatron-Energon's loader options. Those that tune machinery energon does
-    not have warn when given a non-default value (see :func:`_warn_unused_options`).
+    not have warn when given a non-default value (see :func:`_warn_unused_options`). The watchdog
+    options are real: after ``watchdog_timeout_seconds`` (``watchdog_initial_timeout_seconds`` for
+    the first batch of a pass) without a batch, the stacks of every process and the sample each
+    worker is on are logged, and with ``fail_on_timeout`` the wait ends in
+    :class:`~energon.errors.WatchdogTimeout` (None or 0 switches the watchdog off). See
+    docs/observability.md, also for :meth:`stats`.
     """
 
     _ids: ClassVar[Iterator[int]] = itertools.count()
@@ -123,9 +133,6 @@ class Loader:
         _warn_unused_options(
             gc_collect_every_n_steps=gc_collect_every_n_steps,
             gc_freeze_at_start=gc_freeze_at_start,
-            watchdog_timeout_seconds=watchdog_timeout_seconds,
-            watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
-            fail_on_timeout=fail_on_timeout,
         )
         self.dataset = dataset
         self.worker_config = dataset.worker_config
@@ -154,6 +161,14 @@ class Loader:
                 {"path": s.leaf.fingerprint()["path"], "split_part": s.leaf.split_part}
                 for s in dataset.spec.sources
             ],
+        )
+        self._monitor = LoaderMonitor(
+            self.worker_config.num_workers,
+            self.worker_config.rank,
+            self._describe_sample,
+            watchdog_timeout=watchdog_timeout_seconds,
+            watchdog_initial_timeout=watchdog_initial_timeout_seconds,
+            fail_on_timeout=fail_on_timeout,
         )
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
@@ -242,10 +257,13 @@ class Loader:
         the pass is finished). Final snapshots of ended streams are recorded on the way."""
         while not self._source_ended:
             try:
-                value, meta = next(self._source)
+                value, meta = self._monitor.next_entry(self._source)
             except StopIteration:
                 self._source_ended = True
                 break
+            except WatchdogTimeout:
+                self._close_source()  # the next iteration restarts from the consumed position
+                raise
             if not meta.ended:
                 return value, meta
             self._snapshots[meta.stream] = meta.snapshot
@@ -340,6 +358,7 @@ class Loader:
         resume = ResumePoint(
             base=self._origin + self._consumed * wc.world_size,
             snapshots=dict(self._snapshots),
+            board=self._monitor.open_source(),
         )
         if wc.num_workers == 0:
             items = self.dataset.executor(0, resume)
@@ -379,6 +398,8 @@ class Loader:
     def _close_source(self) -> None:
         source, self._source = self._source, None
         self._source_ended = False
+        if source is not None:
+            self._monitor.close_source()
         shutdown = getattr(source, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
@@ -390,6 +411,7 @@ class Loader:
             self._close_source()
             if self._journal is not None:
                 self._journal.close()
+            self._monitor.close()
         except Exception:
             pass
 
@@ -743,6 +765,43 @@ class Loader:
                 schedules.append(WeightSchedule.constant(float(weight)))
         return FlatWeights(tuple(schedules))
 
+    def stats(self) -> dict[str, Any]:
+        """Live numbers of this rank's loader (docs/observability.md): ``batches``;
+        ``wait_seconds`` / ``wait_fraction`` / ``wait_ms`` (p50, p95, max over recent batches): how
+        long the training loop waited for batches (the exposed wait); ``stage_seconds``: time in
+        the workers per stage (wait, plan, read, decode, encode, batch, transfer); ``workers``: per
+        worker its stage now, samples, samples/s (over its lifetime and over its busy time),
+        queue depth (items made but not yet taken), per-stage seconds and remote retries/bytes;
+        ``sources``: samples read, skipped and errors by reason per source dataset;
+        ``watchdog_reports``: stall reports so far. Cheap: call it as often as you like."""
+        return self._monitor.stats(self._errors.report(self._snapshots))
+
+    def log_stats(self, every_seconds: float | None = 60.0) -> None:
+        """Log one line of :meth:`stats` (logger ``energon.stats``, level INFO) at most every
+        ``every_seconds`` while batches are taken; None switches it off (the default)."""
+        self._monitor.log_every = every_seconds
+
+    @property
+    def collect_stats(self) -> bool:
+        """Per-stage stats in the workers (on by default; the watchdog reads them too). Set it
+        before iterating."""
+        return self._monitor.enabled
+
+    @collect_stats.setter
+    def collect_stats(self, value: bool) -> None:
+        self._monitor.enabled = bool(value)
+
+    def watchdog_reports(self) -> list[str]:
+        """The stall reports the watchdog has written (also logged, logger ``energon.watchdog``)."""
+        watchdog = self._monitor.watchdog
+        return list(watchdog.reports) if watchdog is not None else []
+
+    def _describe_sample(self, source: int, index: int) -> dict[str, Any]:
+        """Key, shard, byte offset and dataset of sample ``index`` of ``source`` (metadata only)."""
+        leaf = self.dataset.spec.sources[source].leaf
+        meta = SampleMeta(meta_reader(leaf), source, index).describe()
+        return {k: meta[k] for k in ("key", "shard", "byte_offset", "dataset") if k in meta}
+
     def error_report(self) -> dict[str, Any]:
         """Samples this rank lost to errors, per source dataset (see docs/errors.md)::
 
@@ -851,9 +910,6 @@ class SavableDataLoader(Loader):
 _UNUSED_OPTIONS = {
     "gc_collect_every_n_steps": (10, "workers do not run periodic gc.collect()"),
     "gc_freeze_at_start": (True, "workers do not run periodic gc.collect()"),
-    "watchdog_timeout_seconds": (60, "there is no watchdog thread"),
-    "watchdog_initial_timeout_seconds": (None, "there is no watchdog thread"),
-    "fail_on_timeout": (False, "there is no watchdog thread"),
     "checkpoint_every_sec": (60, "every batch carries its exact state: nothing is replayed"),
     "checkpoint_every_min_n_samples": (None, "every batch carries its exact state"),
     "n_checkpoints": (None, "every batch carries its exact state"),

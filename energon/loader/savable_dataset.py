@@ -33,6 +33,7 @@ class ResumePoint:
 
     base: int = 0
     snapshots: dict[int, StreamSnapshot] = dataclasses.field(default_factory=dict)
+    board: str | None = None  # the folder of the loader's stats board (energon.observe.probe)
 
 
 class SavableDataset(torch.utils.data.IterableDataset):
@@ -176,6 +177,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
             build=self.build_stream,
             keys=self.journal_keys,
             fill_to_end=self.spec.planned_validation,
+            board=resume.board,
         )
 
     def __iter__(self) -> Iterator[Any]:

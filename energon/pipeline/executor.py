@@ -25,6 +25,8 @@ from typing import Any
 
 from energon import debug_log
 from energon.errors import FatalSampleError
+from energon.observe import probe as _probe
+from energon.observe.probe import PLAN, WAIT
 from energon.pipeline.keys import Key, attach_restore_key, stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
@@ -77,8 +79,10 @@ class Executor:
         build: Callable[[int], Stream] | None = None,
         keys: bool = False,
         fill_to_end: bool = False,
+        board: str | None = None,
     ) -> None:
         self.spec = spec
+        self.board = board  # the loader's stats board (energon.observe.probe), if any
         self.keys = keys  # put each item's restore key into its ItemMeta (journals)
         self.layout = layout
         self.snapshots = snapshots or {}
@@ -117,6 +121,22 @@ class Executor:
         return stream
 
     def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
+        """The items, with this executor's time and progress on the loader's stats board."""
+        if self.board is None:
+            yield from self._items_in_order()
+            return
+        _probe.activate(self.board, self.layout.worker)
+        probe = _probe.ACTIVE
+        probe.enter(PLAN)
+        for entry in self._items_in_order():
+            if entry[0] is not None:
+                probe.produced()
+            probe.enter(WAIT)
+            yield entry
+            probe.enter(PLAN)
+        probe.enter(WAIT)
+
+    def _items_in_order(self) -> Iterator[tuple[Value, ItemMeta]]:
         num_streams = self.spec.num_streams
         mine = set(self.layout.streams())
         ended: set[int] = set()

@@ -18,6 +18,8 @@ from energon import debug_log
 from energon import state_fields as fields
 from energon.decode.sample_decoder import SampleDecoder
 from energon.errors import ErrorPolicy, SampleException, SkipSample, StateError
+from energon.observe import probe as _probe
+from energon.observe.probe import BATCH, ENCODE, READ
 from energon.pipeline.keys import (
     Key,
     as_key,
@@ -61,11 +63,16 @@ class LoadStage(Stage):
     def next(self) -> Item:
         while True:
             _, key = self.upstream.next()
+            probe = _probe.ACTIVE
+            previous = probe.enter(READ)
             try:
                 sample = self._load(key)
             except SampleException as e:
+                probe.enter(previous)
                 self.policy.failed(e, keys=(key,))
                 continue
+            probe.enter(previous)
+            probe.loaded()
             self.policy.succeeded()
             self._loaded += 1
             debug_log.emit(1, self._log_record, sample, key)
@@ -107,6 +114,7 @@ class LoadStage(Stage):
 
     def _load(self, key: Key) -> Value:
         source, index = pointer_target(key)
+        _probe.ACTIVE.loading(source, index)
         sample = self.leaves[source].load(index, self.decoder, key)
         cook = self.cooks[source]
         if cook is None:
@@ -121,13 +129,19 @@ class LoadStage(Stage):
             ) from e
 
 
-def _call_hook(fn: Callable[..., Value], sample_index: int, *args: Any) -> Value:
-    """Call a hook with ``current_sample_index`` set to ``sample_index``."""
+def _call_hook(
+    fn: Callable[..., Value], sample_index: int, *args: Any, stage: int = ENCODE
+) -> Value:
+    """Call a hook with ``current_sample_index`` set to ``sample_index``; its time counts as
+    ``stage`` in the worker's stats (:mod:`energon.observe.probe`)."""
     previous = hook_context.sample_index
     hook_context.sample_index = sample_index
+    probe = _probe.ACTIVE
+    previous_stage = probe.enter(stage)
     try:
         return fn(*args)
     finally:
+        probe.enter(previous_stage)
         hook_context.sample_index = previous
 
 
@@ -176,7 +190,7 @@ def _rebuild_batch(
 ) -> Value:
     """A batch regenerated from its key; the batcher sees the ``current_sample_index`` it had."""
     members = [upstream.rebuild(k) for k in batch_members(key)]
-    batch = _call_hook(batcher, key[1] * num_streams + stream, members)
+    batch = _call_hook(batcher, key[1] * num_streams + stream, members, stage=BATCH)
     attach_restore_key(batch, key)
     return batch
 
@@ -378,7 +392,7 @@ class BatchStage(Stage):
             hook_index = self._batches * self.num_streams + self.stream
             self._batches += 1
             try:
-                batch = _call_hook(self.batcher, hook_index, values)
+                batch = _call_hook(self.batcher, hook_index, values, stage=BATCH)
             except Exception as e:
                 self.policy.failed(e, values, keys=keys)
                 continue
@@ -488,7 +502,7 @@ class PackStage(Stage):
         index = self._rounds * self.num_streams + self.stream
         self._rounds += 1
         try:
-            groups = _call_hook(self.select, index, seen)
+            groups = _call_hook(self.select, index, seen, stage=BATCH)
         except Exception as e:
             self.policy.failed(e, None, keys=[k for _, k in self._reading])
             self.policy.skipped += len(self._reading) - 1
@@ -556,7 +570,7 @@ class PackStage(Stage):
         hook_index = self._hook_index(index)
         if self.postencode is not None:
             values = [_call_hook(self.postencode, hook_index, v) for v in values]
-        return _call_hook(self.pack, hook_index, values)
+        return _call_hook(self.pack, hook_index, values, stage=BATCH)
 
     def state(self) -> StageState:
         open_pack = None
@@ -693,7 +707,7 @@ class GroupBatchStage(Stage):
         self._seen += 1
         try:
             seen = value if self.view is None else self.view(value, key)
-            group, size = _call_hook(self.criterion, index, seen)
+            group, size = _call_hook(self.criterion, index, seen, stage=BATCH)
         except Exception as e:
             self.policy.failed(e, value, keys=(key,))
             return
@@ -731,7 +745,7 @@ class GroupBatchStage(Stage):
         hook_index = self._batches * self.num_streams + self.stream
         self._batches += 1
         try:
-            batch = _call_hook(self.batcher, hook_index, [v for v, _ in items])
+            batch = _call_hook(self.batcher, hook_index, [v for v, _ in items], stage=BATCH)
         except Exception as e:
             self.policy.failed(e, None, keys=[k for _, k in items])
             return None

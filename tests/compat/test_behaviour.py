@@ -159,8 +159,9 @@ def test_unsupported_loader_options_warn(text50):
 
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     ds = get_val_dataset(text50, split_part="train", batch_size=2, worker_config=wc)
-    with pytest.warns(UserWarning, match="watchdog_timeout_seconds=5 has no effect"):
-        get_loader(ds, watchdog_timeout_seconds=5)
+    with pytest.warns(UserWarning, match="gc_collect_every_n_steps=5 has no effect"):
+        get_savable_loader(ds, gc_collect_every_n_steps=5)
+    get_loader(ds, watchdog_timeout_seconds=5)  # a real watchdog now (tests/observe)
     with pytest.warns(UserWarning, match="n_checkpoints=3 has no effect"):
         get_savable_loader(ds, n_checkpoints=3)
     import warnings

@@ -1,0 +1,93 @@
+"""``energon simulate CONFIG``: what a configuration will do, before training, from metadata alone
+(and, with ``--measure``, from decoding a small random sample). See docs/observability.md."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command(name="simulate")
+@click.argument("config", type=click.Path(exists=True))
+@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--num-workers", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="micro-batch size")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="steps to simulate")
+@click.option("--seed", type=int, default=0, show_default=True, help="the loader's seed_offset")
+@click.option("--shuffle-buffer-size", type=click.IntRange(min=0), default=100, show_default=True)
+@click.option(
+    "--max-samples-per-sequence", type=click.IntRange(min=1), default=100, show_default=True
+)
+@click.option("--val-split", default="val", show_default=True)
+@click.option(
+    "--window",
+    type=click.IntRange(min=1),
+    default=None,
+    help="global samples per blend window [default: a tenth of those simulated]",
+)
+@click.option(
+    "--max-length",
+    type=click.IntRange(min=1),
+    default=None,
+    help="packing limit: warn about longer samples (tokens where known, else bytes)",
+)
+@click.option("--measure", is_flag=True, help="decode a small random sample: throughput, memory")
+@click.option("--measure-samples", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--target", type=float, default=None, help="samples/s to size the workers for")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the figures")
+@click.option("--progress/--no-progress", default=True, help="progress bar (--measure)")
+def command(
+    config: str,
+    world_size: int,
+    num_workers: int,
+    batch_size: int | None,
+    steps: int | None,
+    seed: int,
+    shuffle_buffer_size: int,
+    max_samples_per_sequence: int,
+    val_split: str,
+    window: int | None,
+    max_length: int | None,
+    measure: bool,
+    measure_samples: int,
+    target: float | None,
+    json_path: str | None,
+    progress: bool,
+) -> None:
+    """Simulate CONFIG (a dataset or a metadataset YAML) on WORLD_SIZE ranks x NUM_WORKERS."""
+    from energon.errors import EnergonError
+    from energon.observe.simulate import SimulationSettings, simulate
+
+    settings = SimulationSettings(
+        world_size=world_size,
+        num_workers=num_workers,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle_buffer_size=shuffle_buffer_size or None,
+        max_samples_per_sequence=max_samples_per_sequence,
+        steps=steps,
+        window=window,
+        max_length=max_length,
+    )
+    try:
+        sim = simulate(config, settings, val_split=val_split)
+    except (EnergonError, ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(sim.text())
+    figures = sim.to_dict()
+    if measure:
+        from energon.observe.measure import measure as run_measure
+
+        try:
+            result = run_measure(
+                config, settings, samples=measure_samples, target=target, progress=progress
+            )
+        except (EnergonError, ValueError) as e:
+            raise click.ClickException(f"--measure: {e}") from e
+        click.echo(result.text())
+        figures["measure"] = result.to_dict()
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(figures, f, indent=1, default=str)
+        click.echo(f"wrote {json_path}")

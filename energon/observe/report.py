@@ -1,0 +1,281 @@
+"""``energon report CONFIG -o report.html``: one self-contained page to look at before training.
+
+The page holds (everything inlined: images as data URIs, no file or network fetch):
+
+- a grid of random samples, each part shown by its kind: images as they are stored, audio with a
+  player, video as a thumbnail of its first frame (PyAV), text and JSON as their first lines;
+- histograms of sample sizes per part (bytes, from the index: nothing is read for them);
+- the simulation (:mod:`energon.observe.simulate`): its figures, the shares of each source among
+  the samples delivered over the first steps, samples drawn per shard in an epoch, and its warnings.
+
+Plots use matplotlib (the ``plot`` extra).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Callable
+from typing import Any
+
+from energon.observe.simulate import Simulation, SimulationSettings, build, simulate
+from energon.plan.rng import CounterRng, stable_seed
+from energon.source.meta import meta_reader
+
+IMAGE_TYPES = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "gif": "gif"}
+AUDIO_TYPES = {"wav": "wav", "flac": "flac", "mp3": "mpeg", "ogg": "ogg", "m4a": "mp4"}
+VIDEO_EXTENSIONS = {"mp4", "mkv", "webm", "mov", "avi"}
+TEXT_EXTENSIONS = {"txt", "json", "cls", "text", "caption"}
+SIZE_SAMPLES = 2000  # samples per source whose sizes the histograms show
+
+
+def build_report(
+    config: str,
+    settings: SimulationSettings,
+    *,
+    samples: int = 16,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> str:
+    """The HTML page for ``config`` (see the module docstring)."""
+    step = progress or (lambda _: None)
+    step("simulating")
+    sim = simulate(config, settings)
+    dataset = build(config, settings, "train") or build(config, settings, "val")
+    spec = dataset.spec
+    rng = CounterRng(stable_seed(seed, "report"))
+    step("decoding samples")
+    cards = [_sample_card(spec, source, index) for source, index in _pick(spec, rng, samples)]
+    step("plotting")
+    plots = [
+        ("Sample sizes", _size_histograms(spec, rng)),
+        ("Source shares over the first steps", _shares_plot(sim)),
+        ("Samples drawn per shard in one epoch", _shard_plot(sim)),
+    ]
+    return _page(config, sim, cards, plots)
+
+
+def _pick(spec: Any, rng: CounterRng, count: int) -> list[tuple[int, int]]:
+    """``count`` random (source, index) pairs, taking the sources in turn so each is shown."""
+    sources = [i for i, s in enumerate(spec.sources) if s.end > s.start]
+    out = []
+    for k in range(count if sources else 0):
+        source = sources[k % len(sources)]
+        s = spec.sources[source]
+        out.append((source, s.start + rng.randbelow(s.end - s.start)))
+    return out
+
+
+# -- the sample grid --------------------------------------------------------------------------
+def _sample_card(spec: Any, source: int, index: int) -> str:
+    leaf = spec.sources[source].leaf
+    meta = meta_reader(leaf)
+    title = html.escape(f"{meta.key(index) or index} · {meta.shard_name(index)}")
+    try:
+        parts = _raw_parts(leaf, index, spec)
+    except Exception as e:  # a broken sample is shown as such
+        body = f'<p class="error">{html.escape(f"{type(e).__name__}: {e}")}</p>'
+        return f'<div class="card"><h4>{title}</h4>{body}</div>'
+    body = "".join(_render_part(name, value) for name, value in parts)
+    return f'<div class="card"><h4>{title}</h4>{body}</div>'
+
+
+def _raw_parts(leaf: Any, index: int, spec: Any) -> list[tuple[str, Any]]:
+    """The sample's parts as stored (name, bytes); other leaf kinds: decoded fields."""
+    read_members = getattr(leaf, "read_members", None)
+    if read_members is not None:
+        members, _, _ = read_members(index)
+        return [(name.rpartition("/")[2].partition(".")[2], bytes(data)) for name, data in members]
+    sample = leaf.load(index, spec.decoder, (0, index))
+    fields = sample.items() if isinstance(sample, dict) else vars(sample).items()
+    return [(k, v) for k, v in fields if not k.startswith("__")]
+
+
+def _render_part(name: str, value: Any) -> str:
+    extension = name.rpartition(".")[2].lower()
+    label = f'<div class="part">{html.escape(name)}</div>'
+    if isinstance(value, bytes):
+        if extension in IMAGE_TYPES:
+            return label + _img(value, f"image/{IMAGE_TYPES[extension]}")
+        if extension in AUDIO_TYPES:
+            src = _data_uri(value, f"audio/{AUDIO_TYPES[extension]}")
+            return label + f'<audio controls preload="none" src="{src}"></audio>'
+        if extension in VIDEO_EXTENSIONS:
+            thumb = _video_thumbnail(value)
+            if thumb is None:
+                return label + f"<p>video, {len(value)} bytes (no frame decoded)</p>"
+            return label + _img(thumb, "image/png", "video thumbnail")
+        if extension in TEXT_EXTENSIONS or extension.endswith("json"):
+            return label + _text(value.decode("utf-8", errors="replace"))
+        return label + f"<p>{len(value)} bytes</p>"
+    if isinstance(value, str):
+        return label + _text(value)
+    if hasattr(value, "save") and hasattr(value, "size"):  # a PIL image
+        buffer = io.BytesIO()
+        value.save(buffer, format="PNG")
+        return label + _img(buffer.getvalue(), "image/png")
+    return label + _text(repr(value))
+
+
+def _text(text: str, limit: int = 300) -> str:
+    head = text[:limit] + ("…" if len(text) > limit else "")
+    return f"<pre>{html.escape(head)}</pre>"
+
+
+def _img(data: bytes, mime: str, alt: str = "sample image") -> str:
+    return f'<img alt="{alt}" src="{_data_uri(data, mime)}">'
+
+
+def _data_uri(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def _video_thumbnail(data: bytes) -> bytes | None:
+    try:
+        import av
+    except ImportError:
+        return None
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            for frame in container.decode(video=0):
+                buffer = io.BytesIO()
+                frame.to_image().save(buffer, format="PNG")
+                return buffer.getvalue()
+    except Exception:  # an undecodable video gets no thumbnail, the card says so
+        return None
+    return None
+
+
+# -- plots ------------------------------------------------------------------------------------
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise RuntimeError("energon report needs matplotlib (pip install energon[plot])") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig: Any) -> str:
+    plt = _pyplot()
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=80)
+    plt.close(fig)
+    return _img(buffer.getvalue(), "image/png", "plot")
+
+
+def _size_histograms(spec: Any, rng: CounterRng) -> str:
+    """Bytes per part kind over up to :data:`SIZE_SAMPLES` random samples per source."""
+    by_part: dict[str, list[int]] = {}
+    for source in spec.sources:
+        reader = meta_reader(source.leaf)
+        count = min(SIZE_SAMPLES, source.end - source.start)
+        for _ in range(count):
+            index = source.start + rng.randbelow(source.end - source.start)
+            sizes = reader.part_sizes(index)
+            if not sizes:
+                size = reader.byte_range(index)[1]
+                sizes = {"sample": size} if size is not None else {}
+            for part, size in sizes.items():
+                by_part.setdefault(part, []).append(size)
+    if not by_part:
+        return "<p>no sizes in the index</p>"
+    plt = _pyplot()
+    parts = sorted(by_part)
+    fig, axes = plt.subplots(1, len(parts), figsize=(4 * len(parts), 3), squeeze=False)
+    for ax, part in zip(axes[0], parts):
+        ax.hist(by_part[part], bins=30, color="#1f77b4")
+        ax.set_title(f"{part} ({len(by_part[part])} samples)")
+        ax.set_xlabel("bytes")
+    return _png(fig)
+
+
+def _shares_plot(sim: Simulation) -> str:
+    train = sim.train
+    delivered = train.get("delivered") if train else None
+    if not delivered or "windows" not in delivered or not delivered["windows"]:
+        return "<p>no training split, or its order cannot be simulated</p>"
+    plt = _pyplot()
+    names = [s["name"] for s in train["sources"]]
+    windows = [w for w in delivered["windows"] if sum(w["counts"]) == delivered["window"]]
+    if not windows:  # fewer samples than one window
+        windows = delivered["windows"]
+    xs = [w["start"] for w in windows]
+    fig, ax = plt.subplots(figsize=(8, 3))
+    for i, name in enumerate(names):
+        shares = [w["counts"][i] / max(1, sum(w["counts"])) for w in windows]
+        ax.plot(xs, shares, marker="o", label=name)
+    if sim.blend is not None:
+        for i, source in enumerate(sim.blend.sources):
+            ax.axhline(source["requested"], linestyle="--", color=f"C{i}", linewidth=0.8)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(f"global sample (windows of {delivered['window']})")
+    ax.set_ylabel("share (dashed: weight)")
+    ax.legend(fontsize="small")
+    return _png(fig)
+
+
+def _shard_plot(sim: Simulation) -> str:
+    if not sim.train:
+        return "<p>no training split</p>"
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3))
+    offset = 0
+    for i, source in enumerate(sim.train["sources"]):
+        drawn = [sh["drawn"] for sh in source["shards"]]
+        ax.bar(range(offset, offset + len(drawn)), drawn, color=f"C{i}", label=source["name"])
+        offset += len(drawn)
+    ax.set_xlabel("shard")
+    ax.set_ylabel("samples drawn")
+    ax.legend(fontsize="small")
+    return _png(fig)
+
+
+# -- the page ---------------------------------------------------------------------------------
+CSS = """
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(220px, 1fr)); gap: 10px; }
+.card { border: 1px solid #ccc; border-radius: 6px; padding: 6px; overflow: hidden; }
+.card h4 { margin: 0 0 4px; font-size: 12px; color: #555; }
+.card img { width: 100%; max-width: 240px; display: block; }
+.card pre, pre.figures { white-space: pre-wrap; font-size: 11px; background: #f6f6f6; padding: 4px; }
+.part { font-size: 11px; color: #888; margin-top: 4px; }
+.warnings li { color: #a40; }
+.error { color: #a00; }
+"""
+
+SCRIPT = """
+document.addEventListener("DOMContentLoaded", function () {
+  var images = document.querySelectorAll("img");
+  document.getElementById("image-count").textContent = images.length + " images";
+  document.body.dataset.ready = "1";
+});
+"""
+
+
+def _page(config: str, sim: Simulation, cards: list[str], plots: list[tuple[str, str]]) -> str:
+    title = f"energon report: {config}"
+    warnings = (
+        "<ul class='warnings'>"
+        + "".join(f"<li>{html.escape(w)}</li>" for w in sim.warnings)
+        + "</ul>"
+        if sim.warnings
+        else "<p>none</p>"
+    )
+    sections = "".join(f"<h2>{html.escape(name)}</h2>{body}" for name, body in plots)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>{CSS}</style><script>{SCRIPT}</script></head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p id="image-count"></p>
+<h2>Warnings</h2>{warnings}
+<h2>Samples</h2><div class="grid">{"".join(cards)}</div>
+{sections}
+<h2>Simulation</h2><pre class="figures">{html.escape(sim.text())}</pre>
+</body></html>
+"""

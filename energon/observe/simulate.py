@@ -1,0 +1,531 @@
+"""``energon simulate``: what a configuration will do, from metadata alone, before training.
+
+Nothing here has its own idea of the order. Every figure comes from the machinery the loader
+runs: lengths from the loader's own arithmetic (``SavableDataset.len_rank``, the spec's stream
+counts), blend shares from :func:`~energon.loader.blend_report.simulate_blend`, and everything
+about *which* samples come when from the ledger's simulated streams
+(:class:`~energon.ledger.advance.SimulatedStream` over :func:`~energon.ledger.simulate.simulated_spec`:
+the real stage chain over metadata), including exposure counting for samples per shard. So a
+simulation is exact wherever the ledger is (the same assumptions: every sample loads; the hooks
+that decide from data must be marked ``@uses_sample_meta``).
+
+Figures: epoch length per rank and per logical stream; samples and slices per stream and source
+(balance); blend shares per window; validation batches per rank (real and filler); a shuffle figure
+(how often consecutive samples share a shard, against a perfect shuffle, and how widely a shard's
+samples spread over the simulated window); samples per shard per epoch. Warnings name
+misconfigurations (:func:`warnings_for`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from energon.errors import (
+    EmptyDatasetError,
+    MetadatasetError,
+    NotSimulableError,
+    UnknownSplitError,
+)
+from energon.ledger.advance import SimulatedStream
+from energon.ledger.simulate import assumptions, simulated_spec
+from energon.loader.blend_report import BlendReport, simulate_blend, source_names
+from energon.loader.savable_dataset import SavableDataset
+from energon.pipeline.keys import pointer_target, pointers_of
+from energon.pipeline.pointers import pointer_source
+from energon.pipeline.spec import PipelineSpec
+from energon.source.meta import meta_reader
+from energon.worker import WorkerConfig
+
+SHUFFLE_WINDOW = 20_000  # samples the shuffle figures look at (the start of the first epoch)
+PERFECT_SPREAD = 1 / math.sqrt(12)  # std of a uniform position over the window, as a fraction
+
+
+@dataclasses.dataclass
+class SimulationSettings:
+    """What the loader will be built with (the CLI's options)."""
+
+    world_size: int
+    num_workers: int
+    batch_size: int | None
+    seed: int = 0
+    shuffle_buffer_size: int | None = 100
+    max_samples_per_sequence: int | None = 100
+    packing_buffer_size: int | None = None
+    steps: int | None = None  # training steps to simulate the blend and shuffle over
+    window: int | None = None  # global samples per blend window (None: a tenth of those simulated)
+    max_length: int | None = None  # the packing limit (tokens, else bytes) to check samples against
+    task_encoder: Any = None
+
+    def worker_config(self, rank: int = 0) -> WorkerConfig:
+        return WorkerConfig(
+            rank=rank,
+            world_size=self.world_size,
+            num_workers=self.num_workers,
+            seed_offset=self.seed,
+        )
+
+
+@dataclasses.dataclass
+class Simulation:
+    config: str
+    settings: SimulationSettings
+    train: dict[str, Any] | None
+    val: dict[str, Any] | None
+    blend: BlendReport | None
+    warnings: list[str]
+    assumptions: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "settings": {
+                k: v for k, v in dataclasses.asdict(self.settings).items() if k != "task_encoder"
+            },
+            "train": self.train,
+            "val": self.val,
+            "blend": self.blend.to_dict() if self.blend is not None else None,
+            "warnings": self.warnings,
+            "assumptions": self.assumptions,
+        }
+
+    def text(self) -> str:
+        return format_text(self)
+
+
+def build(
+    config: str, settings: SimulationSettings, split: str, rank: int = 0
+) -> SavableDataset | None:
+    """The dataset the loader would build for ``rank`` (None: the config has no such split)."""
+    from energon.loader.build import get_train_dataset, get_val_dataset
+
+    common: dict[str, Any] = {
+        "worker_config": settings.worker_config(rank),
+        "batch_size": settings.batch_size,
+        "packing_buffer_size": settings.packing_buffer_size,
+    }
+    if settings.task_encoder is not None:
+        common["task_encoder"] = settings.task_encoder
+    try:
+        if split == "train":
+            return get_train_dataset(
+                config,
+                shuffle_buffer_size=settings.shuffle_buffer_size,
+                max_samples_per_sequence=settings.max_samples_per_sequence,
+                **common,
+            )
+        return get_val_dataset(config, split_part=split, **common)
+    except (EmptyDatasetError, UnknownSplitError):
+        return None
+    except MetadatasetError as e:
+        if f"no split {split!r}" in str(e):
+            return None
+        raise
+
+
+def simulate(config: str, settings: SimulationSettings, *, val_split: str = "val") -> Simulation:
+    found: list[str] = []
+    try:
+        train_ds = build(config, settings, "train")
+    except ValueError as e:  # a misconfiguration the loader refuses: that is the finding
+        train_ds = None
+        found.append(f"training would fail: {e}")
+    val_ds = build(config, settings, val_split)
+    if train_ds is None and val_ds is None:
+        if found:
+            raise ValueError(found[0])
+        raise EmptyDatasetError(f"{config} has neither a train nor a {val_split} split")
+    train = blend = None
+    if train_ds is not None:
+        train = train_figures(config, settings, train_ds)
+        spec = train_ds.spec
+        if spec.mode == "weight":
+            samples = train["simulated_samples"]
+            window = settings.window or max(1, samples // 10)
+            blend = simulate_blend(spec, -(-samples // window) * window, window)
+        found += warnings_for(spec, settings, train, blend)
+    val = val_figures(config, settings, val_ds, val_split) if val_ds is not None else None
+    if val is not None:
+        found += val_warnings(val)
+    spec = (train_ds or val_ds).spec
+    return Simulation(config, settings, train, val, blend, found, assumptions(spec.task_encoder))
+
+
+# -- training ---------------------------------------------------------------------------------
+def train_figures(
+    config: str, settings: SimulationSettings, dataset: SavableDataset
+) -> dict[str, Any]:
+    spec = dataset.spec
+    R = settings.world_size
+    per_rank = [
+        build(config, settings, "train", rank).len_rank() if rank else dataset.len_rank()
+        for rank in range(R)
+    ]
+    counts = spec.stream_sample_counts()
+    streams = [
+        {
+            "stream": s,
+            "samples": counts[s],
+            "micro_batches": _items(counts[s], spec),
+            "sources": [
+                {"samples": r.num_samples, "slices": r.num_slices}
+                for r in pointer_source(spec, s).readers
+            ],
+        }
+        for s in range(spec.num_streams)
+    ]
+    sim = simulated_spec(spec)
+    names = source_names(spec)
+    per_shard = samples_per_shard(sim, [s["micro_batches"] for s in streams])
+    micro = spec.batch_size or 1
+    steps = settings.steps or max(1, min(max(per_rank, default=1), SHUFFLE_WINDOW // (micro * R)))
+    try:
+        samples = first_samples(sim, _window_positions(sim, steps * R))
+        shuffle = shuffle_figures(sim, samples)
+        window = settings.window or max(1, len(samples) // 10)
+        delivered = delivered_shares(sim, samples, window)
+    except NotSimulableError as e:
+        shuffle = delivered = {"error": str(e)}
+    return {
+        "num_streams": spec.num_streams,
+        "mode": spec.mode,
+        "micro_batches_per_rank": per_rank,
+        "samples_per_epoch": sum(counts),
+        "streams": streams,
+        "sources": [
+            {
+                "name": names[i],
+                "samples": len(source),
+                "weight": source.weight,
+                "repetitions": source.repetitions,
+                "shards": per_shard[i],
+            }
+            for i, source in enumerate(spec.sources)
+        ],
+        "shuffle": shuffle,
+        "delivered": delivered,
+        "simulated_steps": steps,
+        "simulated_samples": steps * R * micro,
+    }
+
+
+def _items(samples: int, spec: PipelineSpec) -> int:
+    if spec.batch_size is None:
+        return samples
+    if spec.batch_drop_last:
+        return samples // spec.batch_size
+    return math.ceil(samples / spec.batch_size)
+
+
+def samples_per_shard(sim: PipelineSpec, items_per_stream: list[int]) -> list[list[dict]]:
+    """How often each shard's samples are drawn in one epoch (every stream moved through its
+    epoch's items with the ledger's exposure counting)."""
+    counts = [np.zeros(len(s.leaf), dtype=np.uint32) for s in sim.sources]  # as exposure counting
+    for stream_id, items in enumerate(items_per_stream):
+        SimulatedStream(sim, stream_id).skip(items, counts)
+    out = []
+    for source, array in zip(sim.sources, counts):
+        reader = meta_reader(source.leaf.leaf)
+        starts = [int(s) for s in source.leaf.shard_starts]
+        bounds = [*starts, len(source.leaf)]
+        shards = []
+        for a, b in zip(bounds, bounds[1:]):
+            if b > a:
+                drawn = int(array[a:b].sum(dtype=np.uint64))
+                shards.append({"shard": reader.shard_name(a), "samples": b - a, "drawn": drawn})
+        out.append(shards)
+    return out
+
+
+def first_samples(sim: PipelineSpec, positions: int) -> list[tuple[int, int, int]]:
+    """(position, source, index) of every sample of the first ``positions`` global micro-batches,
+    in order (stepping the simulated streams item by item)."""
+    L = sim.num_streams
+    streams: dict[int, SimulatedStream] = {}
+    out = []
+    for m in range(positions):
+        stream = streams.get(m % L)
+        if stream is None:
+            stream = streams[m % L] = SimulatedStream(sim, m % L)
+        try:
+            key = stream.next()
+        except StopIteration:
+            continue
+        for pointer in pointers_of(key):
+            source, index = pointer_target(pointer)
+            out.append((m, source, index))
+    return out
+
+
+def _window_positions(sim: PipelineSpec, positions: int) -> int:
+    micro = sim.batch_size or 1
+    return max(1, min(positions, SHUFFLE_WINDOW // micro))
+
+
+def delivered_shares(
+    sim: PipelineSpec, samples: list[tuple[int, int, int]], window: int
+) -> dict[str, Any]:
+    """Samples of each source among those *delivered* (after the shuffle buffer, in global order),
+    per window of ``window`` samples: what the model sees, where the blend report counts picks."""
+    n = len(sim.sources)
+    windows = []
+    for start in range(0, len(samples), window):
+        counts = [0] * n
+        for _, source, _ in samples[start : start + window]:
+            counts[source] += 1
+        windows.append({"start": start, "counts": counts})
+    totals = [sum(w["counts"][i] for w in windows) for i in range(n)]
+    return {"samples": len(samples), "window": window, "totals": totals, "windows": windows}
+
+
+def shuffle_figures(sim: PipelineSpec, samples: list[tuple[int, int, int]]) -> dict[str, Any]:
+    """Over ``samples`` (the start of the first epoch, at most :data:`SHUFFLE_WINDOW`):
+    ``same_shard``: share of consecutive samples (in global order: micro-batch after micro-batch)
+    from the same shard; ``same_shard_if_random``: that share under a perfect shuffle of the same
+    samples; ``spread``: how widely a shard's samples spread over the window (mean std of their
+    places, as a fraction of the window; a perfect shuffle gives about 0.29)."""
+    if len(samples) < 2:
+        return {"samples": len(samples)}
+    readers = [meta_reader(s.leaf.leaf) for s in sim.sources]
+    shard_of = [(source, readers[source].locate(index)[0]) for _, source, index in samples]
+    same = sum(1 for a, b in zip(shard_of, shard_of[1:]) if a == b)
+    _, sizes = np.unique(np.array(shard_of), axis=0, return_counts=True)
+    p = sizes / sizes.sum()
+    places: dict[tuple[int, int], list[int]] = {}
+    for place, shard in enumerate(shard_of):
+        places.setdefault(shard, []).append(place)
+    n = len(samples)
+    spreads = [np.std(v) / n for v in places.values() if len(v) > 1]
+    return {
+        "samples": n,
+        "same_shard": same / (n - 1),
+        "same_shard_if_random": float((p * p).sum()),
+        "spread": float(np.mean(spreads)) if spreads else 0.0,
+        "spread_if_random": PERFECT_SPREAD,
+        "shards_seen": len(places),
+    }
+
+
+# -- validation -------------------------------------------------------------------------------
+def val_figures(
+    config: str, settings: SimulationSettings, dataset: SavableDataset, split: str
+) -> dict[str, Any]:
+    """Micro-batches per rank in one validation pass: in total (what ``len(loader)`` says and the
+    loader delivers) and how many of them are real (the rest are ``__padding__`` fillers)."""
+    spec = dataset.spec
+    R = settings.world_size
+    sim = simulated_spec(spec)
+    items = []
+    for stream_id in range(spec.num_streams):
+        stream = SimulatedStream(sim, stream_id)
+        count = 0
+        while True:
+            try:
+                stream.next()
+            except StopIteration:
+                break
+            count += 1
+        items.append(count)
+    L = spec.num_streams
+    totals = [
+        build(config, settings, split, rank).len_rank() if rank else dataset.len_rank()
+        for rank in range(R)
+    ]
+    if spec.planned_validation:
+        end = dataset.positions_per_pass() or 0
+        real = [sum(1 for m in range(r, end, R) if m // L < items[m % L]) for r in range(R)]
+    else:
+        real = [sum(items[s] for s in range(L) if s % R == r) for r in range(R)]
+    return {
+        "split": split,
+        "micro_batches_per_rank": totals,
+        "real_per_rank": real,
+        "fillers_per_rank": [t - r for t, r in zip(totals, real)],
+        "items_per_stream": items,
+        "samples": sum(len(s) for s in spec.sources),
+    }
+
+
+def val_warnings(val: dict[str, Any]) -> list[str]:
+    real = val["real_per_rank"]
+    if len(set(real)) > 1:
+        return [
+            f"uneven validation: ranks get {min(real)} to {max(real)} real micro-batches of "
+            f"split {val['split']!r}; {sum(val['fillers_per_rank'])} filler micro-batches "
+            "(flagged __padding__) keep them even. Weight losses by the padding flag."
+        ]
+    return []
+
+
+# -- warnings ---------------------------------------------------------------------------------
+def warnings_for(
+    spec: PipelineSpec,
+    settings: SimulationSettings,
+    train: dict[str, Any],
+    blend: BlendReport | None,
+) -> list[str]:
+    names = source_names(spec)
+    found = []
+    found += _duplicate_leaves(spec, names)
+    found += _too_few_slices(spec, names, train)
+    found += _tiny_shards(names, train, settings)
+    if blend is not None:
+        found += _rounded_away(blend)
+    if settings.max_length is not None:
+        found += _too_long(spec, names, settings.max_length)
+    return found
+
+
+def _duplicate_leaves(spec: PipelineSpec, names: list[str]) -> list[str]:
+    seen: dict[tuple[str, str, int, int], int] = {}
+    out = []
+    for i, source in enumerate(spec.sources):
+        fp = source.leaf.fingerprint()
+        ident = (str(fp["path"]), source.leaf.split_part, source.start, source.end)
+        if ident in seen:
+            out.append(
+                f"leaf listed twice: {names[i]} (sources {seen[ident]} and {i}) is the same data; "
+                "both copies are read in the same order, so samples come in pairs"
+            )
+        else:
+            seen[ident] = i
+    return out
+
+
+def _too_few_slices(spec: PipelineSpec, names: list[str], train: dict[str, Any]) -> list[str]:
+    """Streams with nothing of a source, or sources with fewer shards than streams (streams then
+    read small pieces of the same shards: little sequential I/O, and the shuffle mixes less)."""
+    out = []
+    for i, (name, source) in enumerate(zip(names, train["sources"])):
+        empty = [s["stream"] for s in train["streams"] if s["sources"][i]["samples"] == 0]
+        shards = len(source["shards"])
+        if empty:
+            out.append(
+                f"fewer samples than readers: {name} has {source['samples']} samples for "
+                f"{spec.num_streams} logical streams; {len(empty)} streams get none of it"
+            )
+        elif shards < spec.num_streams:
+            out.append(
+                f"fewer slices than readers: {name} has {shards} shards for {spec.num_streams} "
+                "logical streams (world size x workers), so streams share shards and read small "
+                "pieces of them; more, smaller shards give each stream its own slices"
+            )
+    return out
+
+
+def _tiny_shards(
+    names: list[str], train: dict[str, Any], settings: SimulationSettings
+) -> list[str]:
+    out = []
+    for name, source in zip(names, train["sources"]):
+        sizes = [s["samples"] for s in source["shards"]]
+        if not sizes:
+            continue
+        limit = max(settings.batch_size or 1, int(np.median(sizes)) // 10)
+        tiny = [s for s in source["shards"] if s["samples"] < limit]
+        if tiny:
+            listed = ", ".join(f"{s['shard']} ({s['samples']})" for s in tiny[:5])
+            out.append(
+                f"tiny shards in {name}: {len(tiny)} of {len(sizes)} shards hold fewer than "
+                f"{limit} samples: {listed}{' ...' if len(tiny) > 5 else ''}"
+            )
+    return out
+
+
+def _rounded_away(blend: BlendReport) -> list[str]:
+    out = []
+    for source in blend.sources:
+        if source["requested"] > 0 and source["consumed"] == 0:
+            out.append(
+                f"weight rounds away: {source['name']} asks for "
+                f"{100 * source['requested']:.3g}% of the samples but none is drawn in the first "
+                f"{sum(s['consumed'] for s in blend.sources)} samples"
+            )
+    return out
+
+
+def _too_long(spec: PipelineSpec, names: list[str], max_length: int) -> list[str]:
+    """Samples longer than the packing limit (token count where known, else bytes)."""
+    out = []
+    for name, source in zip(names, spec.sources):
+        reader = meta_reader(source.leaf)
+        longer = []
+        for index in _sampled(range(source.start, source.end)):
+            tokens = reader.tokens(index)
+            length = tokens if tokens is not None else reader.byte_range(index)[1]
+            if length is not None and length > max_length:
+                longer.append((reader.key(index) or str(index), length))
+        if longer:
+            listed = ", ".join(f"{k} ({n})" for k, n in longer[:5])
+            out.append(
+                f"samples longer than the packing limit {max_length} in {name}: "
+                f"{len(longer)} of those checked, e.g. {listed}"
+            )
+    return out
+
+
+def _sampled(indices: range, limit: int = 10_000) -> Iterable[int]:
+    step = max(1, len(indices) // limit)
+    return indices[::step]
+
+
+# -- text -------------------------------------------------------------------------------------
+def format_text(sim: Simulation) -> str:
+    s = sim.settings
+    lines = [
+        f"{sim.config}: world size {s.world_size}, {s.num_workers} workers per rank, "
+        f"micro-batch {s.batch_size}"
+    ]
+    train = sim.train
+    if train is not None:
+        per_rank = train["micro_batches_per_rank"]
+        lines.append(
+            f"train: {train['num_streams']} logical streams, {train['samples_per_epoch']} samples "
+            f"per epoch; micro-batches per rank per epoch: {_spread(per_rank)}"
+        )
+        mb = [st["micro_batches"] for st in train["streams"]]
+        smp = [st["samples"] for st in train["streams"]]
+        lines.append(f"  per stream: samples {_spread(smp)}, micro-batches {_spread(mb)}")
+        for i, source in enumerate(train["sources"]):
+            slices = [st["sources"][i]["slices"] for st in train["streams"]]
+            drawn = [sh["drawn"] for sh in source["shards"]]
+            lines.append(
+                f"  source {source['name']}: {source['samples']} samples, weight "
+                f"{source['weight']:g}, slices per stream {_spread(slices)}, "
+                f"{len(drawn)} shards, drawn per shard per epoch {_spread(drawn)}"
+            )
+        sh = train["shuffle"]
+        if "same_shard" in sh:
+            lines.append(
+                f"  shuffle (first {sh['samples']} samples): consecutive samples share a shard "
+                f"{100 * sh['same_shard']:.1f}% of the time (perfect shuffle: "
+                f"{100 * sh['same_shard_if_random']:.1f}%); shard spread {sh['spread']:.3f} "
+                f"(perfect: {sh['spread_if_random']:.3f})"
+            )
+        elif "error" in sh:
+            lines.append(f"  shuffle: not simulable: {sh['error']}")
+    if sim.blend is not None:
+        lines.append("blend (requested vs. drawn shares per window):")
+        lines.append(sim.blend.table(max_rows=12))
+    if sim.val is not None:
+        v = sim.val
+        lines.append(
+            f"validation ({v['split']}, {v['samples']} samples): micro-batches per rank "
+            f"{v['micro_batches_per_rank']}, real {v['real_per_rank']}, fillers "
+            f"{v['fillers_per_rank']}"
+        )
+    lines.append("warnings:" if sim.warnings else "warnings: none")
+    lines += [f"  - {w}" for w in sim.warnings]
+    lines.append("assumes: " + "; ".join(sim.assumptions))
+    return "\n".join(lines)
+
+
+def _spread(values: list[int]) -> str:
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}..{hi} (mean {sum(values) / len(values):.1f})"

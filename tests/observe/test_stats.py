@@ -1,0 +1,103 @@
+"""loader.stats(): exposed wait, per-stage worker time, samples/s, queue depths, per-source skips."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from energon import DefaultTaskEncoder, WorkerConfig, get_savable_loader, get_train_dataset
+from energon.errors import SampleException
+from energon.observe.probe import STAGES
+
+
+class FailingEncoder(DefaultTaskEncoder):
+    """Fails on every 7th sample (by key), so skips are counted."""
+
+    def encode_sample(self, sample):
+        if int(sample.__key__.rsplit("_", 1)[1]) % 7 == 0:
+            raise SampleException("unlucky sample")
+        return sample
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stats_count_what_the_workers_did(text_ds, num_workers):
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+    ds = get_train_dataset(
+        text_ds,
+        worker_config=wc,
+        batch_size=4,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        task_encoder=FailingEncoder(),
+    )
+    loader = get_savable_loader(ds)
+    batches = 20
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    stats = loader.stats()
+    assert stats["batches"] == batches
+    assert 0 <= stats["wait_seconds"] <= stats["elapsed_seconds"]
+    assert set(stats["stage_seconds"]) == set(STAGES)
+    workers = stats["workers"]
+    assert len(workers) == max(1, num_workers)
+    # every delivered sample was read (plus those failing, those made ahead)
+    loaded = sum(w["samples"] for w in workers)
+    assert loaded >= batches * 4
+    assert sum(w["items"] for w in workers) >= batches
+    for w in workers:
+        assert w["queue_depth"] >= 0
+        assert w["seconds"]["read"] > 0 and w["seconds"]["encode"] > 0
+        assert w["seconds"]["batch"] > 0
+        assert w["samples_per_second"] > 0
+    # the workers made exactly as many items as were delivered plus what waits in the queues
+    assert sum(w["items"] - w["queue_depth"] for w in workers) == batches
+    (source,) = stats["sources"]
+    assert source["skipped"] > 0
+    assert source["errors"] == {"SampleException": source["skipped"]}
+
+
+def test_stats_off_leaves_stages_empty(text_ds):
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=1)
+    ds = get_train_dataset(
+        text_ds,
+        worker_config=wc,
+        batch_size=4,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+    )
+    loader = get_savable_loader(ds)
+    loader.collect_stats = False
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    stats = loader.stats()
+    assert stats["batches"] == 3
+    assert stats["workers"] == []
+
+
+def test_periodic_log_line(text_ds, caplog):
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    ds = get_train_dataset(
+        text_ds,
+        worker_config=wc,
+        batch_size=2,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+    )
+    loader = get_savable_loader(ds)
+    loader.log_stats(every_seconds=0)  # every batch
+    with caplog.at_level(logging.INFO, logger="energon.stats"):
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+    lines = [r.getMessage() for r in caplog.records if r.name == "energon.stats"]
+    assert len(lines) == 3
+    assert lines[-1].startswith("energon stats: 3 batches")
+    quiet = get_savable_loader(ds)  # off by default
+    with caplog.at_level(logging.INFO, logger="energon.stats"):
+        caplog.clear()
+        it = iter(quiet)
+        next(it)
+    assert not [r for r in caplog.records if r.name == "energon.stats"]

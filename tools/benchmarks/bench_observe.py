@@ -1,0 +1,135 @@
+"""Observability costs and estimates: the overhead of ``loader.stats()`` (the per-stage probe in the
+workers) and how close ``energon simulate --measure``'s throughput estimate comes to a real loader.
+
+1. Overhead: the same loader run (same data, same order) with stats on and off, alternated and
+   repeated; medians of samples/s. The goal is < 1% (noise on a shared machine can be larger than
+   that: compare the spread of the repeats).
+2. Estimate: the measured samples/s of one worker against a real loader with one worker
+   (``num_workers=1``, so the main process mostly waits), as a ratio; the goal is within 30%.
+
+Usage: python tools/benchmarks/bench_observe.py [--workload captioning-small] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import timeit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_common import ensure_workload, machine_summary, print_markdown_table  # noqa: E402
+from bench_loader import ensure_dataset_yaml, prepare_workload  # noqa: E402
+
+from energon import WorkerConfig, get_savable_loader, get_train_dataset  # noqa: E402
+from energon.observe.measure import measure  # noqa: E402
+from energon.observe.simulate import SimulationSettings  # noqa: E402
+
+
+def loader_rate(path: str, *, stats: bool, batches: int, batch_size: int, workers: int) -> float:
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    ds = get_train_dataset(
+        path,
+        worker_config=wc,
+        batch_size=batch_size,
+        shuffle_buffer_size=100,
+        max_samples_per_sequence=100,
+    )
+    loader = get_savable_loader(ds, watchdog_timeout_seconds=None if not stats else 60)
+    loader.collect_stats = stats
+    it = iter(loader)
+    next(it)  # start-up is not throughput
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    seconds = time.perf_counter() - start
+    del it, loader
+    return batches * batch_size / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", default="captioning-small")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    workload = ensure_workload(args.workload)
+    ensure_dataset_yaml(workload)
+    if not os.path.exists(os.path.join(workload.path, ".nv-meta", "index.sqlite")):
+        prepare_workload(workload)
+    path = workload.path
+    print(machine_summary())
+
+    on, off = [], []
+    for _ in range(args.repeats):  # alternate, so drifts of the machine hit both alike
+        common = dict(batches=args.batches, batch_size=args.batch_size, workers=args.workers)
+        off.append(loader_rate(path, stats=False, **common))
+        on.append(loader_rate(path, stats=True, **common))
+    med_on, med_off = statistics.median(on), statistics.median(off)
+    print_markdown_table(
+        ["run", "median samples/s", "min", "max", "repeats"],
+        [
+            ["stats off", f"{med_off:.0f}", f"{min(off):.0f}", f"{max(off):.0f}", len(off)],
+            ["stats on", f"{med_on:.0f}", f"{min(on):.0f}", f"{max(on):.0f}", len(on)],
+        ],
+    )
+    print(f"overhead of stats: {100 * (med_off - med_on) / med_off:+.2f}% (median vs. median)")
+
+    # the probe's own cost, free of the machine's noise: ns per stage switch (an active probe),
+    # times the switches per sample (read, decode per part, encode: 2 each; per item: executor,
+    # batch, transfer: 2 each), against the busy time per sample of a real worker
+    from energon.observe import probe
+
+    board = probe.Board(1)
+    probe.activate(board, 0)
+    switch = min(timeit.repeat(lambda: probe.ACTIVE.enter(probe.DECODE), number=100_000, repeat=5))
+    probe.deactivate()
+    board.close()
+    ns = switch / 100_000 * 1e9
+    parts = 2
+    per_sample = 2 + 2 * parts + 2 + 6 / args.batch_size
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=1)
+    ds = get_train_dataset(
+        path,
+        worker_config=wc,
+        batch_size=args.batch_size,
+        shuffle_buffer_size=100,
+        max_samples_per_sequence=100,
+    )
+    loader = get_savable_loader(ds)
+    for _ in zip(range(args.batches), loader):
+        pass
+    capacity = loader.stats()["workers"][0]["busy_samples_per_second"]
+    del loader
+    cost = per_sample * ns * capacity / 1e9
+    print(
+        f"probe: {ns:.0f} ns per stage switch x {per_sample:.1f} switches per sample = "
+        f"{per_sample * ns / 1e3:.1f} us per sample; a worker's busy time per sample "
+        f"{1e6 / capacity:.0f} us: {100 * cost:.2f}% of it"
+    )
+
+    settings = SimulationSettings(world_size=1, num_workers=1, batch_size=args.batch_size)
+    estimates, reals = [], []
+    for _ in range(args.repeats):
+        estimates.append(measure(path, settings, samples=256).samples_per_second_per_worker)
+        reals.append(
+            loader_rate(
+                path, stats=True, batches=args.batches, batch_size=args.batch_size, workers=1
+            )
+        )
+    est, real = statistics.median(estimates), statistics.median(reals)
+    print_markdown_table(
+        ["one worker", "median samples/s"],
+        [["simulate --measure estimate", f"{est:.0f}"], ["real loader, 1 worker", f"{real:.0f}"]],
+    )
+    ratio = est / real
+    print(f"estimate / real: {ratio:.2f} ({'within' if abs(ratio - 1) <= 0.3 else 'outside'} 30%)")
+
+
+if __name__ == "__main__":
+    main()
