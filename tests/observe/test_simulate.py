@@ -9,7 +9,14 @@ from collections import Counter
 import pytest
 from click.testing import CliRunner
 
-from energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
+from energon import (
+    WorkerConfig,
+    get_loader,
+    get_savable_loader,
+    get_train_dataset,
+    get_val_dataset,
+    is_padding,
+)
 from energon.cli.main import main
 from energon.observe.simulate import SimulationSettings, simulate
 from tests.helpers.datasets import make_text_dataset
@@ -114,7 +121,7 @@ def test_val_counts_per_rank_match_real_loaders(root, data, world_size, num_work
         wc = WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers)
         ds = get_val_dataset(root / data, worker_config=wc, batch_size=batch_size)
         batches = list(get_loader(ds))
-        real = [b for b in batches if not all(b["__padding__"])]
+        real = [b for b in batches if not all(is_padding(b))]
         assert val["micro_batches_per_rank"][rank] == len(batches)
         assert val["real_per_rank"][rank] == len(real)
         assert val["fillers_per_rank"][rank] == len(batches) - len(real)
