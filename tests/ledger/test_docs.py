@@ -4,34 +4,16 @@ in an empty folder (``train.py`` blocks become the file they name)."""
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
 
-from tests.helpers.paths import REPO_ROOT
-
-DOC = REPO_ROOT / "docs" / "ledger.md"
-BLOCK = re.compile(r"^```(python|bash)\n(.*?)^```", re.S | re.M)
+from tests.helpers.doc_walkthrough import run_walkthrough
 
 
 def test_ledger_walkthrough_runs(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
-    env["ENERGON_CACHE_DIR"] = env.get("ENERGON_CACHE_DIR", str(tmp_path / "cache"))
-    outputs = []
-    for language, code in BLOCK.findall(DOC.read_text()):
-        name = re.match(r"# (\w+\.py)\n", code)
-        if name:
-            (tmp_path / name.group(1)).write_text(code)
-            continue
-        command = ["bash", "-e", "-c", code] if language == "bash" else [sys.executable, "-c", code]
-        proc = subprocess.run(
-            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-        )
-        assert proc.returncode == 0, f"{code}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-        outputs.append(proc.stdout)
-    text = "\n".join(outputs)
+    text = run_walkthrough(
+        "ledger.md",
+        tmp_path,
+        {"ENERGON_CACHE_DIR": os.environ.get("ENERGON_CACHE_DIR", str(tmp_path / "cache"))},
+    )
     assert "[skipped, simulated]" in text  # step 45 after the skip
     assert "[seen, journal]" in text  # step 50 from the journal
     assert "edit: skipped positions 80..99" in text

@@ -20,7 +20,7 @@ from energon.format.prepare import prepare_dataset
 from energon.format.tar_index import TarIndex, tar_index_path
 from energon.source.shard_reader import reset_shard_reader
 from tests.helpers.datasets import make_text_dataset
-from tests.helpers.ref_venv import reference, run_script  # noqa: F401 - reference is a fixture
+from tests.helpers.ref_venv import ref_python, run_script  # noqa: F401 - ref_python is a fixture
 
 TRIALS = 4  # seeded damage patterns per test (bounded, no timing)
 
@@ -248,14 +248,14 @@ def test_checksums_of_another_index_are_a_clear_error(checked, tmp_path):
         list(loader)
 
 
-def test_reference_loads_a_dataset_prepared_with_checksums(checked, reference):  # noqa: F811
+def test_reference_loads_a_dataset_prepared_with_checksums(checked, ref_python):  # noqa: F811
     program = f"""
 from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
 ds = get_val_dataset({str(checked)!r}, split_part="train", worker_config=wc, batch_size=None)
 print(len([s.__key__ for s in get_loader(ds)]))
 """
-    assert run_script(reference, program).strip().splitlines()[-1] == "60"
+    assert run_script(ref_python, program).strip().splitlines()[-1] == "60"
 
 
 def test_errors_keep_their_location_across_processes():
