@@ -155,18 +155,20 @@ def test_a_pass_offset_beyond_the_virtual_epoch_is_refused(text_ds):
 
 
 def test_redistributed_and_elastic_states_still_pass_the_checks(text_ds):
-    states = []
+    states, seen = [], []
     for rank in range(2):
         loader = make_loader(text_ds, rank=rank, world_size=2, num_workers=1, num_streams=4)
-        take(iter(loader), 3 + rank)  # rank 1 is a step ahead
+        seen += [k for b in take(iter(loader), 3 + rank) for k in b.__key__]  # rank 1: a step ahead
         states.append(loader.save_state_rank())
     for world_size in (1, 3, 4):
+        resumed = []
         for rank, state in enumerate(redistribute_states(states, world_size)):
             loader = make_loader(
                 text_ds, rank=rank, world_size=world_size, num_workers=1, num_streams=4
             )
             loader.restore_state_rank(state)
-            take(iter(loader), 2)
+            resumed += [k for b in take(iter(loader), 2) for k in b.__key__]
+        assert len(set(resumed)) == len(resumed) and not set(resumed) & set(seen)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
