@@ -23,6 +23,7 @@ import os
 import signal
 import tempfile
 import time
+import weakref
 from typing import IO, Any
 
 import numpy as np
@@ -57,6 +58,9 @@ class Board:
         self.buffer = _map(self.path, slots)
         self.array = np.frombuffer(self.buffer, dtype=np.float64).reshape(slots, SLOT_FIELDS)
         self.array[:, INDEX] = -1
+        # removed when the board is dropped or at exit, also when nobody calls close() (a loader
+        # left to the garbage collector); only by the process that made it, never a forked worker
+        self._remove = weakref.finalize(self, _remove_folder, self.folder, os.getpid())
 
     def stack_path(self, slot: int) -> str:
         return os.path.join(self.folder, f"stack-{slot}.txt")
@@ -66,15 +70,25 @@ class Board:
         return np.array(self.array, copy=True)
 
     def close(self) -> None:
-        for name in os.listdir(self.folder):
-            try:
-                os.unlink(os.path.join(self.folder, name))
-            except OSError:
-                pass
+        self._remove()
+
+
+def _remove_folder(folder: str, owner: int) -> None:
+    if os.getpid() != owner:
+        return
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
         try:
-            os.rmdir(self.folder)
+            os.unlink(os.path.join(folder, name))
         except OSError:
             pass
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
 
 
 def _map(path: str, slots: int) -> mmap.mmap:

@@ -101,3 +101,29 @@ def test_periodic_log_line(text_ds, caplog):
         it = iter(quiet)
         next(it)
     assert not [r for r in caplog.records if r.name == "energon.stats"]
+
+
+def test_a_process_that_never_closes_its_loader_leaves_no_board_behind(text_ds):
+    """The shared stats board is removed at exit even when nothing closes the loader."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.paths import REPO_ROOT
+
+    script = f"""
+from energon import WorkerConfig, get_savable_loader, get_train_dataset
+wc = WorkerConfig(rank=0, world_size=1, num_workers=1)
+loader = get_savable_loader(get_train_dataset({str(text_ds)!r}, worker_config=wc, batch_size=2,
+    shuffle_buffer_size=None, max_samples_per_sequence=None))
+it = iter(loader)
+next(it)
+print(loader._monitor.board.folder)
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    folder = out.stdout.strip().splitlines()[-1]
+    assert folder.startswith(("/dev/shm", "/tmp")) and not os.path.exists(folder)
