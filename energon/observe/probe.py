@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import faulthandler
 import mmap
+import multiprocessing.util
 import os
 import signal
 import tempfile
 import time
-import weakref
 from typing import IO, Any
 
 import numpy as np
@@ -59,8 +59,12 @@ class Board:
         self.array = np.frombuffer(self.buffer, dtype=np.float64).reshape(slots, SLOT_FIELDS)
         self.array[:, INDEX] = -1
         # removed when the board is dropped or at exit, also when nobody calls close() (a loader
-        # left to the garbage collector); only by the process that made it, never a forked worker
-        self._remove = weakref.finalize(self, _remove_folder, self.folder, os.getpid())
+        # left to the garbage collector), only by the process that made it (never a forked
+        # worker). multiprocessing's finalizer, not weakref.finalize: it also runs when a
+        # multiprocessing child (mp.spawn ranks) ends, which skips atexit.
+        self._remove = multiprocessing.util.Finalize(
+            self, _remove_folder, args=(self.folder, os.getpid()), exitpriority=0
+        )
 
     def stack_path(self, slot: int) -> str:
         return os.path.join(self.folder, f"stack-{slot}.txt")

@@ -127,3 +127,38 @@ print(loader._monitor.board.folder)
     assert out.returncode == 0, out.stderr
     folder = out.stdout.strip().splitlines()[-1]
     assert folder.startswith(("/dev/shm", "/tmp")) and not os.path.exists(folder)
+
+
+_KEPT: list = []
+
+
+def _loader_in_a_child(path: str, queue) -> None:
+    from energon import WorkerConfig, get_savable_loader, get_train_dataset
+
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    dataset = get_train_dataset(
+        path,
+        worker_config=wc,
+        batch_size=2,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+    )
+    loader = get_savable_loader(dataset)
+    next(iter(loader))
+    _KEPT.append(loader)  # alive until the child ends: only the exit path can remove its board
+    queue.put(loader._monitor.board.folder)
+
+
+def test_a_multiprocessing_child_leaves_no_board_behind(text_ds):
+    """Forked multiprocessing children end with ``os._exit``, without running atexit; their boards
+    are removed all the same."""
+    import multiprocessing as mp
+    import os
+
+    context = mp.get_context("fork")  # a forked child ends with os._exit: no atexit
+    queue = context.Queue()
+    child = context.Process(target=_loader_in_a_child, args=(str(text_ds), queue))
+    child.start()
+    folder = queue.get(timeout=300)
+    child.join(timeout=300)
+    assert child.exitcode == 0 and not os.path.exists(folder)
