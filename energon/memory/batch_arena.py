@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import multiprocessing
+import multiprocessing.util
 import os
 import uuid
 import weakref
@@ -101,6 +102,11 @@ class BatchArena:
         self._attached: dict[str, np.ndarray] = {}
         self._by_address: list[tuple[int, int, _Block]] = []
         self._exported = False
+        # the files go when the arena is dropped or closed, and at the end of the process that
+        # made it, also of a forked child (which skips atexit): multiprocessing's finalizer
+        self._remove_files = multiprocessing.util.Finalize(
+            self, _remove_prefixed, args=(self.prefix, os.getpid()), exitpriority=0
+        )
 
     # -- allocation (where batches are made) ----------------------------------------------------
     def activate(self, worker: int) -> None:
@@ -212,9 +218,16 @@ class BatchArena:
 
     def close(self) -> None:
         """Remove this arena's files (mappings stay valid while tensors use them)."""
-        for name in os.listdir(SHM_DIR):
-            if name.startswith(self.prefix):
-                _unlink_quietly(name)
+        self._remove_files()
+
+
+def _remove_prefixed(prefix: str, owner: int) -> None:
+    """Unlink the files named ``prefix...`` (only in the process ``owner``, never a worker)."""
+    if os.getpid() != owner:
+        return
+    for name in os.listdir(SHM_DIR):
+        if name.startswith(prefix):
+            _unlink_quietly(name)
 
 
 def _unlink_quietly(name: str) -> None:

@@ -149,16 +149,17 @@ def _loader_in_a_child(path: str, queue) -> None:
     queue.put(loader._monitor.board.folder)
 
 
-def test_a_multiprocessing_child_leaves_no_board_behind(text_ds):
-    """Forked multiprocessing children end with ``os._exit``, without running atexit; their boards
-    are removed all the same."""
+def test_a_multiprocessing_child_leaves_no_shared_memory_behind(captioning_ds):
+    """Forked multiprocessing children end with ``os._exit``, without running atexit; their stats
+    boards and batch arenas are removed all the same."""
     import multiprocessing as mp
     import os
 
     context = mp.get_context("fork")  # a forked child ends with os._exit: no atexit
     queue = context.Queue()
-    child = context.Process(target=_loader_in_a_child, args=(str(text_ds), queue))
+    child = context.Process(target=_loader_in_a_child, args=(str(captioning_ds), queue))
     child.start()
     folder = queue.get(timeout=300)
     child.join(timeout=300)
     assert child.exitcode == 0 and not os.path.exists(folder)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"energon-{child.pid}-")]
