@@ -25,6 +25,7 @@ from energon.pipeline.keys import retag_legacy_pointers
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import fingerprint_digest
 from energon.plan.edits import edits_from_json
+from energon.plan.schedules import WeightChange
 
 STATE_FORMAT = "energon-loader-state"
 # 2: pointer keys name their leaf's kind ("webdataset", "jsonl", ...); 1 tagged all "Webdataset"
@@ -99,6 +100,14 @@ def weight_changes(state: dict[str, Any]) -> list[dict[str, Any]]:
     ):
         raise StateError("loader state field 'weight_changes' is damaged")
     return changes
+
+
+def parsed_weight_changes(state: dict[str, Any]) -> tuple[WeightChange, ...]:
+    """The online blend weight changes of a rank state, as the plan's objects."""
+    try:
+        return tuple(WeightChange.from_config(c) for c in weight_changes(state))
+    except (KeyError, TypeError, ValueError) as e:
+        raise StateError(f"loader state field 'weight_changes' is damaged: {e}") from e
 
 
 def check_state_shape(state: Any) -> dict[str, Any]:
@@ -176,7 +185,7 @@ def check_position(state: dict[str, Any], pass_end: int | None, finite: bool) ->
     else (a consumed count of 1e15, an ``emitted`` far from the position) is a damaged state.
     """
     num_streams, world_size, rank = state["num_streams"], state["world_size"], state["rank"]
-    position = _rank_next_position(state)
+    position = rank_next_position(state)
     if pass_end is not None and position > pass_end + world_size:
         raise fields.bad_field(
             "consumed", state["consumed"], f"a position inside the pass (it has {pass_end})"
@@ -243,7 +252,8 @@ def stream_snapshots(state: dict[str, Any]) -> dict[int, StreamSnapshot]:
     return {int(s): snap for s, snap in state["streams"]}
 
 
-def _rank_next_position(state: dict[str, Any]) -> int:
+def rank_next_position(state: dict[str, Any]) -> int:
+    """The global micro-batch position the rank that saved ``state`` yields next."""
     return state["origin"] + state["rank"] + state["consumed"] * state["world_size"]
 
 
@@ -292,7 +302,7 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
         raise StateError(f"need one state per rank 0..{first['world_size'] - 1}, got ranks {ranks}")
     _check_balanced_steps(states)
     num_streams = first["num_streams"]
-    origin = min(_rank_next_position(st) for st in states)
+    origin = min(rank_next_position(st) for st in states)
     merged = merge_stream_snapshots(states)
     _check_prefix(merged, states, num_streams, origin)
     errors = merge_totals([st.get("errors") for st in states])
@@ -350,7 +360,7 @@ def _check_prefix(
     Ranks saved at (about) the same step are a few positions apart; a spread beyond
     ``world_size x (num_streams + 2)`` positions is a damaged state (checking it position by
     position would take forever)."""
-    horizon = max(_rank_next_position(st) for st in states)
+    horizon = max(rank_next_position(st) for st in states)
     world_size = states[0]["world_size"]
     if horizon - origin > world_size * (num_streams + 2):
         raise StateError(

@@ -36,6 +36,8 @@ from energon.source.meta import SampleMeta, meta_reader
 from energon.state import (
     check_state_shape,
     fingerprint_differences,
+    parsed_weight_changes,
+    rank_next_position,
     stream_snapshots,
     weight_changes,
 )
@@ -355,15 +357,11 @@ def _with_num_streams(spec: PipelineSpec, states: list[dict[str, Any]]) -> Pipel
     return dataclasses.replace(spec, num_streams=num_streams)
 
 
-def _next_position(state: dict[str, Any]) -> int:
-    return state["origin"] + state["rank"] + state["consumed"] * state["world_size"]
-
-
 def _newest_weight_changes(states: list[dict[str, Any]]) -> tuple[WeightChange, ...]:
     """The online blend weight changes of the state with the most (later states know earlier
     changes: ``set_blend_weights`` records every change in every rank's state)."""
-    changes = max((weight_changes(s) for s in states), key=len, default=[])
-    return tuple(WeightChange.from_config(c) for c in changes)
+    newest = max(states, key=lambda s: len(weight_changes(s)), default={})
+    return parsed_weight_changes(newest)
 
 
 def _newest_edits(states: list[dict[str, Any]]) -> PlanEdits | None:
@@ -371,7 +369,8 @@ def _newest_edits(states: list[dict[str, Any]]) -> PlanEdits | None:
     if not states:
         return None
     newest = max(
-        states, key=lambda s: (len((s.get("edits") or {}).get("history", [])), _next_position(s))
+        states,
+        key=lambda s: (len((s.get("edits") or {}).get("history", [])), rank_next_position(s)),
     )
     return edits_from_json(newest.get("edits"))
 

@@ -48,10 +48,10 @@ from energon.state import (
     check_position,
     check_state_shape,
     make_rank_state,
+    parsed_weight_changes,
     redistribute_states,
     stream_snapshots,
     upgrade_state,
-    weight_changes,
 )
 from energon.task_encoder.base import hook_context
 from energon.worker import WorkerConfig
@@ -463,11 +463,7 @@ class Loader:
                 "energon.redistribute_states(states, new_world_size)"
             )
         spec = self._spec_with_streams(state["num_streams"])
-        try:
-            changes = tuple(WeightChange.from_config(c) for c in weight_changes(state))
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"loader state field 'weight_changes' is damaged: {e}") from e
-        spec = dataclasses.replace(spec, weight_changes=changes)
+        spec = dataclasses.replace(spec, weight_changes=parsed_weight_changes(state))
         try:
             self._check_state_fits(state, spec)
         except StateError:

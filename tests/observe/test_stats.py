@@ -20,18 +20,24 @@ class FailingEncoder(DefaultTaskEncoder):
         return sample
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_stats_count_what_the_workers_did(text_ds, num_workers):
+def stats_loader(path, *, num_workers, batch_size, **options):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
-    ds = get_train_dataset(
-        text_ds,
+    dataset = get_train_dataset(
+        path,
         worker_config=wc,
-        batch_size=4,
+        batch_size=batch_size,
         shuffle_buffer_size=None,
         max_samples_per_sequence=None,
-        task_encoder=FailingEncoder(),
+        **options,
     )
-    loader = get_savable_loader(ds)
+    return get_savable_loader(dataset)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stats_count_what_the_workers_did(text_ds, num_workers):
+    loader = stats_loader(
+        text_ds, num_workers=num_workers, batch_size=4, task_encoder=FailingEncoder()
+    )
     batches = 20
     it = iter(loader)
     for _ in range(batches):
@@ -59,15 +65,7 @@ def test_stats_count_what_the_workers_did(text_ds, num_workers):
 
 
 def test_stats_off_leaves_stages_empty(text_ds):
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=1)
-    ds = get_train_dataset(
-        text_ds,
-        worker_config=wc,
-        batch_size=4,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-    )
-    loader = get_savable_loader(ds)
+    loader = stats_loader(text_ds, num_workers=1, batch_size=4)
     loader.collect_stats = False
     it = iter(loader)
     for _ in range(3):
@@ -78,15 +76,7 @@ def test_stats_off_leaves_stages_empty(text_ds):
 
 
 def test_periodic_log_line(text_ds, caplog):
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
-    ds = get_train_dataset(
-        text_ds,
-        worker_config=wc,
-        batch_size=2,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-    )
-    loader = get_savable_loader(ds)
+    loader = stats_loader(text_ds, num_workers=0, batch_size=2)
     loader.log_stats(every_seconds=0)  # every batch
     with caplog.at_level(logging.INFO, logger="energon.stats"):
         it = iter(loader)
@@ -95,7 +85,7 @@ def test_periodic_log_line(text_ds, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "energon.stats"]
     assert len(lines) == 3
     assert lines[-1].startswith("energon stats: 3 batches")
-    quiet = get_savable_loader(ds)  # off by default
+    quiet = stats_loader(text_ds, num_workers=0, batch_size=2)  # off by default
     with caplog.at_level(logging.INFO, logger="energon.stats"):
         caplog.clear()
         it = iter(quiet)
@@ -112,10 +102,8 @@ def test_a_process_that_never_closes_its_loader_leaves_no_board_behind(text_ds):
     from tests.helpers.paths import REPO_ROOT
 
     script = f"""
-from energon import WorkerConfig, get_savable_loader, get_train_dataset
-wc = WorkerConfig(rank=0, world_size=1, num_workers=1)
-loader = get_savable_loader(get_train_dataset({str(text_ds)!r}, worker_config=wc, batch_size=2,
-    shuffle_buffer_size=None, max_samples_per_sequence=None))
+from tests.observe.test_stats import stats_loader
+loader = stats_loader({str(text_ds)!r}, num_workers=1, batch_size=2)
 it = iter(loader)
 next(it)
 print(loader._monitor.board.folder)
@@ -133,19 +121,11 @@ _KEPT: list = []
 
 
 def _loader_in_a_child(path: str, queue) -> None:
-    from energon import WorkerConfig, get_savable_loader, get_train_dataset
-
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
-    dataset = get_train_dataset(
-        path,
-        worker_config=wc,
-        batch_size=2,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-    )
-    loader = get_savable_loader(dataset)
-    next(iter(loader))
-    _KEPT.append(loader)  # alive until the child ends: only the exit path can remove its board
+    loader = stats_loader(path, num_workers=1, batch_size=2)
+    it = iter(loader)
+    next(it)
+    # alive until the child ends: only the exit path can remove its board and arena files
+    _KEPT.append((loader, it))
     queue.put(loader._monitor.board.folder)
 
 
