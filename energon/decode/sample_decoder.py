@@ -208,8 +208,7 @@ class SampleDecoder:
         """
         name = part_name
         label = f"{key}.{part_name}" if key is not None else part_name
-        probe = _probe.ACTIVE
-        previous_stage = probe.enter(DECODE)
+        previous_stage = _probe.switch(DECODE)
         try:
             with deadline(self.decode_timeout, f"decoding {label}"):
                 if name.endswith(".gz") or name == "gz":
@@ -227,7 +226,7 @@ class SampleDecoder:
         except Exception as exc:
             raise DecodeError(f"{type(exc).__name__}: {exc}", part_name=part_name, key=key) from exc
         finally:
-            probe.enter(previous_stage)
+            _probe.back(previous_stage, DECODE)
 
     def _dispatch(self, extension: str, data: bytes | memoryview, label: str) -> Any:
         lowered = extension.lower()

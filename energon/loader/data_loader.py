@@ -169,6 +169,7 @@ class Loader:
             watchdog_timeout=watchdog_timeout_seconds,
             watchdog_initial_timeout=watchdog_initial_timeout_seconds,
             fail_on_timeout=fail_on_timeout,
+            sources=[name["path"] for name in self._errors.names],
         )
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
@@ -768,7 +769,8 @@ class Loader:
         the workers per stage (wait, plan, read, decode, encode, batch, transfer); ``workers``: per
         worker its stage now, samples, samples/s (over its lifetime and over its busy time),
         queue depth (items made but not yet taken), per-stage seconds and remote retries/bytes;
-        ``sources``: samples read, skipped and errors by reason per source dataset;
+        ``sources``: samples read, skipped, errors by reason and remote read retries per source
+        dataset;
         ``watchdog_reports``: stall reports so far. Cheap: call it as often as you like."""
         return self._monitor.stats(self._errors.report(self._snapshots))
 

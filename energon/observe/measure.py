@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from energon.observe import probe
-from energon.observe.probe import STAGES, Board, probe_state
+from energon.observe.probe import STAGES, Board
 from energon.pipeline.keys import pointer_target, pointers_of
 from energon.plan.rng import CounterRng, stable_seed
 from energon.source.meta import meta_reader
@@ -122,14 +122,14 @@ def measure(
             items += 1
             item_bytes.append(nbytes(value))
             raw += _raw_bytes(spec, key)
-            now = int(board.array[0, probe.SAMPLES])
+            now = int(board.hot[0, probe.SAMPLES])
             if bar is not None:
                 bar.update(now - loaded)
             loaded = now
         decoded = _decoded_bytes(dataset, spec, rng, min(8, samples))
     finally:
         probe.deactivate()
-        state = probe_state(board.read()[0])
+        state = board.states()[0]
         board.close()
         if bar is not None:
             bar.close()

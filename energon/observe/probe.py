@@ -1,23 +1,33 @@
 """What runs in a worker: where its time goes and what it is working on, in a shared board.
 
-A loader makes a *board* (:class:`Board`): a small file in shared memory with one fixed slot of
-float64 fields per worker. Each worker (or the main process, without workers) opens its slot
-(:func:`activate`) and its stages write into it as they work (:data:`ACTIVE`): the stage it is in
-and since when, the last sample it loaded (source, index), counts of samples and items, and the
-seconds spent per stage. Writing a slot is a few array stores, cheap enough to leave on; reading
-it needs no message from the worker, so the main process sees a stuck worker's state too
-(:mod:`energon.observe.watchdog`). The same file's folder gets each worker's stack dump, written by
+A loader makes a *board* (:class:`Board`): small files in shared memory with one fixed slot per
+worker. Each worker (or the main process, without workers) opens its slot (:func:`activate`) and
+its stages write into it as they work: the stage it is in, the sample it is loading (source,
+index), counts of samples and items, retries per source, and the seconds spent per stage. Reading
+the board needs no message from the worker, so the main process sees a stuck worker's state too
+(:mod:`energon.observe.watchdog`). The same folder gets each worker's stack dump, written by
 :mod:`faulthandler` (in C, so it works while the worker is stuck in native code) when the
 watchdog sends ``SIGUSR2``.
 
-Stage times are exclusive: a stage that pulls from the one before it (batching pulls encoded
-samples, which pull loaded ones) is charged only for its own work, because every instrumented
-call site switches the slot's stage and switches back (:meth:`Probe.enter`).
+Cheap enough to leave on, also for samples that take tens of microseconds:
+
+- on the hot path (every sample, every stage switch) a stage writes integers only, into the
+  slot's int64 row (:data:`HOT`): the stage code, the sample's source and index, the sample count.
+  No clock, no method call on the object;
+- stage *times* are measured on sampled items only: the first :data:`TIMED_FIRST` items and then
+  every :data:`TIMED_EVERY`-th (a *timed cycle* runs from one item boundary of the executor to the
+  next, its wait included). In a timed cycle every switch reads the clock and charges the time
+  since the last switch to the stage it leaves, so stage times are exclusive (batching pulls
+  encoded samples, which pull loaded ones; each is charged only for its own work). A reader scales
+  the timed seconds by (time active / time in timed cycles): an unbiased estimate, since which
+  items are timed does not depend on what they contain;
+- the float row (times, totals) is written in bulk, at the end of timed cycles.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import json
 import mmap
 import multiprocessing.util
 import os
@@ -35,10 +45,19 @@ from energon.remote.stats import STATS
 STAGES = ("wait", "plan", "read", "decode", "encode", "batch", "transfer")
 WAIT, PLAN, READ, DECODE, ENCODE, BATCH, TRANSFER = range(len(STAGES))
 
-# slot fields (float64 each)
-PID, STARTED, STAGE, SINCE, SOURCE, INDEX, SAMPLES, ITEMS, RETRIES, REMOTE_BYTES = range(10)
-TIMES = 10  # TIMES + code: seconds spent in stage `code`
+# float64 fields of a slot, written at the end of timed cycles: process id, when it started,
+# seconds active and seconds in timed cycles (the scale of the stage times), when they were
+# written, remote counters of the process
+PID, STARTED, ACTIVE_SECONDS, TIMED_SECONDS, PUBLISHED, RETRIES, REMOTE_BYTES = range(7)
+TIMES = 7  # TIMES + code: seconds spent in stage `code` during timed cycles
 SLOT_FIELDS = TIMES + len(STAGES)
+# int64 fields of a slot, written on the hot path: stage code, the sample being loaded (source,
+# index), samples read, items made, when the current item began (monotonic ns); then one retry
+# counter per source of the loader
+STAGE, SOURCE, INDEX, SAMPLES, ITEMS, ITEM_SINCE_NS = range(6)
+HOT_FIELDS = 6
+TIMED_FIRST = 4  # the first items of a process are all timed ...
+TIMED_EVERY = 16  # ... then one item in this many
 STACK_SIGNAL = signal.SIGUSR2
 
 
@@ -47,17 +66,23 @@ def _shared_folder() -> str:
 
 
 class Board:
-    """The shared slots of one loader pass (created by the main process, opened by workers)."""
+    """The shared slots of one loader pass (created by the main process, opened by workers).
 
-    def __init__(self, slots: int, folder: str | None = None) -> None:
+    ``sources`` are the paths of the loader's sources (their roots: a retry of a request to an
+    object under one of them counts for that source)."""
+
+    def __init__(self, slots: int, sources: list[str] | None = None, folder: str | None = None):
         self.folder = folder or tempfile.mkdtemp(prefix="energon-board-", dir=_shared_folder())
-        self.path = os.path.join(self.folder, "slots")
         self.slots = slots
-        with open(self.path, "wb") as f:
-            f.write(bytes(slots * SLOT_FIELDS * 8))
-        self.buffer = _map(self.path, slots)
+        self.sources = list(sources or [])
+        with open(os.path.join(self.folder, "sources.json"), "w") as f:
+            json.dump(self.sources, f)
+        self.hot_width = HOT_FIELDS + len(self.sources)
+        self.buffer = _create(os.path.join(self.folder, "slots"), slots * SLOT_FIELDS)
+        self.hot_buffer = _create(os.path.join(self.folder, "hot"), slots * self.hot_width)
         self.array = np.frombuffer(self.buffer, dtype=np.float64).reshape(slots, SLOT_FIELDS)
-        self.array[:, INDEX] = -1
+        self.hot = np.frombuffer(self.hot_buffer, dtype=np.int64).reshape(slots, self.hot_width)
+        self.hot[:, INDEX] = -1
         # removed when the board is dropped or at exit, also when nobody calls close() (a loader
         # left to the garbage collector), only by the process that made it (never a forked
         # worker). multiprocessing's finalizer, not weakref.finalize: it also runs when a
@@ -69,12 +94,24 @@ class Board:
     def stack_path(self, slot: int) -> str:
         return os.path.join(self.folder, f"stack-{slot}.txt")
 
-    def read(self) -> np.ndarray:
-        """A copy of every slot (rows: slots, columns: the fields above)."""
-        return np.array(self.array, copy=True)
+    def states(self) -> list[dict[str, Any]]:
+        """Every slot as plain numbers (:func:`probe_state`)."""
+        floats = np.array(self.array, copy=True)
+        hot = np.array(self.hot, copy=True)
+        return [probe_state(floats[i], hot[i]) for i in range(self.slots)]
+
+    def source_retries(self) -> list[int]:
+        """Retries per source, summed over the slots."""
+        return [int(n) for n in self.hot[:, HOT_FIELDS:].sum(axis=0)]
 
     def close(self) -> None:
         self._remove()
+
+
+def _create(path: str, fields: int) -> mmap.mmap:
+    with open(path, "wb") as f:
+        f.write(bytes(fields * 8))
+    return _map(path)
 
 
 def _remove_folder(folder: str, owner: int) -> None:
@@ -95,130 +132,264 @@ def _remove_folder(folder: str, owner: int) -> None:
         pass
 
 
-def _map(path: str, slots: int) -> mmap.mmap:
+def _map(path: str) -> mmap.mmap:
     with open(path, "r+b") as f:
-        return mmap.mmap(f.fileno(), slots * SLOT_FIELDS * 8)
+        return mmap.mmap(f.fileno(), os.fstat(f.fileno()).st_size)
 
 
-def _slot(buffer: mmap.mmap, slot: int) -> memoryview:
-    """Slot ``slot`` as float64 fields (a memoryview: the cheapest per-field store in Python)."""
-    return memoryview(buffer).cast("d")[slot * SLOT_FIELDS : (slot + 1) * SLOT_FIELDS]
+def _row(buffer: mmap.mmap, fmt: str, slot: int, width: int) -> memoryview:
+    """Row ``slot`` of ``buffer`` (a memoryview: the cheapest per-field store in Python)."""
+    return memoryview(buffer).cast(fmt)[slot * width : (slot + 1) * width]
 
 
 class Probe:
     """One process's slot: the stage it is in, the sample it is on, time per stage."""
 
-    def __init__(self, slot: memoryview, stack_file: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        slot: memoryview,
+        hot: memoryview,
+        sources: list[str],
+        stack_file: IO[str] | None = None,
+    ) -> None:
         self.slot = slot
+        self.hot = hot
+        self.sources = sources
         self.stack_file = stack_file
-        self.stage = WAIT
-        self.since = time.monotonic()
+        now = time.monotonic()
+        self.activated = now
+        self.since = now  # the last stage switch (read in timed cycles only)
+        self.cycle_start = now
+        self.cycles = 0
+        self.timing = True
         slot[PID] = os.getpid()
         if not slot[STARTED]:  # a later pass's worker continues the slot's totals
-            slot[STARTED] = self.since
-        slot[SINCE] = self.since
-        slot[STAGE] = WAIT
+            slot[STARTED] = now
+        self.times = [slot[TIMES + code] for code in range(len(STAGES))]
+        self.timed = slot[TIMED_SECONDS]
+        self.active0 = slot[ACTIVE_SECONDS]
+        slot[PUBLISHED] = now
+        hot[STAGE] = WAIT
+        hot[ITEM_SINCE_NS] = time.monotonic_ns()
         self._retries0 = slot[RETRIES] - STATS.retries  # this process's remote counters
         self._bytes0 = slot[REMOTE_BYTES] - STATS.bytes_read
+        self._retries_seen = STATS.retries
+        self._objects_seen = dict(STATS.retried_objects)
+        self._source_of_object: dict[str, int | None] = {}
 
     def enter(self, stage: int) -> int:
-        """Switch to ``stage`` (charging the time since the last switch to the previous one);
-        returns the previous stage, to switch back to."""
-        now = time.monotonic()
-        slot = self.slot
-        previous = self.stage
-        slot[TIMES + previous] += now - self.since
-        slot[STAGE] = stage
-        slot[SINCE] = now
-        self.stage = stage
-        self.since = now
+        """Switch to ``stage``; returns the previous stage, to switch back to."""
+        hot = self.hot
+        previous = hot[STAGE]
+        hot[STAGE] = stage
+        if self.timing:
+            self.switched(previous)
         return previous
 
-    def loading(self, source: int, index: int) -> None:
-        slot = self.slot
-        slot[SOURCE] = source
-        slot[INDEX] = index
-
-    def loaded(self) -> None:
-        self.slot[SAMPLES] += 1
+    def switched(self, ended: int) -> None:
+        """In a timed cycle: charge the time since the last switch to stage ``ended``."""
+        now = time.monotonic()
+        self.times[ended] += now - self.since
+        self.since = now
 
     def produced(self) -> None:
+        self.hot[ITEMS] += 1
+
+    def cycle(self) -> None:
+        """An item boundary of the executor: close this cycle, decide whether the next is timed."""
+        global TIMING
+        now_ns = time.monotonic_ns()
+        self.hot[ITEM_SINCE_NS] = now_ns
+        if STATS.retries != self._retries_seen:
+            self._count_source_retries()
+        self.cycles += 1
+        was_timed = self.timing
+        self.timing = self.cycles < TIMED_FIRST or self.cycles % TIMED_EVERY == 0
+        if not (was_timed or self.timing):
+            return
+        now = now_ns / 1e9
+        if was_timed:
+            self.switched(self.hot[STAGE])
+            self.timed += now - self.cycle_start
+            self.publish(now)
+        self.cycle_start = self.since = now
+        TIMING = self.timing
+
+    def publish(self, now: float | None = None) -> None:
+        """Write the times and totals into the float row (in bulk)."""
+        now = time.monotonic() if now is None else now
         slot = self.slot
-        slot[ITEMS] += 1
+        for code, seconds in enumerate(self.times):
+            slot[TIMES + code] = seconds
+        slot[TIMED_SECONDS] = self.timed
+        slot[ACTIVE_SECONDS] = self.active0 + now - self.activated
+        slot[PUBLISHED] = now
         slot[RETRIES] = self._retries0 + STATS.retries
         slot[REMOTE_BYTES] = self._bytes0 + STATS.bytes_read
+
+    def finish(self) -> None:
+        """The process stops working for this board: count what is left and publish."""
+        if STATS.retries != self._retries_seen:
+            self._count_source_retries()
+        now = time.monotonic()
+        if self.timing:
+            self.switched(self.hot[STAGE])
+            self.timed += now - self.cycle_start
+            self.cycle_start = now
+        self.publish(now)
+
+    def _count_source_retries(self) -> None:
+        """Retries since the last look, per object, counted for the source holding the object."""
+        objects = dict(STATS.retried_objects)
+        for url, count in objects.items():
+            new = count - self._objects_seen.get(url, 0)
+            if new > 0:
+                source = self._source_of(url)
+                if source is not None:
+                    self.hot[HOT_FIELDS + source] += new
+        self._objects_seen = objects
+        self._retries_seen = STATS.retries
+
+    def _source_of(self, url: str) -> int | None:
+        """The source whose path is the longest prefix of ``url`` (the first, if listed twice)."""
+        if url not in self._source_of_object:
+            best, length = None, -1
+            for i, root in enumerate(self.sources):
+                root = root.rstrip("/")
+                if (url == root or url.startswith(root + "/")) and len(root) > length:
+                    best, length = i, len(root)
+            self._source_of_object[url] = best
+        return self._source_of_object[url]
 
 
 class _Off:
     """The probe of a process without a board: every call does nothing."""
 
-    stage = WAIT
+    timing = False
 
     def enter(self, stage: int) -> int:
         return WAIT
 
-    def loading(self, source: int, index: int) -> None:
-        pass
-
-    def loaded(self) -> None:
+    def switched(self, ended: int) -> None:
         pass
 
     def produced(self) -> None:
         pass
 
+    def cycle(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
 
 OFF = _Off()
-#: this process's probe (stages call it); :data:`OFF` until :func:`activate`
+_NOWHERE = memoryview(bytearray(8 * HOT_FIELDS)).cast("q")  # hot stores without a board
+#: this process's probe; :data:`OFF` until :func:`activate`
 ACTIVE: Probe | _Off = OFF
-_activated: tuple[str, int, int] | None = None  # (board path, slot, pid)
+#: this process's int64 row (:data:`_NOWHERE` without a board): stages store into it directly
+HOT: memoryview = _NOWHERE
+#: whether the current cycle is timed (stage switches then also call ``ACTIVE.switched``)
+TIMING = False
+_activated: tuple[str, int, int] | None = None  # (board folder, slot, pid)
+
+
+def switch(stage: int) -> int:
+    """Enter ``stage`` (a stage's hot path: an integer store, a clock only in timed cycles);
+    returns the stage to go back to with :func:`back`."""
+    hot = HOT
+    previous = hot[STAGE]
+    hot[STAGE] = stage
+    if TIMING:
+        ACTIVE.switched(previous)
+    return previous
+
+
+def back(previous: int, stage: int) -> None:
+    """Leave ``stage`` for ``previous`` (what :func:`switch` returned)."""
+    HOT[STAGE] = previous
+    if TIMING:
+        ACTIVE.switched(stage)
+
+
+def loading(source: int, index: int) -> None:
+    """The sample this process reads now (for the watchdog), and one more sample read."""
+    hot = HOT
+    hot[SOURCE] = source
+    hot[INDEX] = index
+    hot[SAMPLES] += 1
 
 
 def activate(board: Board | str | None, slot: int) -> None:
     """Open ``slot`` of ``board`` as this process's probe: a :class:`Board` in the process that made
     it (its stacks are taken by the watchdog in Python), or the board's folder in a worker, which
     then also dumps its stacks into that folder on ``SIGUSR2``."""
-    global ACTIVE, _activated
+    global ACTIVE, HOT, TIMING, _activated
     if board is None:
-        ACTIVE = OFF
-        _activated = None
+        deactivate()
         return
     folder = board.folder if isinstance(board, Board) else board
     if _activated == (folder, slot, os.getpid()):
         return
-    path = os.path.join(folder, "slots")
-    slots = os.path.getsize(path) // (SLOT_FIELDS * 8)
-    buffer = board.buffer if isinstance(board, Board) else _map(path, slots)
-    stack_file = None
-    if not isinstance(board, Board):
+    if isinstance(board, Board):
+        buffer, hot_buffer, sources, stack_file = (
+            board.buffer,
+            board.hot_buffer,
+            board.sources,
+            None,
+        )
+    else:
+        buffer = _map(os.path.join(folder, "slots"))
+        hot_buffer = _map(os.path.join(folder, "hot"))
+        with open(os.path.join(folder, "sources.json")) as f:
+            sources = json.load(f)
         stack_file = open(os.path.join(folder, f"stack-{slot}.txt"), "w")  # noqa: SIM115
         faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
-    ACTIVE = Probe(_slot(buffer, slot), stack_file)
+    width = HOT_FIELDS + len(sources)
+    ACTIVE = Probe(
+        _row(buffer, "d", slot, SLOT_FIELDS),
+        _row(hot_buffer, "q", slot, width),
+        sources,
+        stack_file,
+    )
+    HOT = ACTIVE.hot
+    TIMING = True
     _activated = (folder, slot, os.getpid())
 
 
 def deactivate() -> None:
-    """Back to :data:`OFF` (the main process, when its loader pass ends)."""
-    global ACTIVE, _activated
+    """Back to :data:`OFF` (the main process, when its loader pass ends), publishing first."""
+    global ACTIVE, HOT, TIMING, _activated
+    ACTIVE.finish()
     ACTIVE = OFF
+    HOT = _NOWHERE
+    TIMING = False
     _activated = None
 
 
-def probe_state(slot: np.ndarray) -> dict[str, Any]:
-    """A slot as plain numbers (for stats and the watchdog)."""
+def probe_state(slot: np.ndarray, hot: np.ndarray) -> dict[str, Any]:
+    """A slot (its float and int rows) as plain numbers (for stats and the watchdog). Stage
+    seconds are the timed seconds scaled to the time the process was active; the time since the
+    last publication counts for the stage it is in now."""
     now = time.monotonic()
-    stage = int(slot[STAGE])
-    times = {name: float(slot[TIMES + code]) for code, name in enumerate(STAGES)}
-    times[STAGES[stage]] += max(0.0, now - float(slot[SINCE]))  # the stage it is in now
+    stage = int(hot[STAGE])
+    timed = float(slot[TIMED_SECONDS])
+    scale = float(slot[ACTIVE_SECONDS]) / timed if timed > 0 else 1.0
+    times = {name: float(slot[TIMES + code]) * scale for code, name in enumerate(STAGES)}
+    started = bool(slot[PID])
+    if started:
+        times[STAGES[stage]] += max(0.0, now - float(slot[PUBLISHED]))
+    in_item = max(0.0, now - int(hot[ITEM_SINCE_NS]) / 1e9) if started else 0.0
     return {
         "pid": int(slot[PID]),
         "stage": STAGES[stage],
-        "in_stage_seconds": max(0.0, now - float(slot[SINCE])),
-        "source": int(slot[SOURCE]),
-        "index": int(slot[INDEX]),
-        "samples": int(slot[SAMPLES]),
-        "items": int(slot[ITEMS]),
+        "in_item_seconds": in_item,
+        "source": int(hot[SOURCE]),
+        "index": int(hot[INDEX]),
+        "samples": int(hot[SAMPLES]),
+        "items": int(hot[ITEMS]),
         "remote_retries": int(slot[RETRIES]),
         "remote_bytes": int(slot[REMOTE_BYTES]),
         "seconds": times,
-        "elapsed": max(0.0, now - float(slot[STARTED])) if slot[PID] else 0.0,
+        "elapsed": max(0.0, now - float(slot[STARTED])) if started else 0.0,
     }

@@ -20,7 +20,7 @@ import numpy as np
 
 from energon.errors import WatchdogTimeout
 from energon.observe import probe
-from energon.observe.probe import STAGES, Board, probe_state
+from energon.observe.probe import STAGES, Board
 from energon.observe.watchdog import Describe, Watchdog
 
 logger = logging.getLogger("energon.stats")
@@ -37,8 +37,10 @@ class LoaderMonitor:
         watchdog_timeout: float | None,
         watchdog_initial_timeout: float | None,
         fail_on_timeout: bool,
+        sources: list[str] | None = None,
     ) -> None:
         self.num_workers = num_workers
+        self.sources = list(sources or [])  # source paths: retries are counted per source
         self.enabled = True  # per-stage stats and the watchdog's view of the workers
         self.board: Board | None = None
         self.watchdog = (
@@ -63,7 +65,7 @@ class LoaderMonitor:
         if not self.enabled:
             return None
         if self.board is None:
-            self.board = Board(max(1, self.num_workers))
+            self.board = Board(max(1, self.num_workers), self.sources)
             if self.watchdog is not None:
                 self.watchdog.board = self.board
         if self.num_workers == 0:
@@ -75,9 +77,9 @@ class LoaderMonitor:
         if self.num_workers == 0:
             probe.deactivate()
         if self.board is not None:
-            rows = self.board.read()
-            for worker in range(len(rows)):
-                self.received[worker] = int(rows[worker, probe.ITEMS])
+            items = self.board.hot[:, probe.ITEMS]
+            for worker in range(len(items)):
+                self.received[worker] = int(items[worker])
 
     def next_entry(self, source: Iterator[Any]) -> Any:
         """``next(source)``, timed and watched (``WatchdogTimeout`` if it fired with fail)."""
@@ -137,6 +139,7 @@ class LoaderMonitor:
             "watchdog_reports": len(self.watchdog.reports) if self.watchdog is not None else 0,
         }
         if errors is not None:
+            retries = self.source_retries()
             out["sources"] = [
                 {
                     "path": s["path"],
@@ -144,17 +147,24 @@ class LoaderMonitor:
                     "read": s["read"],
                     "skipped": s["skipped"],
                     "errors": dict(s.get("reasons", {})),
+                    "retries": retries[i] if i < len(retries) else 0,
                 }
-                for s in errors["sources"]
+                for i, s in enumerate(errors["sources"])
             ]
         return out
+
+    def source_retries(self) -> list[int]:
+        """Retries of remote reads per source, over this loader's processes (0s without a board:
+        stats off, or nothing iterated yet)."""
+        if self.board is None:
+            return [0] * len(self.sources)
+        return self.board.source_retries()
 
     def _worker_stats(self) -> list[dict[str, Any]]:
         if self.board is None:
             return []
         out = []
-        for worker, row in enumerate(self.board.read()):
-            state = probe_state(row)
+        for worker, state in enumerate(self.board.states()):
             if not state["pid"]:
                 continue
             busy = sum(v for k, v in state["seconds"].items() if k != "wait")
@@ -190,9 +200,10 @@ def format_line(stats: dict[str, Any]) -> str:
     rate = sum(w["samples_per_second"] for w in workers)
     depths = "/".join(str(w["queue_depth"]) for w in workers) or "-"
     skipped = sum(s["skipped"] for s in stats.get("sources", []))
+    retries = sum(s["retries"] for s in stats.get("sources", []))
     return (
         f"energon stats: {stats['batches']} batches, waited {stats['wait_seconds']:.1f} s "
         f"({100 * stats['wait_fraction']:.1f}%, p95 {stats['wait_ms']['p95']:.0f} ms); "
         f"workers {rate:.0f} samples/s, queues {depths}; stages: {top or '-'}; "
-        f"skipped {skipped}"
+        f"skipped {skipped}, retries {retries}"
     )

@@ -4,7 +4,7 @@ process is stuck, and (optionally) fail instead of hanging.
 A loader tells its :class:`Watchdog` when it starts and stops waiting for a batch. A daemon thread
 sleeps until the wait has lasted ``timeout`` seconds (``initial_timeout`` for the first batch of a
 pass, which includes starting the workers), then writes a report: for every worker, its stage,
-for how long, and the sample it is on (key, shard, dataset, from the stats board of
+how long it has been on its current item, and the sample it is on (key, shard, dataset, from the stats board of
 :mod:`energon.observe.probe`), and the Python stacks of every worker (dumped by :mod:`faulthandler`
 on ``SIGUSR2``, so a worker stuck in native code answers too) and of every thread of the main
 process. The report is logged (logger ``energon.watchdog``) and kept (:attr:`Watchdog.reports`).
@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from energon.observe.probe import STACK_SIGNAL, Board, probe_state
+from energon.observe.probe import STACK_SIGNAL, Board
 
 logger = logging.getLogger("energon.watchdog")
 STACK_POLLS = 50  # how many times to look for a worker's stack dump ...
@@ -137,16 +137,15 @@ class Watchdog:
     def _worker_states(self) -> list[tuple[int, dict[str, Any]]]:
         if self.board is None:
             return []
-        rows = self.board.read()
-        states = [(slot, probe_state(row)) for slot, row in enumerate(rows)]
+        states = list(enumerate(self.board.states()))
         return [(slot, state) for slot, state in states if state["pid"]]
 
     def _describe_worker(self, slot: int, state: dict[str, Any]) -> str:
         pid = state["pid"]
         where = "main process" if pid == os.getpid() else f"worker {slot} (pid {pid})"
         line = (
-            f"{where}: stage {state['stage']} for {state['in_stage_seconds']:.1f} s, "
-            f"{state['samples']} samples loaded, {state['items']} items produced"
+            f"{where}: stage {state['stage']}, {_on_item(state)}, "
+            f"{state['samples']} samples read, {state['items']} items produced"
         )
         if state["index"] >= 0:
             try:
@@ -170,6 +169,14 @@ class Watchdog:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+
+
+def _on_item(state: dict[str, Any]) -> str:
+    """How long the worker has been on its current item (or waiting since its last one)."""
+    seconds = state["in_item_seconds"]
+    if state["stage"] == "wait":
+        return f"waiting for {seconds:.1f} s since its last item"
+    return f"on its current item for {seconds:.1f} s"
 
 
 def _async_raise(thread_ident: int | None, exception: type[BaseException] | None) -> bool:

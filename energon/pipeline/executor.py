@@ -128,13 +128,17 @@ class Executor:
         _probe.activate(self.board, self.layout.worker)
         probe = _probe.ACTIVE
         probe.enter(PLAN)
-        for entry in self._items_in_order():
-            if entry[0] is not None:
-                probe.produced()
+        try:
+            for entry in self._items_in_order():
+                if entry[0] is not None:
+                    probe.produced()
+                probe.enter(WAIT)
+                yield entry
+                probe.cycle()  # an item boundary: the next item may be timed
+                probe.enter(PLAN)
             probe.enter(WAIT)
-            yield entry
-            probe.enter(PLAN)
-        probe.enter(WAIT)
+        finally:
+            probe.finish()
 
     def _items_in_order(self) -> Iterator[tuple[Value, ItemMeta]]:
         num_streams = self.spec.num_streams

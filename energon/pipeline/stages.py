@@ -63,16 +63,14 @@ class LoadStage(Stage):
     def next(self) -> Item:
         while True:
             _, key = self.upstream.next()
-            probe = _probe.ACTIVE
-            previous = probe.enter(READ)
+            previous = _probe.switch(READ)
             try:
                 sample = self._load(key)
             except SampleException as e:
-                probe.enter(previous)
+                _probe.back(previous, READ)
                 self.policy.failed(e, keys=(key,))
                 continue
-            probe.enter(previous)
-            probe.loaded()
+            _probe.back(previous, READ)
             self.policy.succeeded()
             self._loaded += 1
             debug_log.emit(1, self._log_record, sample, key)
@@ -114,7 +112,7 @@ class LoadStage(Stage):
 
     def _load(self, key: Key) -> Value:
         source, index = pointer_target(key)
-        _probe.ACTIVE.loading(source, index)
+        _probe.loading(source, index)
         sample = self.leaves[source].load(index, self.decoder, key)
         cook = self.cooks[source]
         if cook is None:
@@ -136,12 +134,11 @@ def _call_hook(
     ``stage`` in the worker's stats (:mod:`energon.observe.probe`)."""
     previous = hook_context.sample_index
     hook_context.sample_index = sample_index
-    probe = _probe.ACTIVE
-    previous_stage = probe.enter(stage)
+    previous_stage = _probe.switch(stage)
     try:
         return fn(*args)
     finally:
-        probe.enter(previous_stage)
+        _probe.back(previous_stage, stage)
         hook_context.sample_index = previous
 
 

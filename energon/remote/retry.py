@@ -141,6 +141,6 @@ def with_retries(what: str, call: Callable[[], T]) -> T:
                 raise RemoteError(
                     f"{what}: giving up after {attempts} attempts: {describe(e)}"
                 ) from e
-            STATS.add(retries=1)
+            STATS.add_retry(what.partition(" bytes [")[0])  # the object, without the range
             time.sleep(_backoff(attempt))
     raise AssertionError("unreachable")

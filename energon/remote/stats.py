@@ -22,6 +22,9 @@ class RemoteStats:
     bytes_read: int = 0
     bytes_written: int = 0
     wait_seconds: float = 0.0  # time reads waited for remote bytes (0 while prefetch keeps up)
+    # retries per object URL, so that a loader can say which of its sources they hit (only
+    # objects that needed a retry appear: the map stays small)
+    retried_objects: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     _lock: ForkSafeLock = dataclasses.field(default_factory=ForkSafeLock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -29,8 +32,15 @@ class RemoteStats:
             for name, value in deltas.items():
                 setattr(self, name, getattr(self, name) + value)
 
+    def add_retry(self, url: str) -> None:
+        """One retry of a request to object ``url``."""
+        with self._lock:
+            self.retries += 1
+            self.retried_objects[url] = self.retried_objects.get(url, 0) + 1
+
     def reset(self) -> None:
         with self._lock:
+            self.retried_objects = {}
             self.requests = self.retries = self.throttled = self.hedged = 0
             self.bytes_read = self.bytes_written = 0
             self.wait_seconds = 0.0
