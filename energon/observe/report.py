@@ -5,6 +5,9 @@ The page holds (everything inlined: images as data URIs, no file or network fetc
 - a grid of random samples, each part shown by its kind: images as they are stored, audio with a
   player, video as a thumbnail of its first frame (PyAV), text and JSON as their first lines;
 - histograms of sample sizes per part (bytes, from the index: nothing is read for them);
+- histograms of image widths and heights per part: from prepare's media metadata
+  (``--media-metadata-*``, no data read) when the dataset has it, else from the images of the
+  sample grid (their headers);
 - the simulation (:mod:`energon.observe.simulate`): its figures, the shares of each source among
   the samples delivered over the first steps, samples drawn per shard in an epoch, and its warnings.
 
@@ -28,6 +31,10 @@ AUDIO_TYPES = {"wav": "wav", "flac": "flac", "mp3": "mpeg", "ogg": "ogg", "m4a":
 VIDEO_EXTENSIONS = {"mp4", "mkv", "webm", "mov", "avi"}
 TEXT_EXTENSIONS = {"txt", "json", "cls", "text", "caption"}
 SIZE_SAMPLES = 2000  # samples per source whose sizes the histograms show
+MEDIA_SAMPLES = 500  # samples per source whose media metadata the image histograms show
+MEDIA_PROBE = 8  # a source whose first samples have no media metadata is taken to have none
+
+ImageSizes = dict[str, list[tuple[int, int]]]  # part -> (width, height) per image
 
 
 def build_report(
@@ -46,10 +53,14 @@ def build_report(
     spec = dataset.spec
     rng = CounterRng(stable_seed(seed, "report"))
     step("decoding samples")
-    cards = [_sample_card(spec, source, index) for source, index in _pick(spec, rng, samples)]
+    grid_sizes: ImageSizes = {}
+    picked = _pick(spec, rng, samples)
+    cards = [_sample_card(spec, source, index, grid_sizes) for source, index in picked]
     step("plotting")
+    drawn = _draw(spec, rng)
     plots = [
-        ("Sample sizes", _size_histograms(spec, rng)),
+        ("Sample sizes", _size_histograms(spec, drawn)),
+        ("Image sizes", _image_size_histograms(spec, drawn, grid_sizes)),
         ("Source shares over the first steps", _shares_plot(sim)),
         ("Samples drawn per shard in one epoch", _shard_plot(sim)),
     ]
@@ -68,7 +79,8 @@ def _pick(spec: Any, rng: CounterRng, count: int) -> list[tuple[int, int]]:
 
 
 # -- the sample grid --------------------------------------------------------------------------
-def _sample_card(spec: Any, source: int, index: int) -> str:
+def _sample_card(spec: Any, source: int, index: int, image_sizes: ImageSizes) -> str:
+    """One sample of the grid; the sizes of its images are added to ``image_sizes``."""
     leaf = spec.sources[source].leaf
     meta = meta_reader(leaf)
     title = html.escape(f"{meta.key(index) or index} · {meta.shard_name(index)}")
@@ -77,7 +89,7 @@ def _sample_card(spec: Any, source: int, index: int) -> str:
     except Exception as e:  # a broken sample is shown as such
         body = f'<p class="error">{html.escape(f"{type(e).__name__}: {e}")}</p>'
         return f'<div class="card"><h4>{title}</h4>{body}</div>'
-    body = "".join(_render_part(name, value) for name, value in parts)
+    body = "".join(_render_part(name, value, image_sizes) for name, value in parts)
     return f'<div class="card"><h4>{title}</h4>{body}</div>'
 
 
@@ -92,11 +104,14 @@ def _raw_parts(leaf: Any, index: int, spec: Any) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in fields if not k.startswith("__")]
 
 
-def _render_part(name: str, value: Any) -> str:
+def _render_part(name: str, value: Any, image_sizes: ImageSizes) -> str:
     extension = name.rpartition(".")[2].lower()
     label = f'<div class="part">{html.escape(name)}</div>'
     if isinstance(value, bytes):
         if extension in IMAGE_TYPES:
+            size = _image_size(value)
+            if size is not None:
+                image_sizes.setdefault(name, []).append(size)
             return label + _img(value, f"image/{IMAGE_TYPES[extension]}")
         if extension in AUDIO_TYPES:
             src = _data_uri(value, f"audio/{AUDIO_TYPES[extension]}")
@@ -112,10 +127,22 @@ def _render_part(name: str, value: Any) -> str:
     if isinstance(value, str):
         return label + _text(value)
     if hasattr(value, "save") and hasattr(value, "size"):  # a PIL image
+        image_sizes.setdefault(name, []).append(tuple(value.size))
         buffer = io.BytesIO()
         value.save(buffer, format="PNG")
         return label + _img(buffer.getvalue(), "image/png")
     return label + _text(repr(value))
+
+
+def _image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the image's header (no pixels decoded); None if unreadable."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return int(image.width), int(image.height)
+    except Exception:  # the card shows the image as stored; the histogram leaves it out
+        return None
 
 
 def _text(text: str, limit: int = 300) -> str:
@@ -168,14 +195,23 @@ def _png(fig: Any) -> str:
     return _img(buffer.getvalue(), "image/png", "plot")
 
 
-def _size_histograms(spec: Any, rng: CounterRng) -> str:
-    """Bytes per part kind over up to :data:`SIZE_SAMPLES` random samples per source."""
-    by_part: dict[str, list[int]] = {}
+def _draw(spec: Any, rng: CounterRng) -> list[list[int]]:
+    """Up to :data:`SIZE_SAMPLES` random sample indices per source (for the histograms)."""
+    drawn = []
     for source in spec.sources:
-        reader = meta_reader(source.leaf)
         count = min(SIZE_SAMPLES, source.end - source.start)
-        for _ in range(count):
-            index = source.start + rng.randbelow(source.end - source.start)
+        drawn.append(
+            [source.start + rng.randbelow(source.end - source.start) for _ in range(count)]
+        )
+    return drawn
+
+
+def _size_histograms(spec: Any, drawn: list[list[int]]) -> str:
+    """Bytes per part kind over the drawn samples (:func:`_draw`)."""
+    by_part: dict[str, list[int]] = {}
+    for source, indices in zip(spec.sources, drawn):
+        reader = meta_reader(source.leaf)
+        for index in indices:
             sizes = reader.part_sizes(index)
             if not sizes:
                 size = reader.byte_range(index)[1]
@@ -192,6 +228,47 @@ def _size_histograms(spec: Any, rng: CounterRng) -> str:
         ax.set_title(f"{part} ({len(by_part[part])} samples)")
         ax.set_xlabel("bytes")
     return _png(fig)
+
+
+def _image_size_histograms(spec: Any, drawn: list[list[int]], grid: ImageSizes) -> str:
+    """Widths and heights of images per part: from the media metadata of up to
+    :data:`MEDIA_SAMPLES` drawn samples per source where the dataset has it, else from the
+    images of the sample grid."""
+    sizes = _media_image_sizes(spec, drawn)
+    origin = "prepare's media metadata"
+    if not sizes:
+        sizes, origin = grid, "the images of the sample grid"
+    if not sizes:
+        return "<p>no images (and no image media metadata)</p>"
+    plt = _pyplot()
+    parts = sorted(sizes)
+    fig, axes = plt.subplots(len(parts), 2, figsize=(8, 2.6 * len(parts)), squeeze=False)
+    for row, part in zip(axes, parts):
+        widths, heights = zip(*sizes[part])
+        for ax, values, what in ((row[0], widths, "width"), (row[1], heights, "height")):
+            ax.hist(values, bins=min(30, max(1, len(set(values)))), color="#2ca02c")
+            ax.set_title(f"{part} {what} ({len(values)} images)")
+            ax.set_xlabel("pixels")
+    note = f"<p>From {html.escape(origin)}.</p>"
+    return note + _png(fig)
+
+
+def _media_image_sizes(spec: Any, drawn: list[list[int]]) -> ImageSizes:
+    """(width, height) per image part from prepare's media metadata (images; video frames)."""
+    from energon.media.metadata import AVMetadata, ImageMetadata
+
+    found: ImageSizes = {}
+    for source, indices in zip(spec.sources, drawn):
+        reader = meta_reader(source.leaf)
+        if not any(reader.media(index) for index in indices[:MEDIA_PROBE]):
+            continue  # no media metadata in this source
+        for index in indices[:MEDIA_SAMPLES]:
+            for part, meta in reader.media(index).items():
+                if isinstance(meta, ImageMetadata):
+                    found.setdefault(part, []).append((meta.width, meta.height))
+                elif isinstance(meta, AVMetadata) and meta.video_width and meta.video_height:
+                    found.setdefault(part, []).append((meta.video_width, meta.video_height))
+    return found
 
 
 def _shares_plot(sim: Simulation) -> str:

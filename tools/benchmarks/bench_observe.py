@@ -7,7 +7,17 @@ workers) and how close ``energon simulate --measure``'s throughput estimate come
 2. Estimate: the measured samples/s of one worker against a real loader with one worker
    (``num_workers=1``, so the main process mostly waits), as a ratio; the goal is within 30%.
 
+``--cpu-overhead`` instead measures the overhead as CPU time, robust to a busy machine: three
+loaders over the same data run side by side (stats and watchdog off; stats on, watchdog off; the
+default, both on) and take turns of ``--chunk`` batches, ``--rounds`` times in rotating order. A
+loader's CPU time per round is its main process's CPU time during its turn plus its workers' CPU
+time from its turn's start to its next turn's start (so the work its workers do ahead, during the
+other loaders' turns, counts too); from /proc/PID/schedstat, so other jobs on the machine do not
+count. The overhead is the median over rounds of (CPU time on / CPU time off) of the same round.
+
 Usage: python tools/benchmarks/bench_observe.py [--workload captioning-small] [--repeats 5]
+       python tools/benchmarks/bench_observe.py --cpu-overhead --workload text --workers 0,2 \
+           [--root /work/bench_data] [--chunk 100] [--rounds 40] [--batch-size 32]
 """
 
 from __future__ import annotations
@@ -21,10 +31,15 @@ import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_common import ensure_workload, machine_summary, print_markdown_table  # noqa: E402
+from bench_common import (  # noqa: E402
+    DEFAULT_ROOT,
+    ensure_workload,
+    machine_summary,
+    print_markdown_table,
+)
 from bench_loader import ensure_dataset_yaml, prepare_workload  # noqa: E402
 
-from energon import WorkerConfig, get_savable_loader, get_train_dataset  # noqa: E402
+from energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset  # noqa: E402
 from energon.observe.measure import measure  # noqa: E402
 from energon.observe.simulate import SimulationSettings  # noqa: E402
 
@@ -50,15 +65,116 @@ def loader_rate(path: str, *, stats: bool, batches: int, batch_size: int, worker
     return batches * batch_size / seconds
 
 
+CONFIGS = ("off", "stats", "default")  # stats and watchdog off / stats only / both (the default)
+
+
+def open_loader(path: str, config: str, workers: int, batch_size: int):
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    ds = get_train_dataset(
+        path,
+        worker_config=wc,
+        batch_size=batch_size,
+        shuffle_buffer_size=100,
+        max_samples_per_sequence=100,
+    )
+    loader = get_loader(ds, watchdog_timeout_seconds=60 if config == "default" else None)
+    loader.collect_stats = config != "off"
+    it = iter(loader)
+    for _ in range(20):  # warm up: workers started, queues full
+        next(it)
+    return loader, it
+
+
+def _cpu(pid: int | str) -> float:
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def worker_cpu(loader) -> float:
+    """CPU seconds of the loader's worker processes so far (torch's DataLoader iterator)."""
+    return sum(_cpu(w.pid) for w in getattr(loader._source, "_workers", []))
+
+
+def cpu_overhead(path: str, workers: int, rounds: int, chunk: int, batch_size: int):
+    """CPU seconds per round of each configuration (the first round only starts the clocks)."""
+    loaders = {c: open_loader(path, c, workers, batch_size) for c in CONFIGS}
+    seconds: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    last_workers: dict[str, float] = {}
+    for r in range(rounds + 1):
+        for config in CONFIGS[r % 3 :] + CONFIGS[: r % 3]:
+            loader, it = loaders[config]
+            at_start = worker_cpu(loader)
+            main = _cpu("self")
+            for _ in range(chunk):
+                next(it)
+            main = _cpu("self") - main
+            if config in last_workers:
+                seconds[config].append(main + at_start - last_workers[config])
+            last_workers[config] = at_start
+    return seconds
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main_cpu_overhead(args) -> None:
+    workload = ensure_workload(args.workload, args.root)
+    ensure_dataset_yaml(workload)
+    if not os.path.exists(os.path.join(workload.path, ".nv-meta", "index.sqlite")):
+        prepare_workload(workload)
+    print(machine_summary())
+    rows = []
+    for workers in [int(w) for w in args.workers.split(",")]:
+        seconds = cpu_overhead(workload.path, workers, args.rounds, args.chunk, args.batch_size)
+        off = statistics.median(seconds["off"])
+        samples = args.chunk * args.batch_size
+        for config in CONFIGS[1:]:
+            ratios = [a / b for a, b in zip(seconds[config], seconds["off"])]
+            rows.append(
+                (
+                    workers,
+                    config,
+                    f"{samples / off:,.0f}",
+                    f"{samples / statistics.median(seconds[config]):,.0f}",
+                    f"{(statistics.median(ratios) - 1) * 100:+.2f}%",
+                    f"{(_quantile(ratios, 0.25) - 1) * 100:+.1f}% .. "
+                    f"{(_quantile(ratios, 0.75) - 1) * 100:+.1f}%",
+                    len(ratios),
+                )
+            )
+    print_markdown_table(
+        (
+            "workers",
+            "on",
+            "off: samples/CPU-s",
+            "on: samples/CPU-s",
+            "overhead (median of rounds)",
+            "middle half of rounds",
+            "rounds",
+        ),
+        rows,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", default="captioning-small")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batches", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", default="2", help="one count; a list with --cpu-overhead")
+    parser.add_argument("--cpu-overhead", action="store_true")
+    parser.add_argument("--root", default=DEFAULT_ROOT, help="where the workloads are")
+    parser.add_argument("--chunk", type=int, default=100, help="batches per turn (--cpu-overhead)")
+    parser.add_argument("--rounds", type=int, default=40, help="rounds (--cpu-overhead)")
     args = parser.parse_args()
-    workload = ensure_workload(args.workload)
+    if args.cpu_overhead:
+        main_cpu_overhead(args)
+        return
+    args.workers = int(args.workers)
+    workload = ensure_workload(args.workload, args.root)
     ensure_dataset_yaml(workload)
     if not os.path.exists(os.path.join(workload.path, ".nv-meta", "index.sqlite")):
         prepare_workload(workload)
