@@ -117,6 +117,8 @@ def _create(path: str, fields: int) -> mmap.mmap:
 def _remove_folder(folder: str, owner: int) -> None:
     if os.getpid() != owner:
         return
+    for key in [k for k in _probes if k[0] == folder]:
+        del _probes[key]
     try:
         names = os.listdir(folder)
     except OSError:
@@ -291,7 +293,9 @@ ACTIVE: Probe | _Off = OFF
 HOT: memoryview = _NOWHERE
 #: whether the current cycle is timed (stage switches then also call ``ACTIVE.switched``)
 TIMING = False
-_activated: tuple[str, int, int] | None = None  # (board folder, slot, pid)
+# this process's probes by (board folder, slot, pid): several loaders without workers share the
+# main process, and each executor puts its own probe back when it resumes (:func:`install`)
+_probes: dict[tuple[str, int, int], Probe] = {}
 
 
 def switch(stage: int) -> int:
@@ -324,12 +328,13 @@ def activate(board: Board | str | None, slot: int) -> None:
     """Open ``slot`` of ``board`` as this process's probe: a :class:`Board` in the process that made
     it (its stacks are taken by the watchdog in Python), or the board's folder in a worker, which
     then also dumps its stacks into that folder on ``SIGUSR2``."""
-    global ACTIVE, HOT, TIMING, _activated
     if board is None:
-        deactivate()
+        install(OFF)
         return
     folder = board.folder if isinstance(board, Board) else board
-    if _activated == (folder, slot, os.getpid()):
+    key = (folder, slot, os.getpid())
+    if key in _probes:
+        install(_probes[key])
         return
     if isinstance(board, Board):
         buffer, hot_buffer, sources, stack_file = (
@@ -346,25 +351,33 @@ def activate(board: Board | str | None, slot: int) -> None:
         stack_file = open(os.path.join(folder, f"stack-{slot}.txt"), "w")  # noqa: SIM115
         faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
     width = HOT_FIELDS + len(sources)
-    ACTIVE = Probe(
+    probe = Probe(
         _row(buffer, "d", slot, SLOT_FIELDS),
         _row(hot_buffer, "q", slot, width),
         sources,
         stack_file,
     )
-    HOT = ACTIVE.hot
-    TIMING = True
-    _activated = (folder, slot, os.getpid())
+    _probes[key] = probe
+    install(probe)
 
 
-def deactivate() -> None:
-    """Back to :data:`OFF` (the main process, when its loader pass ends), publishing first."""
-    global ACTIVE, HOT, TIMING, _activated
-    ACTIVE.finish()
-    ACTIVE = OFF
-    HOT = _NOWHERE
-    TIMING = False
-    _activated = None
+def install(probe: Probe | _Off) -> None:
+    """Make ``probe`` this process's active probe (the stages write into its slot)."""
+    global ACTIVE, HOT, TIMING
+    ACTIVE = probe
+    HOT = probe.hot if isinstance(probe, Probe) else _NOWHERE
+    TIMING = probe.timing
+
+
+def deactivate(probe: Probe | _Off | None = None) -> None:
+    """Publish and forget ``probe`` (default: the active one; the main process, when its loader
+    pass ends); back to :data:`OFF` if it was active."""
+    probe = ACTIVE if probe is None else probe
+    probe.finish()
+    for key in [k for k, p in _probes.items() if p is probe]:
+        del _probes[key]
+    if probe is ACTIVE:
+        install(OFF)
 
 
 def probe_state(slot: np.ndarray, hot: np.ndarray) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class LoaderMonitor:
         self.sources = list(sources or [])  # source paths: retries are counted per source
         self.enabled = True  # per-stage stats and the watchdog's view of the workers
         self.board: Board | None = None
+        self._probe: probe.Probe | None = None  # the main process's, without workers
         self.watchdog = (
             Watchdog(watchdog_timeout, watchdog_initial_timeout, fail_on_timeout, describe, rank)
             if watchdog_timeout
@@ -70,12 +71,14 @@ class LoaderMonitor:
                 self.watchdog.board = self.board
         if self.num_workers == 0:
             probe.activate(self.board, 0)
+            self._probe = probe.ACTIVE
         return self.board.folder
 
     def close_source(self) -> None:
         """Items the workers made ahead are dropped with the source: they are no longer queued."""
-        if self.num_workers == 0:
-            probe.deactivate()
+        if self._probe is not None:
+            probe.deactivate(self._probe)
+            self._probe = None
         if self.board is not None:
             items = self.board.hot[:, probe.ITEMS]
             for worker in range(len(items)):

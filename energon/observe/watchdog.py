@@ -70,16 +70,22 @@ class Watchdog:
 
     # -- the waiting thread ------------------------------------------------------------------
     def begin_wait(self, first: bool) -> None:
+        """Start the clock. No notification: waking the watchdog thread for every batch would cost
+        a thread switch per batch; it wakes on its own at least every ``min(timeout,
+        initial_timeout)`` seconds, so a wait that began while it slept is still caught on time
+        (it is notified only when the limit changes: it may be sleeping towards a later one)."""
         with self._cond:
             self._since = time.monotonic()
-            self._limit = self.initial_timeout if first else self.timeout
+            limit = self.initial_timeout if first else self.timeout
+            if limit != self._limit:
+                self._limit = limit
+                self._cond.notify()
             self._waiter = threading.get_ident()
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="energon-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
 
     def end_wait(self) -> str | None:
         """Stop the clock; the report to fail with, if the watchdog fired with ``fail``."""
@@ -101,7 +107,7 @@ class Watchdog:
         with self._cond:
             while not self._stopped:
                 if self._since is None:
-                    self._cond.wait()
+                    self._cond.wait(min(self.timeout, self.initial_timeout))
                     continue
                 waited = time.monotonic() - self._since
                 if waited < self._limit:

@@ -122,8 +122,12 @@ class Executor:
 
     def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
         """The items, with this executor's time and progress on the loader's stats board."""
-        if self.board is None:
-            yield from self._items_in_order()
+        if self.board is None:  # stats off; the stages must not write into another loader's board
+            _probe.install(_probe.OFF)
+            for entry in self._items_in_order():
+                yield entry
+                if _probe.ACTIVE is not _probe.OFF:  # another loader ran in this process
+                    _probe.install(_probe.OFF)
             return
         _probe.activate(self.board, self.layout.worker)
         probe = _probe.ACTIVE
@@ -134,6 +138,8 @@ class Executor:
                     probe.produced()
                 probe.enter(WAIT)
                 yield entry
+                if _probe.ACTIVE is not probe:  # another loader ran in this process
+                    _probe.install(probe)
                 probe.cycle()  # an item boundary: the next item may be timed
                 probe.enter(PLAN)
             probe.enter(WAIT)

@@ -143,3 +143,24 @@ def test_a_multiprocessing_child_leaves_no_shared_memory_behind(captioning_ds):
     child.join(timeout=300)
     assert child.exitcode == 0 and not os.path.exists(folder)
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"energon-{child.pid}-")]
+
+
+def test_loaders_without_workers_in_one_process_count_only_their_own_samples(text_ds):
+    """Without workers every loader runs its stages in the main process: each must write into its
+    own board (a train and a validation loader side by side), and one with stats off into none."""
+    first = stats_loader(text_ds, num_workers=0, batch_size=4)
+    second = stats_loader(text_ds, num_workers=0, batch_size=2)
+    off = stats_loader(text_ds, num_workers=0, batch_size=3)
+    off.collect_stats = False
+    its = [iter(first), iter(second), iter(off)]
+    for turn in range(12):  # taking turns, a different number of batches each time
+        for _ in range(turn % 3 + 1):
+            next(its[turn % 3])
+    taken = [sum(t % 3 + 1 for t in range(12) if t % 3 == i) for i in range(3)]
+    for loader, batch_size, batches in ((first, 4, taken[0]), (second, 2, taken[1])):
+        stats = loader.stats()
+        assert stats["batches"] == batches
+        (worker,) = stats["workers"]
+        assert worker["samples"] == batches * batch_size  # no read-ahead without workers
+        assert worker["items"] == batches
+    assert off.stats()["workers"] == []
