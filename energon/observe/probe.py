@@ -316,12 +316,18 @@ def back(previous: int, stage: int) -> None:
         ACTIVE.switched(stage)
 
 
-def loading(source: int, index: int) -> None:
-    """The sample this process reads now (for the watchdog), and one more sample read."""
+def reading(source: int, index: int) -> int:
+    """Enter stage ``read`` for sample ``index`` of ``source`` (the watchdog names it), one more
+    sample read: :func:`switch` and the sample in one call; returns the stage to go back to."""
     hot = HOT
+    previous = hot[STAGE]
+    hot[STAGE] = READ
     hot[SOURCE] = source
     hot[INDEX] = index
     hot[SAMPLES] += 1
+    if TIMING:
+        ACTIVE.switched(previous)
+    return previous
 
 
 def activate(board: Board | str | None, slot: int) -> None:

@@ -63,9 +63,10 @@ class LoadStage(Stage):
     def next(self) -> Item:
         while True:
             _, key = self.upstream.next()
-            previous = _probe.switch(READ)
+            source, index = pointer_target(key)
+            previous = _probe.reading(source, index)
             try:
-                sample = self._load(key)
+                sample = self._load(key, source, index)
             except SampleException as e:
                 _probe.back(previous, READ)
                 self.policy.failed(e, keys=(key,))
@@ -110,9 +111,10 @@ class LoadStage(Stage):
             self.upstream.check_key(key)  # a key from a saved state or a restore key: check it
         return self._load(key)
 
-    def _load(self, key: Key) -> Value:
-        source, index = pointer_target(key)
-        _probe.loading(source, index)
+    def _load(self, key: Key, source: int | None = None, index: int = 0) -> Value:
+        """The sample ``key`` points to (``source``, ``index``: its target, when known)."""
+        if source is None:
+            source, index = pointer_target(key)
         sample = self.leaves[source].load(index, self.decoder, key)
         cook = self.cooks[source]
         if cook is None:

@@ -23,6 +23,7 @@ Usage: python tools/benchmarks/bench_observe.py [--workload captioning-small] [-
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
@@ -114,6 +115,65 @@ def cpu_overhead(path: str, workers: int, rounds: int, chunk: int, batch_size: i
     return seconds
 
 
+def hot_path_cost(path: str, batch_size: int, batches: int = 300) -> dict[str, float]:
+    """The probe's own CPU cost per sample, free of the machine's noise: how often each probe
+    call runs per sample (counted in a real loader without workers, stats on), times what one
+    call costs (the fastest of repeated timings of the same call in this process)."""
+    from energon.observe import probe
+
+    counts: collections.Counter[str] = collections.Counter()
+    wrapped = {}
+    for owner, name in ((probe, "switch"), (probe, "back"), (probe, "reading")):
+        wrapped[(owner, name)] = getattr(owner, name)
+    for name in ("switched", "cycle"):
+        wrapped[(probe.Probe, name)] = getattr(probe.Probe, name)
+
+    def counting(name: str, fn):
+        def call(*args):
+            counts[name] += 1
+            return fn(*args)
+
+        return call
+
+    for (owner, name), fn in wrapped.items():
+        setattr(owner, name, counting(name, fn))
+    try:
+        loader, it = open_loader(path, "stats", 0, batch_size)
+        counts.clear()  # after the warm-up: steady state
+        for _ in range(batches):
+            next(it)
+        del loader, it
+    finally:
+        for (owner, name), fn in wrapped.items():
+            setattr(owner, name, fn)
+    samples = batches * batch_size
+    per_sample = {name: counts[name] / samples for name in ("switch", "back", "reading")}
+    per_sample["switched"] = counts["switched"] / samples
+    per_sample["cycle"] = counts["cycle"] / samples
+
+    board = probe.Board(1, ["x"])
+    probe.activate(board, 0)
+    active = probe.ACTIVE
+    probe.install(active)
+    active.timing = False
+    probe.TIMING = False
+
+    def best_ns(fn, number: int = 100_000) -> float:
+        return min(timeit.repeat(fn, number=number, repeat=7)) / number * 1e9
+
+    empty = best_ns(lambda: None)
+    cost = {
+        "switch": best_ns(lambda: probe.switch(probe.READ)) - empty,
+        "back": best_ns(lambda: probe.back(probe.PLAN, probe.READ)) - empty,
+        "reading": best_ns(lambda: probe.reading(0, 5)) - empty,
+        "switched": best_ns(lambda: active.switched(probe.READ)) - empty,
+        "cycle": best_ns(active.cycle, number=20_000) - empty,
+    }
+    probe.deactivate(active)
+    board.close()
+    return {"per_sample": per_sample, "ns": cost}
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -126,10 +186,12 @@ def main_cpu_overhead(args) -> None:
         prepare_workload(workload)
     print(machine_summary())
     rows = []
+    off_rate = []  # samples per CPU second, stats off, per worker count
     for workers in [int(w) for w in args.workers.split(",")]:
         seconds = cpu_overhead(workload.path, workers, args.rounds, args.chunk, args.batch_size)
         off = statistics.median(seconds["off"])
         samples = args.chunk * args.batch_size
+        off_rate.append(samples / off)
         for config in CONFIGS[1:]:
             ratios = [a / b for a, b in zip(seconds[config], seconds["off"])]
             rows.append(
@@ -144,6 +206,24 @@ def main_cpu_overhead(args) -> None:
                     len(ratios),
                 )
             )
+    hot = hot_path_cost(workload.path, args.batch_size)
+    sample_ns = 1e9 / off_rate[0] if off_rate else float("nan")
+    rows_hot = []
+    total = 0.0
+    for name, calls in hot["per_sample"].items():
+        ns = calls * hot["ns"][name]
+        total += ns
+        rows_hot.append((name, f"{calls:.3f}", f"{hot['ns'][name]:.0f}", f"{ns:.0f}"))
+    print_markdown_table(
+        ("probe call", "calls per sample", "ns per call", "ns per sample"), rows_hot
+    )
+    extra = sum(hot["per_sample"][n] * hot["ns"][n] for n in ("switched", "cycle"))
+    print(
+        f"probe cost per sample: {total:.0f} ns, of which {extra:.0f} ns only with stats on "
+        f"(timed items, item boundaries); a sample costs {sample_ns / 1e3:.1f} us of CPU "
+        f"(stats off, 0 workers): {100 * total / sample_ns:.2f}% in all, "
+        f"{100 * extra / sample_ns:.2f}% added by stats on"
+    )
     print_markdown_table(
         (
             "workers",
