@@ -34,7 +34,7 @@ from energon.decode.sniff import guess_extension
 from energon.errors import SYSTEM_EXCEPTIONS, DecodeError
 from energon.format.layout import DATASET_YAML_FILENAME, MAIN_FOLDER_NAME
 from energon.observe import probe as _probe
-from energon.observe.probe import DECODE
+from energon.observe.probe import DECODE, STAGE
 
 __all__ = [
     "AV_DECODE_MODES",
@@ -208,7 +208,11 @@ class SampleDecoder:
         """
         name = part_name
         label = f"{key}.{part_name}" if key is not None else part_name
-        previous_stage = _probe.switch(DECODE)
+        hot = _probe.HOT  # probe.switch / probe.back inlined: this runs for every part
+        previous_stage = hot[STAGE]
+        hot[STAGE] = DECODE
+        if _probe.TIMING:
+            _probe.ACTIVE.switched(previous_stage)
         try:
             with deadline(self.decode_timeout, f"decoding {label}"):
                 if name.endswith(".gz") or name == "gz":
@@ -226,7 +230,9 @@ class SampleDecoder:
         except Exception as exc:
             raise DecodeError(f"{type(exc).__name__}: {exc}", part_name=part_name, key=key) from exc
         finally:
-            _probe.back(previous_stage, DECODE)
+            hot[STAGE] = previous_stage
+            if _probe.TIMING:
+                _probe.ACTIVE.switched(DECODE)
 
     def _dispatch(self, extension: str, data: bytes | memoryview, label: str) -> Any:
         lowered = extension.lower()

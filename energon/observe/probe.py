@@ -299,8 +299,9 @@ _probes: dict[tuple[str, int, int], Probe] = {}
 
 
 def switch(stage: int) -> int:
-    """Enter ``stage`` (a stage's hot path: an integer store, a clock only in timed cycles);
-    returns the stage to go back to with :func:`back`."""
+    """Enter ``stage`` (an integer store; a clock only in timed cycles); returns the stage to go
+    back to with :func:`back`. The per-sample call sites (the load stage, the decoder, task
+    encoder hooks) inline these few lines: a function call would cost more than they do."""
     hot = HOT
     previous = hot[STAGE]
     hot[STAGE] = stage
@@ -314,20 +315,6 @@ def back(previous: int, stage: int) -> None:
     HOT[STAGE] = previous
     if TIMING:
         ACTIVE.switched(stage)
-
-
-def reading(source: int, index: int) -> int:
-    """Enter stage ``read`` for sample ``index`` of ``source`` (the watchdog names it), one more
-    sample read: :func:`switch` and the sample in one call; returns the stage to go back to."""
-    hot = HOT
-    previous = hot[STAGE]
-    hot[STAGE] = READ
-    hot[SOURCE] = source
-    hot[INDEX] = index
-    hot[SAMPLES] += 1
-    if TIMING:
-        ACTIVE.switched(previous)
-    return previous
 
 
 def activate(board: Board | str | None, slot: int) -> None:

@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 import timeit
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -115,18 +116,14 @@ def cpu_overhead(path: str, workers: int, rounds: int, chunk: int, batch_size: i
     return seconds
 
 
-def hot_path_cost(path: str, batch_size: int, batches: int = 300) -> dict[str, float]:
-    """The probe's own CPU cost per sample, free of the machine's noise: how often each probe
-    call runs per sample (counted in a real loader without workers, stats on), times what one
-    call costs (the fastest of repeated timings of the same call in this process)."""
+def _count_probe_calls(path: str, batch_size: int, batches: int, all_timed: bool):
+    """Calls of ``Probe.switched`` and ``Probe.cycle`` per sample in a real loader without
+    workers (stats on). With every item timed, each stage switch calls ``switched`` once, so its
+    count is the number of stage switches per sample."""
     from energon.observe import probe
 
     counts: collections.Counter[str] = collections.Counter()
-    wrapped = {}
-    for owner, name in ((probe, "switch"), (probe, "back"), (probe, "reading")):
-        wrapped[(owner, name)] = getattr(owner, name)
-    for name in ("switched", "cycle"):
-        wrapped[(probe.Probe, name)] = getattr(probe.Probe, name)
+    originals = {name: getattr(probe.Probe, name) for name in ("switched", "cycle")}
 
     def counting(name: str, fn):
         def call(*args):
@@ -135,8 +132,11 @@ def hot_path_cost(path: str, batch_size: int, batches: int = 300) -> dict[str, f
 
         return call
 
-    for (owner, name), fn in wrapped.items():
-        setattr(owner, name, counting(name, fn))
+    timed_first = probe.TIMED_FIRST
+    for name, fn in originals.items():
+        setattr(probe.Probe, name, counting(name, fn))
+    if all_timed:
+        probe.TIMED_FIRST = 1 << 60
     try:
         loader, it = open_loader(path, "stats", 0, batch_size)
         counts.clear()  # after the warm-up: steady state
@@ -144,34 +144,65 @@ def hot_path_cost(path: str, batch_size: int, batches: int = 300) -> dict[str, f
             next(it)
         del loader, it
     finally:
-        for (owner, name), fn in wrapped.items():
-            setattr(owner, name, fn)
+        for name, fn in originals.items():
+            setattr(probe.Probe, name, fn)
+        probe.TIMED_FIRST = timed_first
     samples = batches * batch_size
-    per_sample = {name: counts[name] / samples for name in ("switch", "back", "reading")}
-    per_sample["switched"] = counts["switched"] / samples
-    per_sample["cycle"] = counts["cycle"] / samples
+    return {name: counts[name] / samples for name in originals}
 
+
+def hot_path_cost(path: str, batch_size: int, batches: int = 300) -> dict[str, Any]:
+    """The probe's own CPU cost per sample, free of the machine's noise: how often each piece of
+    probe code runs per sample (counted in a real loader), times what one run costs (the fastest
+    of many timings of the same code in this process, in thread CPU time). The pieces: a stage
+    switch as the stages inline it (enter and leave: integer stores, a flag test), the per-sample
+    stores of the sample being read, and, with stats on only, the clock of timed items
+    (``Probe.switched``) and the item boundary (``Probe.cycle``)."""
+    from energon.observe import probe
+
+    switches = _count_probe_calls(path, batch_size, batches, all_timed=True)["switched"] / 2
+    calls = _count_probe_calls(path, batch_size, batches, all_timed=False)
     board = probe.Board(1, ["x"])
     probe.activate(board, 0)
     active = probe.ACTIVE
-    probe.install(active)
     active.timing = False
-    probe.TIMING = False
+    probe.install(active)
 
-    def best_ns(fn, number: int = 100_000) -> float:
-        return min(timeit.repeat(fn, number=number, repeat=7)) / number * 1e9
+    def inlined_switch() -> None:  # what LoadStage, SampleDecoder.decode and _call_hook do
+        hot = probe.HOT
+        previous = hot[probe.STAGE]
+        hot[probe.STAGE] = probe.DECODE
+        if probe.TIMING:
+            probe.ACTIVE.switched(previous)
+        hot[probe.STAGE] = previous
+        if probe.TIMING:
+            probe.ACTIVE.switched(probe.DECODE)
+
+    def sample_stores() -> None:  # LoadStage, once per sample
+        hot = probe.HOT
+        hot[probe.SOURCE] = 0
+        hot[probe.INDEX] = 5
+        hot[probe.SAMPLES] += 1
+
+    def best_ns(fn, number: int = 20_000) -> float:
+        # CPU time of this thread (time the scheduler gave others does not count), fastest of many
+        timings = timeit.repeat(fn, number=number, repeat=25, timer=time.thread_time)
+        return min(timings) / number * 1e9
 
     empty = best_ns(lambda: None)
-    cost = {
-        "switch": best_ns(lambda: probe.switch(probe.READ)) - empty,
-        "back": best_ns(lambda: probe.back(probe.PLAN, probe.READ)) - empty,
-        "reading": best_ns(lambda: probe.reading(0, 5)) - empty,
-        "switched": best_ns(lambda: active.switched(probe.READ)) - empty,
-        "cycle": best_ns(active.cycle, number=20_000) - empty,
-    }
+    rows = [
+        ("stage switch (enter + leave)", switches, best_ns(inlined_switch) - empty),
+        ("sample stores", 1.0, best_ns(sample_stores) - empty),
+        (
+            "Probe.switched (timed items)",
+            calls["switched"],
+            best_ns(lambda: active.switched(2)) - empty,
+        ),
+        ("Probe.cycle (item boundary)", calls["cycle"], best_ns(active.cycle) - empty),
+    ]
     probe.deactivate(active)
     board.close()
-    return {"per_sample": per_sample, "ns": cost}
+    return rows
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -206,23 +237,19 @@ def main_cpu_overhead(args) -> None:
                     len(ratios),
                 )
             )
-    hot = hot_path_cost(workload.path, args.batch_size)
+    rows_hot = hot_path_cost(workload.path, args.batch_size)
     sample_ns = 1e9 / off_rate[0] if off_rate else float("nan")
-    rows_hot = []
-    total = 0.0
-    for name, calls in hot["per_sample"].items():
-        ns = calls * hot["ns"][name]
-        total += ns
-        rows_hot.append((name, f"{calls:.3f}", f"{hot['ns'][name]:.0f}", f"{ns:.0f}"))
+    total = sum(calls * ns for _, calls, ns in rows_hot)
+    stats_on = sum(calls * ns for _, calls, ns in rows_hot[2:])
     print_markdown_table(
-        ("probe call", "calls per sample", "ns per call", "ns per sample"), rows_hot
+        ("probe code", "runs per sample", "ns per run", "ns per sample"),
+        [(n, f"{c:.3f}", f"{ns:.0f}", f"{c * ns:.0f}") for n, c, ns in rows_hot],
     )
-    extra = sum(hot["per_sample"][n] * hot["ns"][n] for n in ("switched", "cycle"))
     print(
-        f"probe cost per sample: {total:.0f} ns, of which {extra:.0f} ns only with stats on "
-        f"(timed items, item boundaries); a sample costs {sample_ns / 1e3:.1f} us of CPU "
-        f"(stats off, 0 workers): {100 * total / sample_ns:.2f}% in all, "
-        f"{100 * extra / sample_ns:.2f}% added by stats on"
+        f"probe cost per sample: {total:.0f} ns, of which {stats_on:.0f} ns only with stats on; "
+        f"a sample costs {sample_ns / 1e3:.1f} us of CPU (stats off, {args.workers.split(',')[0]} "
+        f"workers): {100 * total / sample_ns:.2f}% in all, {100 * stats_on / sample_ns:.2f}% "
+        f"added by stats on"
     )
     print_markdown_table(
         (
