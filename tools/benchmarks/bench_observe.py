@@ -303,19 +303,10 @@ def main() -> None:
     )
     print(f"overhead of stats: {100 * (med_off - med_on) / med_off:+.2f}% (median vs. median)")
 
-    # the probe's own cost, free of the machine's noise: ns per stage switch (an active probe),
-    # times the switches per sample (read, decode per part, encode: 2 each; per item: executor,
-    # batch, transfer: 2 each), against the busy time per sample of a real worker
-    from energon.observe import probe
-
-    board = probe.Board(1)
-    probe.activate(board, 0)
-    switch = min(timeit.repeat(lambda: probe.ACTIVE.enter(probe.DECODE), number=100_000, repeat=5))
-    probe.deactivate()
-    board.close()
-    ns = switch / 100_000 * 1e9
-    parts = 2
-    per_sample = 2 + 2 * parts + 2 + 6 / args.batch_size
+    # the probe's own cost, free of the machine's noise (see hot_path_cost), against the busy
+    # time per sample of a real worker
+    rows_hot = hot_path_cost(path, args.batch_size, batches=args.batches)
+    total = sum(calls * ns for _, calls, ns in rows_hot)
     wc = WorkerConfig(rank=0, world_size=1, num_workers=1)
     ds = get_train_dataset(
         path,
@@ -329,11 +320,9 @@ def main() -> None:
         pass
     capacity = loader.stats()["workers"][0]["busy_samples_per_second"]
     del loader
-    cost = per_sample * ns * capacity / 1e9
     print(
-        f"probe: {ns:.0f} ns per stage switch x {per_sample:.1f} switches per sample = "
-        f"{per_sample * ns / 1e3:.1f} us per sample; a worker's busy time per sample "
-        f"{1e6 / capacity:.0f} us: {100 * cost:.2f}% of it"
+        f"probe: {total:.0f} ns per sample; a worker's busy time per sample "
+        f"{1e6 / capacity:.0f} us: {100 * total * capacity / 1e9:.2f}% of it"
     )
 
     settings = SimulationSettings(world_size=1, num_workers=1, batch_size=args.batch_size)
