@@ -74,7 +74,7 @@ class Board:
     def __init__(self, slots: int, sources: list[str] | None = None, folder: str | None = None):
         self.folder = folder or tempfile.mkdtemp(prefix="energon-board-", dir=_shared_folder())
         self.slots = slots
-        self.sources = list(sources or [])
+        self.sources = [str(source) for source in sources or []]
         with open(os.path.join(self.folder, "sources.json"), "w") as f:
             json.dump(self.sources, f)
         self.hot_width = HOT_FIELDS + len(self.sources)
