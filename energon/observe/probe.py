@@ -13,7 +13,7 @@ Cheap enough to leave on, also for samples that take tens of microseconds:
 
 - on the hot path (every sample, every stage switch) a stage writes integers only, into the
   slot's int64 row (:data:`HOT`): the stage code, the sample's source and index, the sample count.
-  No clock, no method call on the object;
+  No clock, no call;
 - stage *times* are measured on sampled items only: the first :data:`TIMED_FIRST` items and then
   every :data:`TIMED_EVERY`-th (a *timed cycle* runs from one item boundary of the executor to the
   next, its wait included). In a timed cycle every switch reads the clock and charges the time
@@ -21,7 +21,15 @@ Cheap enough to leave on, also for samples that take tens of microseconds:
   encoded samples, which pull loaded ones; each is charged only for its own work). A reader scales
   the timed seconds by (time active / time in timed cycles): an unbiased estimate, since which
   items are timed does not depend on what they contain;
-- the float row (times, totals) is written in bulk, at the end of timed cycles.
+- the float row (times, totals) is written in bulk, at the end of timed cycles;
+- retries per source: at every item boundary (and when a pass ends) the probe compares the
+  process's remote retry counter (:data:`energon.remote.stats.STATS`, which also counts retries
+  per object URL) with what it saw; new retries are counted for the source whose path holds the
+  object, in the slot's int64 row after the fixed fields. Retries of fetches that threads make
+  ahead are counted at the next item boundary.
+
+The per-sample call sites (the load stage, the decoder, task encoder hooks) inline
+:func:`switch` / :func:`back`: a function call would cost more than the stores.
 """
 
 from __future__ import annotations
