@@ -190,8 +190,18 @@ def _video_frame_to_array(frame: Any, size: tuple[int, int] | None) -> np.ndarra
 
 
 def _arrays_to_tensor(arrays: list[np.ndarray]) -> torch.Tensor:
-    """(F, 3, H, W) uint8 from (H, W, 3) RGB arrays."""
-    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+    """(F, 3, H, W) uint8 from (H, W, 3) RGB arrays.
+
+    Each frame is copied once, transposed, into the output with numpy: torch's ``permute`` +
+    ``contiguous`` would copy through torch's intra-op thread pool, which costs far more than
+    the copy itself for small frames on a busy machine (and a ``np.stack`` first would copy
+    twice).
+    """
+    height, width, channels = arrays[0].shape
+    out = np.empty((len(arrays), channels, height, width), dtype=arrays[0].dtype)
+    for i, array in enumerate(arrays):
+        out[i] = array.transpose(2, 0, 1)
+    return torch.from_numpy(out)
 
 
 def _audio_frame_to_array(frame: Any) -> np.ndarray:
@@ -499,6 +509,13 @@ class AVDecoder:
         self._wav: PcmWav | None = parse_pcm_wav(self._data)
         self._header: _Header | None = _wav_header(self._wav) if self._wav is not None else None
         self._indices: dict[int, AVProbeIndex] = {}
+        self._unused: Any = None  # the container opened to read the header, not yet decoded from
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles (and copies) carry the bytes and facts, never an open container."""
+        state = self.__dict__.copy()
+        state["_unused"] = None
+        return state
 
     def __repr__(self) -> str:
         return f"AVDecoder({self.name}, {len(self._data)} bytes)"
@@ -517,8 +534,14 @@ class AVDecoder:
         return container
 
     def _facts(self) -> _Header:
+        """The header facts. Reading them opens the container, which is kept (not decoded from)
+        for the next request: the sample decoder's ``check`` at load time is followed by the task
+        encoder's clip request, and opening twice would cost about a tenth of a small clip's
+        decode. ``_opened`` takes it over and closes it."""
         if self._header is None:
-            self._open().close()
+            if self._unused is not None:
+                self._unused.close()
+            self._unused = self._open()
         assert self._header is not None
         return self._header
 
@@ -616,8 +639,13 @@ class AVDecoder:
 
     @contextmanager
     def _opened(self) -> Iterator[Any]:
-        """A freshly opened container, closed afterwards."""
-        container = self._open()
+        """A freshly opened container (the one kept from reading the header, if any), closed
+        afterwards. The kept one is taken with ``dict.pop`` (one atomic step) so that two threads
+        sharing a decoder never use the same container."""
+        container = self.__dict__.pop("_unused", None)
+        self._unused = None
+        if container is None:
+            container = self._open()
         try:
             yield container
         finally:
