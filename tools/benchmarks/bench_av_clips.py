@@ -292,6 +292,9 @@ def run_direct(
     queue = context.Queue()
 
     def child(rank: int) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # as torch's DataLoader does in its workers
         mine = keys[rank::processes]
         for key in mine[: warmup // processes]:
             decode(payloads[key])
