@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, Literal, TypeVar
 import numpy as np
 import torch
 
-from energon.av._pyav import DEFAULT_CODEC_THREADS, open_container
+from energon.av._pyav import DEFAULT_CODEC_THREADS, new_video_reformatter, open_container
 from energon.av.data import AVData
 from energon.av.errors import AVDecodeError
 from energon.av.index import AVProbeIndex
@@ -180,13 +180,26 @@ def _av_operation(name: str) -> Callable[[F], F]:
 # Frame conversion
 
 
-def _video_frame_to_array(frame: Any, size: tuple[int, int] | None) -> np.ndarray:
-    """RGB (H, W, 3) uint8, resized to ``size`` = (width, height) if given."""
-    if size is not None:
-        frame = frame.reformat(
-            width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
-        )
-    return frame.to_ndarray(format="rgb24")
+def _video_frame_to_array(
+    frame: Any, size: tuple[int, int] | None, reformatter: Any = None
+) -> np.ndarray:
+    """RGB (H, W, 3) uint8, resized to ``size`` = (width, height) if given.
+
+    ``reformatter``: a PyAV ``VideoReformatter`` shared by the frames of one request. Each
+    frame's own ``to_ndarray`` sets up a new swscale context, which for small frames costs
+    more than the conversion itself; a shared one is set up once (same pixels).
+    """
+    if reformatter is None:
+        if size is not None:
+            frame = frame.reformat(
+                width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
+            )
+        return frame.to_ndarray(format="rgb24")
+    if size is None:
+        return reformatter.reformat(frame, format="rgb24").to_ndarray()
+    return reformatter.reformat(
+        frame, width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
+    ).to_ndarray()
 
 
 def _arrays_to_tensor(arrays: list[np.ndarray]) -> torch.Tensor:
@@ -682,9 +695,10 @@ class AVDecoder:
         facts = self._video_facts()
         with self._opened() as container:
             cursor = _VideoCursor(self, container, facts)
+            reformatter = new_video_reformatter()
 
             def convert(frame: Any) -> np.ndarray:
-                return _video_frame_to_array(frame, size)
+                return _video_frame_to_array(frame, size, reformatter)
 
             if unit == "frames" and cursor.index is None:
                 cursor.index = self._probe_index(container, facts)

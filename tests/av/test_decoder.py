@@ -324,9 +324,9 @@ def test_corrupt_and_truncated_media_raise_clear_errors(videos):
 def test_timeout_bounds_clip_extraction(videos, monkeypatch):
     convert = decoder_module._video_frame_to_array
 
-    def slow_convert(frame, size):
+    def slow_convert(frame, *args):
         threading.Event().wait(0.05)
-        return convert(frame, size)
+        return convert(frame, *args)
 
     monkeypatch.setattr(decoder_module, "_video_frame_to_array", slow_convert)
     # 90 frames take at least 4.5 s, over twice the timeout; the 2 frames of the short request
