@@ -43,6 +43,29 @@ COMMAND = "python tools/benchmarks/bench_av_clips.py --write-docs"
 CLIPS_PER_SAMPLE = 3
 CLIP_SECONDS = 0.5
 BATCH = 4
+WORKLOAD_NOTE = """The av demo set (`energon demo-av`: 32 clips of 4 s, 96x64 H.264 at 30 fps with AAC audio,
+a keyframe every 15 frames). Per sample, three uniformly spread 0.5 s video clips
+(`get_clips_uniform(video, 0.5, 3, request_video=True)` in a task encoder, frames concatenated,
+47 frames per sample), batches of 4, `get_train_dataset` + `get_loader`. The baseline opens each
+container with PyAV, seeks to each clip's start, decodes the frames the clip needs,
+`frame.to_ndarray(format="rgb24")`, transposes into (frames, 3, H, W) and batches the same samples
+in the same order; its outputs are pixel-identical to energon's (tests/av/test_decoder.py checks
+clips against a direct PyAV decode on real media). One codec thread everywhere; the 2-process
+baseline runs in forked processes with one torch thread each, as torch's DataLoader workers do.
+CPU clips/s count the CPU time of every process involved (main and workers), from
+/proc/PID/task/*/schedstat: the 2 cores were shared with other jobs (load average 5-8), which
+inflates wall times, not CPU times."""
+TORCHCODEC_NOTE = """torchcodec (not adopted): `pip install torch==2.13.0 torchcodec` in a side venv gives
+torch 2.13.0+cpu and torchcodec 0.17.0 from PyPI, whose manylinux wheel is a CUDA build:
+its libraries need `libnvrtc.so.13`, `libcudart.so.13`, `libc10_cuda.so` and `libtorch_cuda.so`
+(`readelf -d .../torchcodec/libtorchcodec_core5.so`; 0.16.0 is the same), so
+`import torchcodec` fails with `OSError: Could not load this library: .../libtorchcodec_image.so`
+(`libnvrtc.so.13: cannot open shared object file`), even after `apt-get install libavcodec59
+libavformat59 libavutil57 libswscale6 libswresample4 libavdevice59 libavfilter8` (Debian 12's
+FFmpeg 5.1, which torchcodec's `core5` library is built against). CPU builds are published only
+on download.pytorch.org, which this machine cannot reach. Making it load would mean installing
+CUDA runtime libraries, which the goal rules out, so it was not measured. To compare where a CPU
+build installs: `--torchcodec-python PATH/TO/venv/bin/python`."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,8 +370,11 @@ def measure_once(kind: str, root: str, procs: int, warmup: int, samples: int, or
     return run_direct(decode, root, procs, warmup, samples, keys)
 
 
-def spawn(python: str, kind: str, root: str, procs: int, args, order_file: str) -> dict:
+def spawn(
+    python: str, kind: str, root: str, procs: int, args, order_file: str, threads: str
+) -> dict:
     cmd = [python, os.path.abspath(__file__), "--one", kind, "--procs", str(procs)]
+    cmd += ["--torch-threads", threads]
     cmd += ["--workdir", root, "--warmup", str(args.warmup), "--samples", str(args.samples)]
     cmd += ["--order-file", order_file]
     env = dict(os.environ, PYTHONPATH=_REPO_ROOT)
@@ -359,6 +385,46 @@ def spawn(python: str, kind: str, root: str, procs: int, args, order_file: str) 
 def rates(result: dict) -> tuple[float, float]:
     clips = result["samples"] * CLIPS_PER_SAMPLE
     return clips / result["wall"], clips / result["cpu"]
+
+
+def summarize(results: dict, threads: str, torchcodec: bool) -> str:
+    """One table (medians) for one torch thread setting of the main processes."""
+
+    def median(kind: str, procs: int) -> tuple[float, float]:
+        runs = results[(kind, procs)]
+        return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+    rows = []
+    for workers, procs in ((0, 1), (2, 2)):
+        ew, ec = median("energon", workers)
+        pw, pc = median("pyav", procs)
+        rows.append([f"energon loader, {workers} workers", f"{ew:.0f}", f"{ec:.0f}", "", ""])
+        rows.append([f"PyAV direct, {procs} process(es)", f"{pw:.0f}", f"{pc:.0f}", "", ""])
+        rows[-2][3:] = [f"{ew / pw:.2f}", f"{ec / pc:.2f}"]
+    pw, pc = median("pyav", 1)
+    extra = [("pyav-reformatter", "PyAV direct, shared VideoReformatter, 1 process")]
+    if torchcodec:
+        extra.append(("torchcodec", "torchcodec direct, 1 process"))
+    for kind, label in extra:
+        w, c = median(kind, 1)
+        rows.append(
+            [label, f"{w:.0f}", f"{c:.0f}", f"{w / pw:.2f} (vs PyAV)", f"{c / pc:.2f} (vs PyAV)"]
+        )
+    table = markdown_table(
+        ["what", "clips/s (wall)", "clips/s per CPU s", "ratio (wall)", "ratio (CPU)"], rows
+    )
+    e0w, e0c = median("energon", 0)
+    rw, rc = median("pyav-reformatter", 1)
+    title = (
+        "torch's default intra-op threads in the main processes"
+        if threads == "default"
+        else f"`torch.set_num_threads({threads})` in every process"
+    )
+    return (
+        f"### {title}\n\n{table}\n\n"
+        f"Against direct PyAV with the same shared reformatter (1 process), energon with 0 "
+        f"workers reaches {e0w / rw:.2f} (wall) and {e0c / rc:.2f} (CPU)."
+    )
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
@@ -387,6 +453,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=32)
     parser.add_argument("--samples", type=int, default=320)
     parser.add_argument("--torchcodec-python", default=None)
+    parser.add_argument(
+        "--torch-threads",
+        default="default,1",
+        help="comma-separated torch intra-op thread settings, one table each ('default': as is)",
+    )
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument(
         "--one",
@@ -399,6 +470,10 @@ def main() -> None:
     if args.one:
         with open(args.order_file) as f:
             order = f.read()
+        if args.torch_threads != "default":
+            import torch
+
+            torch.set_num_threads(int(args.torch_threads))
         result = measure_once(args.one, args.workdir, args.procs, args.warmup, args.samples, order)
         print(json.dumps(result))
         return
@@ -412,43 +487,21 @@ def main() -> None:
     configs += [("pyav-reformatter", 1, sys.executable)]
     if args.torchcodec_python:
         configs += [("torchcodec", 1, args.torchcodec_python)]
-    results: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for repeat in range(args.repeats):
-        for kind, procs, python in configs:
-            result = spawn(python, kind, root, procs, args, order_file)
-            results.setdefault((kind, procs), []).append(rates(result))
-            print(f"run {repeat}: {kind} x{procs}: {result}", file=sys.stderr, flush=True)
-
-    def median(kind: str, procs: int) -> tuple[float, float]:
-        runs = results[(kind, procs)]
-        return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-
-    rows = []
-    for workers, procs in ((0, 1), (2, 2)):
-        ew, ec = median("energon", workers)
-        pw, pc = median("pyav", procs)
-        rows.append([f"energon loader, {workers} workers", f"{ew:.0f}", f"{ec:.0f}", "", ""])
-        rows.append([f"PyAV direct, {procs} process(es)", f"{pw:.0f}", f"{pc:.0f}", "", ""])
-        rows[-2][3:] = [f"{ew / pw:.2f}", f"{ec / pc:.2f}"]
-    rw, rc = median("pyav-reformatter", 1)
-    pw, pc = median("pyav", 1)
-    rows.append(
-        ["PyAV direct, shared VideoReformatter, 1 process", f"{rw:.0f}", f"{rc:.0f}", "", ""]
-    )
-    rows[-1][3:] = [f"{rw / pw:.2f} (vs PyAV)", f"{rc / pc:.2f} (vs PyAV)"]
-    if args.torchcodec_python:
-        tw, tc = median("torchcodec", 1)
-        pw, pc = median("pyav", 1)
-        rows.append(["torchcodec direct, 1 process", f"{tw:.0f}", f"{tc:.0f}", "", ""])
-        rows[-1][3:] = [f"{tw / pw:.2f} (vs PyAV)", f"{tc / pc:.2f} (vs PyAV)"]
-    table = markdown_table(
-        ["what", "clips/s (wall)", "clips/s per CPU s", "ratio (wall)", "ratio (CPU)"], rows
-    )
-    text = (
+    parts = [
         f"Command: `{COMMAND}` (median of {args.repeats} alternating runs, each in a fresh "
         f"process; {args.samples} samples = {args.samples * CLIPS_PER_SAMPLE} clips timed after "
-        f"{args.warmup} warm-up samples).\n\n{table}\n"
-    )
+        f"{args.warmup} warm-up samples).\n\n{WORKLOAD_NOTE}"
+    ]
+    for threads in args.torch_threads.split(","):
+        results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for repeat in range(args.repeats):
+            for kind, procs, python in configs:
+                result = spawn(python, kind, root, procs, args, order_file, threads)
+                results.setdefault((kind, procs), []).append(rates(result))
+                print(f"run {repeat} threads {threads}: {kind} x{procs}: {result}", file=sys.stderr)
+        parts.append(summarize(results, threads, args.torchcodec_python is not None))
+    parts.append(TORCHCODEC_NOTE)
+    text = "\n\n".join(parts) + "\n"
     print(text)
     if args.write_docs:
         write_docs(text)
