@@ -53,8 +53,8 @@ in the same order; its outputs are pixel-identical to energon's (tests/av/test_d
 clips against a direct PyAV decode on real media). One codec thread everywhere; the 2-process
 baseline runs in forked processes with one torch thread each, as torch's DataLoader workers do.
 CPU clips/s count the CPU time of every process involved (main and workers), from
-/proc/PID/task/*/schedstat: the 2 cores were shared with other jobs (load average 5-8), which
-inflates wall times, not CPU times."""
+/proc/PID/task/*/schedstat: the 2 cores were shared with other jobs (load average 6 to 16
+during the recorded run), which inflates wall times (unevenly), not CPU times."""
 TORCHCODEC_NOTE = """torchcodec (not adopted): `pip install torch==2.13.0 torchcodec` in a side venv gives
 torch 2.13.0+cpu and torchcodec 0.17.0 from PyPI, whose manylinux wheel is a CUDA build:
 its libraries need `libnvrtc.so.13`, `libcudart.so.13`, `libc10_cuda.so` and `libtorch_cuda.so`
