@@ -10,7 +10,7 @@ import io
 import os
 from typing import Any
 
-__all__ = ["DEFAULT_CODEC_THREADS", "import_av", "open_container"]
+__all__ = ["DEFAULT_CODEC_THREADS", "import_av", "new_video_reformatter", "open_container"]
 
 #: Codec threads per opened container. 1 (no codec threading) by default: several loader workers
 #: each decoding with FFmpeg's automatic thread count would oversubscribe the CPU, and FFmpeg's
@@ -49,3 +49,10 @@ def open_container(data: bytes, codec_threads: int) -> Any:
             context.thread_type = "AUTO"
             context.thread_count = codec_threads
     return container
+
+
+def new_video_reformatter() -> Any:
+    """A PyAV ``VideoReformatter``: keeps its swscale context between frames of equal shape and
+    format (a frame's own ``reformat``/``to_ndarray`` sets one up per frame)."""
+    av = import_av()
+    return av.video.reformatter.VideoReformatter()

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, Literal, TypeVar
 import numpy as np
 import torch
 
-from energon.av._pyav import DEFAULT_CODEC_THREADS, open_container
+from energon.av._pyav import DEFAULT_CODEC_THREADS, new_video_reformatter, open_container
 from energon.av.data import AVData
 from energon.av.errors import AVDecodeError
 from energon.av.index import AVProbeIndex
@@ -180,18 +180,41 @@ def _av_operation(name: str) -> Callable[[F], F]:
 # Frame conversion
 
 
-def _video_frame_to_array(frame: Any, size: tuple[int, int] | None) -> np.ndarray:
-    """RGB (H, W, 3) uint8, resized to ``size`` = (width, height) if given."""
-    if size is not None:
-        frame = frame.reformat(
-            width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
-        )
-    return frame.to_ndarray(format="rgb24")
+def _video_frame_to_array(
+    frame: Any, size: tuple[int, int] | None, reformatter: Any = None
+) -> np.ndarray:
+    """RGB (H, W, 3) uint8, resized to ``size`` = (width, height) if given.
+
+    ``reformatter``: a PyAV ``VideoReformatter`` shared by the frames of one request. Each
+    frame's own ``to_ndarray`` sets up a new swscale context, which for small frames costs
+    more than the conversion itself; a shared one is set up once (same pixels).
+    """
+    if reformatter is None:
+        if size is not None:
+            frame = frame.reformat(
+                width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
+            )
+        return frame.to_ndarray(format="rgb24")
+    if size is None:
+        return reformatter.reformat(frame, format="rgb24").to_ndarray()
+    return reformatter.reformat(
+        frame, width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
+    ).to_ndarray()
 
 
 def _arrays_to_tensor(arrays: list[np.ndarray]) -> torch.Tensor:
-    """(F, 3, H, W) uint8 from (H, W, 3) RGB arrays."""
-    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+    """(F, 3, H, W) uint8 from (H, W, 3) RGB arrays.
+
+    Each frame is copied once, transposed, into the output with numpy: torch's ``permute`` +
+    ``contiguous`` would copy through torch's intra-op thread pool, which costs far more than
+    the copy itself for small frames on a busy machine (and a ``np.stack`` first would copy
+    twice).
+    """
+    height, width, channels = arrays[0].shape
+    out = np.empty((len(arrays), channels, height, width), dtype=arrays[0].dtype)
+    for i, array in enumerate(arrays):
+        out[i] = array.transpose(2, 0, 1)
+    return torch.from_numpy(out)
 
 
 def _audio_frame_to_array(frame: Any) -> np.ndarray:
@@ -499,6 +522,13 @@ class AVDecoder:
         self._wav: PcmWav | None = parse_pcm_wav(self._data)
         self._header: _Header | None = _wav_header(self._wav) if self._wav is not None else None
         self._indices: dict[int, AVProbeIndex] = {}
+        self._unused: Any = None  # the container opened to read the header, not yet decoded from
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles (and copies) carry the bytes and facts, never an open container."""
+        state = self.__dict__.copy()
+        state["_unused"] = None
+        return state
 
     def __repr__(self) -> str:
         return f"AVDecoder({self.name}, {len(self._data)} bytes)"
@@ -517,8 +547,14 @@ class AVDecoder:
         return container
 
     def _facts(self) -> _Header:
+        """The header facts. Reading them opens the container, which is kept (not decoded from)
+        for the next request: the sample decoder's ``check`` at load time is followed by the task
+        encoder's clip request, and opening twice would cost about a tenth of a small clip's
+        decode. ``_opened`` takes it over and closes it."""
         if self._header is None:
-            self._open().close()
+            if self._unused is not None:
+                self._unused.close()
+            self._unused = self._open()
         assert self._header is not None
         return self._header
 
@@ -616,8 +652,13 @@ class AVDecoder:
 
     @contextmanager
     def _opened(self) -> Iterator[Any]:
-        """A freshly opened container, closed afterwards."""
-        container = self._open()
+        """A freshly opened container (the one kept from reading the header, if any), closed
+        afterwards. The kept one is taken with ``dict.pop`` (one atomic step) so that two threads
+        sharing a decoder never use the same container."""
+        container = self.__dict__.pop("_unused", None)
+        self._unused = None
+        if container is None:
+            container = self._open()
         try:
             yield container
         finally:
@@ -654,9 +695,10 @@ class AVDecoder:
         facts = self._video_facts()
         with self._opened() as container:
             cursor = _VideoCursor(self, container, facts)
+            reformatter = new_video_reformatter()
 
             def convert(frame: Any) -> np.ndarray:
-                return _video_frame_to_array(frame, size)
+                return _video_frame_to_array(frame, size, reformatter)
 
             if unit == "frames" and cursor.index is None:
                 cursor.index = self._probe_index(container, facts)

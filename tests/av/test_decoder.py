@@ -324,9 +324,9 @@ def test_corrupt_and_truncated_media_raise_clear_errors(videos):
 def test_timeout_bounds_clip_extraction(videos, monkeypatch):
     convert = decoder_module._video_frame_to_array
 
-    def slow_convert(frame, size):
+    def slow_convert(frame, *args):
         threading.Event().wait(0.05)
-        return convert(frame, size)
+        return convert(frame, *args)
 
     monkeypatch.setattr(decoder_module, "_video_frame_to_array", slow_convert)
     # 90 frames take at least 4.5 s, over twice the timeout; the 2 frames of the short request
@@ -347,3 +347,80 @@ def test_codec_threads_are_bounded(videos):
     finally:
         container.close()
     assert AVDecoder(videos["mp4"], codec_threads=2).get_video_clips([(0, 0.1)])[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# equal to a direct PyAV decode; the header's container is reused
+
+
+def _direct_pyav_clip(data: bytes, start: float, end: float, size=None) -> torch.Tensor:
+    """The clip by the documented rule, decoding every frame from the start with plain PyAV:
+    the frame showing at ``start`` plus every frame starting up to ``end``, RGB (F, 3, H, W)."""
+    container = av.open(io.BytesIO(data))
+    try:
+        stream = container.streams.video[0]
+        covering, chosen = None, []
+        for frame in container.decode(stream):
+            t = float(frame.pts * stream.time_base)
+            if t <= start:
+                covering = frame
+                continue
+            if not chosen and covering is not None:
+                chosen.append(covering)
+            if t > end:
+                break
+            chosen.append(frame)
+        if size is None:
+            arrays = [f.to_ndarray(format="rgb24") for f in chosen]
+        else:  # scaled and converted to RGB in one swscale pass
+            arrays = [
+                f.reformat(
+                    width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
+                ).to_ndarray()
+                for f in chosen
+            ]
+        return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+    finally:
+        container.close()
+
+
+@pytest.fixture(scope="module")
+def textured_videos() -> dict[str, bytes]:
+    """Videos with a moving random texture: every pixel matters, not just the frame number."""
+    return {
+        name: encode_video(seconds=SECONDS, fps=FPS, gop=15, texture_seed=7, **kwargs)
+        for name, kwargs in VIDEO_CASES.items()
+    }
+
+
+@pytest.mark.parametrize("name", list(VIDEO_CASES))
+@pytest.mark.parametrize("size", [None, (40, 30)])
+def test_clips_equal_a_direct_pyav_decode(textured_videos, name, size):
+    data = textured_videos[name]
+    ranges = [(0.0, 0.5), (1.25, 1.75), (2.5, 3.0), (0.4, 0.6)]  # forward seeks, then back
+    decoder = AVDecoder(data)
+    decoder.check()  # as the sample decoder does at load time
+    clips, _ = decoder.get_video_clips(ranges, video_out_frame_size=size)
+    for clip, (start, end) in zip(clips, ranges, strict=True):
+        expected = _direct_pyav_clip(data, start, end, size)
+        assert clip.shape == expected.shape and clip.is_contiguous()
+        assert torch.equal(clip, expected)
+
+
+def test_the_header_container_serves_the_first_request_and_is_never_pickled(videos, monkeypatch):
+    opened = []
+    real_open = decoder_module.open_container
+    monkeypatch.setattr(
+        decoder_module, "open_container", lambda *a: opened.append(1) or real_open(*a)
+    )
+    decoder = AVDecoder(videos["mp4"], name="k.mp4")
+    decoder.check()
+    clone = pickle.loads(pickle.dumps(decoder))  # an open container would not pickle
+    first = decoder.get_video_clips([(1.0, 1.2)])[0][0]
+    assert len(opened) == 1  # check and the first request shared one container
+    again = decoder.get_video_clips([(1.0, 1.2)])[0][0]
+    assert len(opened) == 2  # later requests open their own
+    assert torch.equal(first, again) and torch.equal(
+        first, clone.get_video_clips([(1.0, 1.2)])[0][0]
+    )
+    assert numbers(first) == list(range(30, 37))
