@@ -341,6 +341,14 @@ def _check_balanced_steps(states: list[dict[str, Any]]) -> None:
             f"{sorted(steps)}): a balanced step is shared by all ranks, so save every rank's "
             "state after the same step to restore them on another number of ranks"
         )
+    window = states[0]["fingerprint"]["balance"].get("window", 1)
+    consumed = states[0]["consumed"]
+    if consumed % window:
+        raise StateError(
+            f"these balanced-mode states were saved after step {consumed}, inside a window of "
+            f"{window} steps whose plan depends on the old number of ranks: to restore them on "
+            f"another number of ranks, save after a multiple of Balance.window={window} steps"
+        )
 
 
 def merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, StreamSnapshot]:

@@ -23,6 +23,13 @@ class Balance:
 
     ``group``: optional function of a sample's :class:`~energon.source.meta.SampleMeta` giving
     its group (e.g. an aspect-ratio bucket or the dataset); packs then hold one group each.
+
+    ``window``: how many global steps are composed together
+    (:func:`~energon.balance.assign.compose_steps`). A sample heavier than a rank's even share
+    then shares its step with other heavy work instead of making its step straggle; such a step
+    holds more samples than ``batch_size`` per rank (the window's average stays ``batch_size``).
+    ``window=1`` balances each step on its own. Elastic restore (another number of ranks) needs
+    states saved after a whole window (after step ``n * window``).
     """
 
     max_length: int
@@ -30,10 +37,13 @@ class Balance:
     length: Callable[[Any], int] = _token_length
     over_length: str = "truncate"
     group: Callable[[Any], Any] | None = None
+    window: int = 8
 
     def __post_init__(self) -> None:
         if self.max_length < 1:
             raise ValueError(f"balance max_length must be >= 1, got {self.max_length}")
+        if self.window < 1:
+            raise ValueError(f"balance window must be >= 1 global step, got {self.window}")
         if not callable(self.cost):
             raise TypeError("balance cost must be callable: SampleMeta -> SampleCost")
 
@@ -47,4 +57,5 @@ class Balance:
             "cost": cost_config(self.cost),
             "over_length": self.over_length,
             "group": group,
+            "window": self.window,
         }

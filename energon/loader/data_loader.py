@@ -357,6 +357,7 @@ class Loader:
         self._source_ended = False
         resume = ResumePoint(
             base=self._origin + self._consumed * wc.world_size,
+            origin=self._origin,
             snapshots=dict(self._snapshots),
             board=self._monitor.open_source(),
         )

@@ -32,6 +32,7 @@ class ResumePoint:
     """Where the next pass of executors starts: the rank's next position and stream snapshots."""
 
     base: int = 0
+    origin: int = 0  # where the rank's global steps are counted from (balanced windows)
     snapshots: dict[int, StreamSnapshot] = dataclasses.field(default_factory=dict)
     board: str | None = None  # the folder of the loader's stats board (energon.observe.probe)
 
@@ -167,7 +168,11 @@ class SavableDataset(torch.utils.data.IterableDataset):
             layout = dataclasses.replace(layout, num_workers=1, worker=0)
         if self.spec.balance is not None:
             return BalancedExecutor(
-                self.spec, layout, resume.snapshots, end=self.pass_end(resume.base)
+                self.spec,
+                layout,
+                resume.snapshots,
+                end=self.pass_end(resume.base),
+                origin=resume.origin,
             )
         return Executor(
             self.spec,

@@ -46,7 +46,7 @@ def loaders(path, world_size, num_workers=0, *, balance=None, num_streams=4, **k
             max_samples_per_sequence=10,
             num_streams=num_streams,
             task_encoder=VlmTaskEncoder(),
-            balance=balance or Balance(max_length=4096),
+            balance=balance or Balance(max_length=4096, window=4),
             **kw,
         )
         out.append(get_savable_loader(ds))
@@ -215,7 +215,7 @@ def test_elastic_restore_delivers_every_sample_once(vlm):
     first = loaders(vlm, 4, shuffle_buffer_size=None)
     its = [iter(lo) for lo in first]
     seen: Counter[str] = Counter()
-    for _ in range(5):
+    for _ in range(4):  # one whole window
         for it in its:
             seen.update(keys_of(next(it)))
     states = redistribute_states([lo.save_state_rank() for lo in first], 2)
@@ -223,12 +223,22 @@ def test_elastic_restore_delivers_every_sample_once(vlm):
     for lo, st in zip(second, states):
         lo.restore_state_rank(st)
     its = [iter(lo) for lo in second]
-    for _ in range((NUM_SAMPLES // BATCH - 5 * 4) // 2):
+    for _ in range((NUM_SAMPLES // BATCH - 4 * 4) // 2):
         batches = [next(it) for it in its]
         assert straggler_ratio(batches[0].step_costs) < 1.2
         for b in batches:
             seen.update(keys_of(b))
     assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
+def test_elastic_restore_refuses_states_saved_mid_window(vlm):
+    first = loaders(vlm, 2)
+    its = [iter(lo) for lo in first]
+    for _ in range(3):
+        for it in its:
+            next(it)
+    with pytest.raises(StateError, match="multiple of Balance.window=4"):
+        redistribute_states([lo.save_state_rank() for lo in first], 4)
 
 
 def test_elastic_restore_refuses_states_of_different_steps(vlm):
@@ -333,7 +343,7 @@ def _gloo_rank(rank, world_size, path):
                 shuffle_buffer_size=8,
                 max_samples_per_sequence=10,
                 task_encoder=VlmTaskEncoder(),
-                balance=Balance(max_length=4096),
+                balance=Balance(max_length=4096, window=4),
             )
         )
     ]
@@ -352,5 +362,5 @@ def _gloo_rank(rank, world_size, path):
 def test_real_ranks_agree_without_communicating(vlm):
     results = run_ranks(2, _gloo_rank, str(vlm))
     keys = [k for r in results for step in r["keys"] for k in step]
-    assert len(keys) == len(set(keys)) == 4 * 2 * BATCH
+    assert len(keys) == len(set(keys)) == 4 * 2 * BATCH  # one whole window
     assert len(results[0]["state"]) == 2
