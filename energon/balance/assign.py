@@ -36,9 +36,7 @@ def balance_costs(
     return [sorted(members) for members in ranks]
 
 
-def compose_steps(
-    costs: Sequence[float], num_ranks: int, num_steps: int
-) -> list[list[list[int]]]:
+def compose_steps(costs: Sequence[float], num_ranks: int, num_steps: int) -> list[list[list[int]]]:
     """``[step][rank]`` -> the indices (into ``costs``, ascending) of the samples that rank gets
     at that step of a window of ``num_steps`` global steps.
 
@@ -81,7 +79,9 @@ def compose_steps(
     return steps
 
 
-def _step_levels(total: float, anchored: list[float], num_ranks: int, num_steps: int) -> list[float]:
+def _step_levels(
+    total: float, anchored: list[float], num_ranks: int, num_steps: int
+) -> list[float]:
     """Each step's target cost per rank: its heaviest anchor, and one common level ``T`` for
     the rest such that ``num_ranks * sum(levels) == total`` where the anchors allow it."""
     tops = [max(anchored[s * num_ranks : (s + 1) * num_ranks]) for s in range(num_steps)]

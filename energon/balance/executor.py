@@ -22,18 +22,32 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from energon.balance.assign import compose_steps
 from energon.balance.cost import SampleCost
 from energon.balance.packed import layout_batch, pack_balanced
 from energon.balance.table import CostTable
-from energon.errors import ErrorPolicy, SampleException, SkipSample, StateError, log_exception
+from energon.errors import (
+    ErrorBudget,
+    ErrorPolicy,
+    SampleException,
+    SkipSample,
+    StateError,
+    log_exception,
+)
+from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, pointer_target
 from energon.pipeline.pointers import PointerSource, build_pointer_stages
-from energon.pipeline.snapshot import StreamSnapshot, emitted, make_snapshot, stage_states
+from energon.pipeline.snapshot import (
+    StreamSnapshot,
+    emitted,
+    error_state,
+    make_snapshot,
+    stage_states,
+)
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Value
 from energon.pipeline.stages import LoadStage, _call_hook
@@ -95,6 +109,44 @@ class PointerBatches:
         self.emitted = emitted(snapshot)
 
 
+class RankFailures:
+    """The samples this rank lost to errors, counted per logical stream like an unbalanced
+    stream's :class:`~energon.pipeline.error_account.ErrorAccount` (so ``loader.error_report()``
+    and the error budget see them): the account of the stream whose micro-batch position the
+    sample was planned in (``current``), checked against the samples of each source this rank
+    loaded from that stream. The accounts travel in the streams' snapshots of the rank's state
+    (each rank's own; an elastic merge keeps one rank's account per stream)."""
+
+    def __init__(self, spec: PipelineSpec) -> None:
+        self.budget = spec.error_budget or ErrorBudget()
+        self.leaves = spec.leaves
+        self.current = 0
+        self._accounts: dict[int, ErrorAccount] = {}
+        self._loaded: dict[int, list[int]] = {}
+
+    def account(self, stream_id: int) -> ErrorAccount:
+        account = self._accounts.get(stream_id)
+        if account is None:
+            loaded = self._loaded[stream_id] = [0] * len(self.leaves)
+            account = ErrorAccount(self.budget, self.leaves, loaded.__getitem__)
+            self._accounts[stream_id] = account
+        return account
+
+    def loading(self, key: Key) -> None:
+        """This rank starts loading ``key`` (the budget's rates count loads per source)."""
+        self.account(self.current)
+        self._loaded[self.current][pointer_target(key)[0]] += 1
+
+    def failed(self, keys: Sequence[Any], exc: BaseException, sample: Any) -> None:
+        self.account(self.current).failed(keys, exc, sample)
+
+    def with_errors(self, stream_id: int, snapshot: StreamSnapshot) -> StreamSnapshot:
+        """``snapshot`` (pointer stages) with this rank's account of the stream."""
+        account = self._accounts.get(stream_id)
+        errors = account.state() if account is not None else error_state(snapshot)
+        return make_snapshot(emitted(snapshot), stage_states(snapshot), errors)
+
+
 @dataclasses.dataclass
 class Window:
     """A window of global steps, planned: its pointers, their costs and who gets which."""
@@ -131,8 +183,10 @@ class BalancedExecutor:
         self.streams: dict[int, PointerBatches] = {}
         self.costs = CostTable(spec.leaves, spec.balance.cost)
         handler = spec.error_handler or log_exception
-        self._load_policy = ErrorPolicy("load_sample", handler, spec.failure_tolerance)
-        self._encode_policy = ErrorPolicy("encode_sample", handler, spec.failure_tolerance)
+        self.failures = RankFailures(spec)
+        tolerance = spec.failure_tolerance
+        self._load_policy = ErrorPolicy("load_sample", handler, tolerance, self.failures)
+        self._encode_policy = ErrorPolicy("encode_sample", handler, tolerance, self.failures)
         self._loader = LoadStage(
             None,  # type: ignore[arg-type]  # only rebuild() is used: keys come from the plan
             spec.leaves,
@@ -160,6 +214,7 @@ class BalancedExecutor:
             snapshot = self.snapshots.get(stream_id)
             if snapshot is not None:
                 stream.restore(snapshot)
+                self.failures.account(stream_id).restore(error_state(snapshot))
             self.streams[stream_id] = stream
         return stream
 
@@ -190,7 +245,8 @@ class BalancedExecutor:
     def _item_meta(self, window: Window, inner: int, own: int) -> ItemMeta:
         """The snapshots from which a restore recomputes the window of the step after ``inner``:
         the window's start, or its end after its last step."""
-        snapshots = window.end if inner == window.steps - 1 else window.start
+        pointers = window.end if inner == window.steps - 1 else window.start
+        snapshots = {s: self.failures.with_errors(s, snap) for s, snap in pointers.items()}
         own_stream = own % self.spec.num_streams
         others = {s: snap for s, snap in snapshots.items() if s != own_stream}
         return ItemMeta(
@@ -250,6 +306,7 @@ class BalancedExecutor:
         samples, groups = [], []
         for i in mine:
             position, member, key = window.pool[i]
+            self.failures.current = position % self.spec.num_streams
             for sample in self._load(key, position * (self.spec.batch_size or 1) + member):
                 samples.append(sample)
                 if self.balance.group is not None:
@@ -278,6 +335,7 @@ class BalancedExecutor:
 
     def _load(self, key: Key, sample_index: int) -> list[Value]:
         """The encoded outputs of one sample (none when it failed and the policy skips it)."""
+        self.failures.loading(key)
         try:
             sample = self._loader.rebuild(key)
         except SampleException as e:

@@ -11,15 +11,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from energon import StateError, WorkerConfig, get_savable_loader, get_train_dataset
+from energon import (
+    ErrorBudget,
+    ErrorBudgetExceeded,
+    StateError,
+    WorkerConfig,
+    get_savable_loader,
+    get_train_dataset,
+)
 from energon.balance import Balance, MultimodalCost, balance_costs
-from energon.balance.assign import straggler_ratio
+from energon.balance.assign import compose_steps, straggler_ratio
 from energon.balance.table import CostTable
 from energon.demo.vlm import VlmTaskEncoder, write_vlm_shards
 from energon.samples.padding import is_padding
 from energon.source.meta import SampleMeta, meta_reader
 from energon.state import redistribute_states
 from energon.task_encoder.packing import PackingTaskEncoder
+from tests.helpers.damage import spoil_text_payloads
 from tests.helpers.distributed import run_ranks
 
 NUM_SAMPLES = 240  # 4 logical streams x 60, 12 micro-batches of 5 each
@@ -33,11 +41,18 @@ def vlm(tmp_path_factory) -> Path:
     return root
 
 
-def loaders(path, world_size, num_workers=0, *, balance=None, num_streams=4, **kw):
+def loaders(
+    path, world_size, num_workers=0, *, balance=None, num_streams=4, error_handler=None, **kw
+):
     out = []
     shuffle = kw.pop("shuffle_buffer_size", 8)
     for rank in range(world_size):
-        wc = WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers)
+        wc = WorkerConfig(
+            rank=rank,
+            world_size=world_size,
+            num_workers=num_workers,
+            global_error_handler=error_handler,
+        )
         ds = get_train_dataset(
             str(path),
             worker_config=wc,
@@ -117,6 +132,22 @@ def test_split_is_a_deterministic_near_even_partition(seed):
     assert max(loads) <= 1.05 * max(max(costs), sum(costs) / 8)
     naive = [sum(costs[i] for i in range(r, len(costs), 8)) for r in range(8)]
     assert straggler_ratio(loads) < straggler_ratio(naive)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_windows_put_a_heavy_sample_with_heavy_work(seed):
+    """A sample several times a rank's even share no longer makes its step straggle: the window's
+    steps are composed so that every step is within 5%, each sample exactly once."""
+    rng = random.Random(seed)
+    costs = [rng.lognormvariate(7, 1.0) for _ in range(8 * 16 * 8)]
+    costs[rng.randrange(8 * 16)] = 4 * sum(costs) / (8 * 8)  # 4x a rank's even share
+    steps = compose_steps(costs, 8, 8)
+    assert steps == compose_steps(list(costs), 8, 8)
+    assert sorted(i for step in steps for share in step for i in share) == list(range(len(costs)))
+    for step in steps:
+        assert straggler_ratio([sum(costs[i] for i in share) for share in step]) <= 1.05
+    alone = balance_costs(costs[: 8 * 16], 8)  # its own step balanced alone cannot do it
+    assert straggler_ratio([sum(costs[i] for i in share) for share in alone]) > 1.5
 
 
 def test_split_with_fewer_samples_than_ranks_leaves_ranks_empty():
@@ -209,6 +240,23 @@ def test_restore_each_rank_exactly_even_a_step_apart(vlm, num_workers):
     its = [iter(lo) for lo in second]
     assert [keys_of(next(its[0])) for _ in range(4)] == [s[0] for s in reference[4:8]]
     assert [keys_of(next(its[1])) for _ in range(5)] == [s[1] for s in reference[3:8]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_restore_mid_window_is_exact(vlm, num_workers):
+    """Saved after any step of a window (JSON round trip), every rank resumes with exactly the
+    steps of an uninterrupted run: the state holds the window's start, the restore replans it."""
+    balance = Balance(max_length=4096, window=3)
+    reference = run_steps([iter(lo) for lo in loaders(vlm, 2, num_workers, balance=balance)], 7)
+    for saved_after in (1, 2, 3, 4):
+        first = loaders(vlm, 2, num_workers, balance=balance)
+        run_steps([iter(lo) for lo in first], saved_after)
+        states = [json.loads(json.dumps(lo.save_state_rank())) for lo in first]
+        second = loaders(vlm, 2, num_workers, balance=balance)
+        for lo, st in zip(second, states):
+            lo.restore_state_rank(st)
+        rest = run_steps([iter(lo) for lo in second], 7 - saved_after)
+        assert rest == reference[saved_after:], f"saved after step {saved_after}"
 
 
 def test_elastic_restore_delivers_every_sample_once(vlm):
@@ -364,3 +412,60 @@ def test_real_ranks_agree_without_communicating(vlm):
     keys = [k for r in results for step in r["keys"] for k in step]
     assert len(keys) == len(set(keys)) == 4 * 2 * BATCH  # one whole window
     assert len(results[0]["state"]) == 2
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def damaged_vlm(tmp_path_factory):
+    """The VLM mix with the text of every 6th sample spoiled (invalid UTF-8: decoding fails)."""
+    root = tmp_path_factory.mktemp("damaged")
+    write_vlm_shards(root, num_samples=NUM_SAMPLES, num_shards=6, seed=3, text_median_chars=300)
+    spoiled: dict[str, int] = {}
+    for shard in sorted(root.glob("*.tar")):
+        spoiled.update(spoil_text_payloads(shard, lambda i, key: int(key) % 6 == 0))
+    assert len(spoiled) == NUM_SAMPLES // 6
+    return root, set(spoiled)
+
+
+def quiet(*_args):
+    """An error handler that only lets the policy count."""
+
+
+def test_skipped_samples_are_reported_and_budgeted(damaged_vlm):
+    """A sample whose decode fails is skipped, counted in error_report() of the rank that planned
+    to load it (and nowhere else), kept across save/restore, and checked against the budget."""
+    root, spoiled = damaged_vlm
+    world = 2
+    ranks = loaders(root, world, shuffle_buffer_size=None, error_handler=quiet)
+    its = [iter(lo) for lo in ranks]
+    seen: set[str] = set()
+    for _ in range(NUM_SAMPLES // BATCH // world):  # one epoch: 3 windows of 4 steps
+        for it in its:
+            seen.update(keys_of(next(it)))
+    assert seen.isdisjoint(spoiled) and len(seen) == NUM_SAMPLES - len(spoiled)
+    reports = [lo.error_report() for lo in ranks]
+    assert sum(r["skipped"] for r in reports) == len(spoiled)
+    assert all(r["skipped"] > 0 for r in reports)
+    examples = [e for r in reports for e in r["sources"][0]["examples"]]
+    assert examples and all(e["key"] is None or e["key"] in spoiled for e in examples)
+    # the counts are part of each rank's state
+    states = [json.loads(json.dumps(lo.save_state_rank())) for lo in ranks]
+    restored = loaders(root, world, shuffle_buffer_size=None, error_handler=quiet)
+    for lo, st in zip(restored, states):
+        lo.restore_state_rank(st)
+    assert [lo.error_report()["skipped"] for lo in restored] == [r["skipped"] for r in reports]
+    # ... and against the budget: a per-rank cap below what one rank skips in an epoch stops it
+    capped = loaders(
+        root,
+        world,
+        shuffle_buffer_size=None,
+        error_handler=quiet,
+        error_budget=ErrorBudget(max_skipped=3),
+    )
+    it = iter(capped[0])
+    with pytest.raises(ErrorBudgetExceeded, match="max_skipped=3"):
+        for _ in range(NUM_SAMPLES // BATCH // world):
+            next(it)
+
