@@ -162,7 +162,50 @@ class Ledger:
     # -- describing ----------------------------------------------------------------------------
     def describe_step(self, step: int) -> list[MicroBatchRecord]:
         """Every micro-batch of every rank in ``step`` (ordered by micro-batch, then rank)."""
+        if self.spec.balance is not None:
+            return self.describe_balanced_step(step)
         return self.describe_positions([m for _, _, m in self.step_positions(step)])
+
+    def describe_balanced_step(self, step: int) -> list[MicroBatchRecord]:
+        """Each rank's share of a balanced ``step`` (``get_train_dataset(balance=...)``), one
+        record per rank: the ledger plans the step's window as every rank does
+        (:mod:`energon.balance.executor`): the pointers of the window's positions, their costs
+        from the index, :func:`~energon.balance.assign.compose_steps`. Each sample is an output
+        of its own (how a rank packs them depends on the encoded lengths). Steps count from the
+        first state's origin of a run that kept its number of ranks."""
+        from energon.balance.assign import compose_steps
+        from energon.balance.table import CostTable
+
+        balance = self.spec.balance
+        assert balance is not None
+        if self.micro_batches_per_step != 1:
+            raise ValueError("a balanced step is one micro-batch per rank (no accumulation)")
+        if step < 0:
+            raise ValueError(f"steps start at 0, got {step}")
+        ranks, size = self.world_size, balance.window
+        window, inner = divmod(step, size)
+        first = window * size * ranks
+        records = self.describe_positions(range(first, first + size * ranks))
+        pool = [(record, sample) for record in records for sample in record.samples]
+        table = CostTable(self.spec.leaves, balance.cost)
+        costs = [table.cost(sample.source, sample.index).cost for _, sample in pool]
+        shares = compose_steps(costs, ranks, size)[inner]
+        out = []
+        for rank, share in enumerate(shares):
+            position = step * ranks + rank
+            own = records[position - first]
+            out.append(
+                dataclasses.replace(
+                    own,
+                    step=step,
+                    rank=rank,
+                    micro_batch=0,
+                    restore_key=(),
+                    outputs=[[pool[i][1]] for i in share],
+                    excluded=[],
+                )
+            )
+        return out
 
     def describe_steps(self, start: int, stop: int) -> Iterator[MicroBatchRecord]:
         """The micro-batches of steps ``start <= step < stop``, in order."""
@@ -319,6 +362,8 @@ class StreamWalker:
         spec = self.ledger.simulated(segment.edits)
         sim = SimulatedStream(spec, self.stream, native=self.ledger.native)
         if snap is not None:
+            if self.ledger.spec.balance is not None:
+                snap = _with_fresh_stages(snap, sim.snapshot())
             if _excludes(segment.edits) and not filtered:
                 filter_at = sim.pointer_stages - 1  # the filter is the last pointer stage
                 snap = snapshots.with_stage_state(snap, filter_at, {"dropped": 0})
@@ -336,6 +381,14 @@ class StreamWalker:
     def epoch_of(self, pointer: Key) -> int | None:
         assert self.sim is not None
         return self.sim.read_epoch(pointer, self.ledger.in_flight())
+
+
+def _with_fresh_stages(snap: StreamSnapshot, fresh: StreamSnapshot) -> StreamSnapshot:
+    """A balanced-mode snapshot (its pointer stages only: energon.balance.executor) completed
+    with the fresh states of the chain's other stages (empty at a micro-batch boundary)."""
+    stages = snapshots.stage_states(snap)
+    rest = snapshots.stage_states(fresh)[len(stages) :]
+    return snapshots.make_snapshot(snapshots.emitted(snap), [*stages, *rest])
 
 
 def _excludes(edits: PlanEdits | None) -> bool:

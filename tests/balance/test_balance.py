@@ -469,3 +469,52 @@ def test_skipped_samples_are_reported_and_budgeted(damaged_vlm):
         for _ in range(NUM_SAMPLES // BATCH // world):
             next(it)
 
+
+# -- ledger ----------------------------------------------------------------------------------------
+
+
+def test_ledger_describes_what_each_rank_got(vlm, tmp_path):
+    """`energon ledger` (and the Ledger API) name the samples each rank got at a balanced step,
+    from the configuration alone and from a state saved mid-window."""
+    from click.testing import CliRunner
+
+    from energon.cli.main import main as cli
+    from energon.ledger.ledger import Ledger
+
+    world = 2
+    ranks = loaders(vlm, world)
+    its = [iter(lo) for lo in ranks]
+    delivered = run_steps(its, 6)
+    ledger = Ledger(ranks[0].dataset)
+    for step in range(6):
+        records = ledger.describe_step(step)
+        assert [r.rank for r in records] == [0, 1]
+        assert [sorted(s.key for s in r.samples) for r in records] == [
+            sorted(keys) for keys in delivered[step]
+        ]
+        assert all(len(out) == 1 for r in records for out in r.outputs)
+    # the command line, from a state saved after step 5 (inside the second window)
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps([lo.save_state_rank() for lo in ranks]))
+    later = run_steps(its, 2)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "ledger",
+            str(vlm),
+            "--state",
+            str(state_file),
+            "--steps",
+            "6:8",
+            "--format",
+            "json",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    described = json.loads(result.output)["micro_batches"]
+    got = [
+        [sorted(s["key"] for out in m["outputs"] for s in out) for m in described if m["step"] == n]
+        for n in (6, 7)
+    ]
+    assert got == [[sorted(keys) for keys in step] for step in later]
