@@ -6,7 +6,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from energon.balance.cost import CostFunction, MultimodalCost, cost_config
+from energon.balance.cost import (
+    CostFunction,
+    MultimodalCost,
+    SampleCost,
+    cost_config,
+    trained_cost,
+)
+from energon.task_encoder.packing import OVER_LENGTH_POLICIES
 
 
 def _token_length(sample: Any) -> int:
@@ -42,10 +49,20 @@ class Balance:
     def __post_init__(self) -> None:
         if self.max_length < 1:
             raise ValueError(f"balance max_length must be >= 1, got {self.max_length}")
+        if self.over_length not in OVER_LENGTH_POLICIES:
+            raise ValueError(
+                f"balance over_length must be one of {OVER_LENGTH_POLICIES}, got "
+                f"{self.over_length!r}"
+            )
         if self.window < 1:
             raise ValueError(f"balance window must be >= 1 global step, got {self.window}")
         if not callable(self.cost):
             raise TypeError("balance cost must be callable: SampleMeta -> SampleCost")
+
+    def planned_cost(self, cost: SampleCost) -> float:
+        """What the plan counts of a sample estimated at ``cost``: only what is trained on of an
+        over-long one (:func:`~energon.balance.cost.trained_cost` under ``over_length``)."""
+        return trained_cost(self.cost, cost, self.max_length, self.over_length)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must be equal for a saved state to mean the same steps."""

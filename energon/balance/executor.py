@@ -26,7 +26,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from energon.balance.assign import compose_steps
-from energon.balance.cost import SampleCost
 from energon.balance.packed import layout_batch, pack_balanced
 from energon.balance.table import CostTable
 from energon.errors import (
@@ -154,7 +153,7 @@ class Window:
     index: int  # counted from the origin in windows of Balance.window steps
     steps: int  # global steps it holds (fewer at the end of a finite pass)
     pool: list[tuple[int, int, Key]]  # (position, member, key) of every pointer read
-    costs: list[SampleCost]
+    costs: list[float]  # what the plan counts of each pointer (Balance.planned_cost)
     plan: list[list[list[int]]]  # [step][rank] -> indices into pool
     start: dict[int, StreamSnapshot]  # every stream before the window
     end: dict[int, StreamSnapshot]  # every stream after it
@@ -277,9 +276,9 @@ class BalancedExecutor:
             pool.extend((position, j, key) for j, key in enumerate(keys))
             last_step = (position - start) // ranks
         after = {s: self.stream(s).state() for s in range(num_streams)}
-        costs = [self.costs.cost(*pointer_target(key)) for _, _, key in pool]
+        costs = [self.balance.planned_cost(self.costs.cost(*pointer_target(k))) for *_, k in pool]
         steps = last_step + 1
-        plan = compose_steps([c.cost for c in costs], ranks, steps) if steps else []
+        plan = compose_steps(costs, ranks, steps) if steps else []
         self._current = Window(index, steps, pool, costs, plan, before, after)
         return self._current
 
@@ -311,18 +310,23 @@ class BalancedExecutor:
                 samples.append(sample)
                 if self.balance.group is not None:
                     groups.append(self.balance.group(self._meta(key)))
+        stats = self.packer.stats
+        before = (stats.truncated, stats.split, stats.dropped)
         packs = pack_balanced(
             samples,
             self.balance.max_length,
             packer=self.packer,
             groups=groups if self.balance.group is not None else None,
         )
-        rank_costs = [sum(window.costs[i].cost for i in share) for share in shares]
+        rank_costs = [sum(window.costs[i] for i in share) for share in shares]
         value = layout_batch(
             packs,
             self.balance.max_length,
             rank_cost=rank_costs[self.layout.rank],
             step_costs=rank_costs,
+            truncated=stats.truncated - before[0],
+            split=stats.split - before[1],
+            dropped=stats.dropped - before[2],
         )
         if self._encode_batch is not None and samples:
             value = _call_hook(self._encode_batch, own, value)

@@ -188,7 +188,7 @@ class Ledger:
         records = self.describe_positions(range(first, first + size * ranks))
         pool = [(record, sample) for record in records for sample in record.samples]
         table = CostTable(self.spec.leaves, balance.cost)
-        costs = [table.cost(sample.source, sample.index).cost for _, sample in pool]
+        costs = [balance.planned_cost(table.cost(s.source, s.index)) for _, s in pool]
         shares = compose_steps(costs, ranks, size)[inner]
         out = []
         for rank, share in enumerate(shares):

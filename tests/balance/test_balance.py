@@ -352,6 +352,46 @@ def _packs(batch):
     return out
 
 
+@pytest.mark.parametrize("policy", ["truncate", "split", "drop"])
+def test_over_long_samples_follow_the_packer_policy_and_are_counted(vlm, policy):
+    """Samples longer than max_length are truncated, split or dropped as SequencePacker does,
+    each batch counts them, and the plan counts only what is trained on of them."""
+    length = 256
+    cost = MultimodalCost()
+    balance = Balance(max_length=length, over_length=policy, window=2)
+    its = [iter(lo) for lo in loaders(vlm, 2, balance=balance, shuffle_buffer_size=None)]
+    over = 0
+    for _ in range(4):
+        batches = [next(it) for it in its]
+        for b in batches:
+            n_over = sum(int(s.tokens.shape[0]) > length for s in b.samples)
+            counted = getattr(
+                b, {"truncate": "truncated", "split": "split", "drop": "dropped"}[policy]
+            )
+            assert counted == n_over or (policy == "drop" and n_over == 0)
+            assert b.truncated + b.split + b.dropped == counted
+            over += counted
+            assert len(keys_of(b)) == len(set(keys_of(b)))  # a split sample is listed once
+            real = int((~b.padding_mask).sum())
+            kept = sum(min(int(s.tokens.shape[0]), length) for s in b.samples)
+            assert real == (
+                kept if policy != "split" else sum(int(s.tokens.shape[0]) for s in b.samples)
+            )
+            trained = [int(s.tokens.shape[0]) for s in b.samples]
+            if policy == "truncate":
+                expected = sum(cost.cost_of_tokens(min(n, length)) for n in trained)
+            elif policy == "split":
+                expected = sum(
+                    cost.cost_of_tokens(min(length, n - start))
+                    for n in trained
+                    for start in range(0, n, length)
+                )
+            else:
+                expected = sum(cost.cost_of_tokens(n) for n in trained)
+            assert b.rank_cost == pytest.approx(expected)
+    assert over > 0
+
+
 def test_validation_and_packing_are_refused(vlm):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     from energon import get_val_dataset
