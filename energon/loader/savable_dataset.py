@@ -76,8 +76,10 @@ class SavableDataset(torch.utils.data.IterableDataset):
             return spec.virtual_epoch_length
         total = self.positions_per_pass() or 0
         wc = self.worker_config
-        if spec.planned_validation:
-            count = -(-total // wc.world_size)  # every rank: holes keep them even
+        if spec.planned_validation or spec.balance is not None:
+            count = -(
+                -total // wc.world_size
+            )  # every rank: holes (or balanced steps) keep them even
         else:
             count = len(range(wc.rank, total, wc.world_size))
         if spec.limit is not None:

@@ -392,12 +392,36 @@ def test_over_long_samples_follow_the_packer_policy_and_are_counted(vlm, policy)
     assert over > 0
 
 
-def test_validation_and_packing_are_refused(vlm):
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
-    from energon import get_val_dataset
+@pytest.mark.parametrize(("world_size", "num_workers"), [(3, 0), (2, 2)])
+def test_validation_is_balanced_once_and_even(vlm, world_size, num_workers):
+    """A balanced validation pass: every sample exactly once, every rank the same number of
+    batches (each takes part in every step), balanced steps, and the next pass is the same."""
+    from energon import get_loader, get_val_dataset
 
-    with pytest.raises(ValueError, match="training"):
-        get_val_dataset(str(vlm), worker_config=wc, batch_size=2, balance=Balance(max_length=64))
+    passes = []
+    for rank in range(world_size):
+        wc = WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers)
+        ds = get_val_dataset(
+            str(vlm),
+            split_part="train",
+            worker_config=wc,
+            batch_size=BATCH,
+            task_encoder=VlmTaskEncoder(),
+            balance=Balance(max_length=4096, window=4),
+        )
+        loader = get_loader(ds)
+        passes.append([[keys_of(b) for b in loader] for _ in range(2)])
+        assert len(loader) == len(passes[-1][0])
+    counts = {len(p) for rank in passes for p in rank}
+    assert len(counts) == 1  # even: every rank, every pass
+    for n in range(2):
+        keys = [k for rank in passes for batch in rank[n] for k in batch]
+        assert sorted(keys) == sorted(set(keys)) and len(keys) == NUM_SAMPLES
+    assert all(rank[0] == rank[1] for rank in passes)
+
+
+def test_packing_is_refused(vlm):
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     no_shuffle = dict(shuffle_buffer_size=None, max_samples_per_sequence=None)
     with pytest.raises(ValueError, match="batch_size"):
         get_train_dataset(
