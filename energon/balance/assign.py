@@ -1,8 +1,10 @@
-"""Splitting a global step's samples over the ranks so that their costs are near-equal.
+"""Splitting the samples of global steps over the ranks so that their costs are near-equal.
 
 Pure and deterministic (a function of the cost list only, ties broken by position), so every rank
-computes the same split without communicating. Longest-processing-time first gives a good start;
-a few moves and swaps between the heaviest and the lightest rank then close the remaining gap.
+computes the same split without communicating. :func:`balance_costs` splits one step:
+longest-processing-time first gives a good start; a few moves and swaps between the heaviest and
+the lightest rank then close the remaining gap. :func:`compose_steps` composes a window of several
+steps at once, so that a sample heavier than a rank's share shares its step with other heavy work.
 """
 
 from __future__ import annotations

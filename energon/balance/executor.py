@@ -49,8 +49,8 @@ from energon.pipeline.snapshot import (
 )
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Value
-from energon.pipeline.stages import LoadStage, _call_hook
-from energon.pipeline.stream import _cook_function
+from energon.pipeline.stages import LoadStage, call_hook
+from energon.pipeline.stream import cook_function
 from energon.samples import padding
 from energon.source.meta import SampleMeta
 from energon.task_encoder.base import hook_context
@@ -191,7 +191,7 @@ class BalancedExecutor:
             spec.leaves,
             spec.decoder,
             self._load_policy,
-            [_cook_function(spec, source) for source in spec.sources],
+            [cook_function(spec, source) for source in spec.sources],
         )
         te = spec.task_encoder
         self._hooks = [
@@ -329,7 +329,7 @@ class BalancedExecutor:
             dropped=stats.dropped - before[2],
         )
         if self._encode_batch is not None and samples:
-            value = _call_hook(self._encode_batch, own, value)
+            value = call_hook(self._encode_batch, own, value)
         padding.mark(value, not samples)
         return value
 
@@ -351,7 +351,7 @@ class BalancedExecutor:
             produced = []
             for value in outputs:
                 try:
-                    produced.extend(_call_hook(_outputs_of, sample_index, hook, value))
+                    produced.extend(call_hook(_outputs_of, sample_index, hook, value))
                 except SkipSample:
                     continue
                 except Exception as e:
