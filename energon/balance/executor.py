@@ -111,10 +111,11 @@ class PointerBatches:
 class RankFailures:
     """The samples this rank lost to errors, counted per logical stream like an unbalanced
     stream's :class:`~energon.pipeline.error_account.ErrorAccount` (so ``loader.error_report()``
-    and the error budget see them): the account of the stream whose micro-batch position the
-    sample was planned in (``current``), checked against the samples of each source this rank
-    loaded from that stream. The accounts travel in the streams' snapshots of the rank's state
-    (each rank's own; an elastic merge keeps one rank's account per stream)."""
+    and the error budget see them): the account of the stream of the rank's own position at the
+    step (``current``: the stream whose snapshot the step's item carries, so the loader sees the
+    count change at once), checked against the samples of each source this rank loaded at such
+    steps. The accounts travel in the streams' snapshots of the rank's state (each rank's own; an
+    elastic merge keeps one rank's account per stream)."""
 
     def __init__(self, spec: PipelineSpec) -> None:
         self.budget = spec.error_budget or ErrorBudget()
@@ -302,10 +303,10 @@ class BalancedExecutor:
         mine = shares[self.layout.rank]
         hook_context.batch_index = own
         hook_context.seed = self.spec.seed
+        self.failures.current = own % self.spec.num_streams
         samples, groups = [], []
         for i in mine:
             position, member, key = window.pool[i]
-            self.failures.current = position % self.spec.num_streams
             for sample in self._load(key, position * (self.spec.batch_size or 1) + member):
                 samples.append(sample)
                 if self.balance.group is not None:
