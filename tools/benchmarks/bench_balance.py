@@ -16,7 +16,9 @@ the encoded samples), the worst step, and the padding fraction of the packs. The
 balancing: both sets of loaders (0 workers, in this process) side by side take turns of one
 window each, in alternating order; a turn's CPU time (time.process_time: this process's threads
 only, so other jobs on the machine do not count) per sample, and the median over rounds of the
-per-round ratio balanced / plain.
+per-round ratio balanced / plain. With `--workers N` the loaders run N workers per rank and the
+CPU time measured is that of each configuration's worker processes (/proc/PID/schedstat), which do
+all the planning, loading and encoding.
 """
 
 from __future__ import annotations
@@ -131,19 +133,28 @@ def cpu_per_sample(path: str, args, progress: bool) -> dict[str, list[float]]:
     window each (alternating which goes first); one value per round and configuration."""
     max_length = args.max_length
     packer = SequencePacker(max_length)
-    configs = {
-        "plain": [iter(lo) for lo in make_loaders(path, args.ranks, args.batch, None)],
-        "balanced": [
-            iter(lo)
-            for lo in make_loaders(
-                path, args.ranks, args.batch, Balance(max_length, window=args.window)
-            )
-        ],
+    balance = Balance(max_length, window=args.window)
+    loaders = {
+        "plain": make_loaders(path, args.ranks, args.batch, None, args.workers),
+        "balanced": make_loaders(path, args.ranks, args.batch, balance, args.workers),
     }
+    configs = {name: [iter(lo) for lo in los] for name, los in loaders.items()}
+
+    def cpu(name: str) -> float:
+        """Without workers: this process's CPU time; with workers: the CPU time of the config's
+        worker processes (/proc/PID/schedstat; they do all the loading and planning)."""
+        if not args.workers:
+            return time.process_time()
+        total = 0
+        for lo in loaders[name]:
+            for w in getattr(lo._source, "_workers", []):
+                with open(f"/proc/{w.pid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+        return total / 1e9
 
     def turn(name: str) -> float:
         count = 0
-        start = time.process_time()
+        start = cpu(name)
         for _ in range(args.window):
             for it in configs[name]:
                 b = next(it)
@@ -153,7 +164,7 @@ def cpu_per_sample(path: str, args, progress: bool) -> dict[str, list[float]]:
                     count += len(members)
                 else:
                     count += len(b.samples)
-        return (time.process_time() - start) / count
+        return (cpu(name) - start) / count
 
     for name in configs:
         turn(name)  # start-up (index opening, first window) not counted
@@ -175,11 +186,41 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=8, help="Balance.window (global steps)")
     parser.add_argument("--max-length", type=int, default=16384)
     parser.add_argument("--rounds", type=int, default=9, help="CPU-time rounds (0: skip)")
+    parser.add_argument("--workers", type=int, default=0, help="loader workers (CPU rounds)")
+    parser.add_argument("--skip-straggler", action="store_true", help="only the CPU rounds")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args()
     progress = not args.no_progress
     path = dataset_root(args.root, args.samples, progress)
     print(machine_summary())
+    if not args.skip_straggler:
+        straggler_report(path, args, progress)
+    if args.rounds < 1:
+        return
+    cpu = cpu_per_sample(path, args, progress)
+    ratio = statistics.median(b / p for b, p in zip(cpu["balanced"], cpu["plain"]))
+    who = (
+        f"{args.workers} workers per rank: their CPU" if args.workers else "0 workers: process CPU"
+    )
+    print_markdown_table(
+        (f"all ranks' loaders ({who})", "CPU ms per sample (median)", "rounds"),
+        [
+            (
+                name,
+                f"{1000 * statistics.median(cpu[name]):.2f}",
+                " ".join(f"{1000 * x:.2f}" for x in cpu[name]),
+            )
+            for name in ("plain", "balanced")
+        ],
+    )
+    ratios = " ".join(f"{b / p:.3f}" for b, p in zip(cpu["balanced"], cpu["plain"]))
+    print(f"per-round ratios balanced / plain: {ratios}")
+    print(
+        f"cost of balancing (median of per-round CPU ratios balanced / plain - 1): {ratio - 1:+.1%}"
+    )
+
+
+def straggler_report(path: str, args, progress: bool) -> None:
     ratios, padding = compare(path, args.ranks, args.batch, args, progress)
     rows = []
     for name in ("plain", "balanced"):
@@ -209,24 +250,6 @@ def main() -> None:
         f"rank's mean share (no per-step split could be within 1.05): "
         f"{[(i, round(b, 3)) for i, b in enumerate(ratios['bound']) if b > 1.05]}; "
         f"samples per balanced step: {min(ratios['samples'])}..{max(ratios['samples'])}"
-    )
-    if args.rounds < 1:
-        return
-    cpu = cpu_per_sample(path, args, progress)
-    ratio = statistics.median(b / p for b, p in zip(cpu["balanced"], cpu["plain"]))
-    print_markdown_table(
-        ("all ranks' loaders", "CPU ms per sample (median)", "rounds"),
-        [
-            (
-                name,
-                f"{1000 * statistics.median(cpu[name]):.2f}",
-                " ".join(f"{1000 * x:.2f}" for x in cpu[name]),
-            )
-            for name in ("plain", "balanced")
-        ],
-    )
-    print(
-        f"cost of balancing (median of per-round CPU ratios balanced / plain - 1): {ratio - 1:+.1%}"
     )
 
 
