@@ -561,6 +561,15 @@ def test_ledger_describes_what_each_rank_got(vlm, tmp_path):
             sorted(keys) for keys in delivered[step]
         ]
         assert all(len(out) == 1 for r in records for out in r.outputs)
+    # exposures count whole windows (exact there), and say so otherwise
+    from energon.ledger.exposure import export_exposures
+
+    with pytest.raises(ValueError, match="multiples of Balance.window=4"):
+        export_exposures(ledger, str(tmp_path / "exp"), until_step=6, progress=False)
+    summary = export_exposures(ledger, str(tmp_path / "exp"), until_step=4, progress=False)
+    assert summary["datasets"][0]["exposures"] == sum(
+        len(k) for step in delivered[:4] for k in step
+    )
     # the command line, from a state saved after step 5 (inside the second window)
     state_file = tmp_path / "state.json"
     state_file.write_text(json.dumps([lo.save_state_rank() for lo in ranks]))
