@@ -15,7 +15,9 @@ the start of the window that the *next* step belongs to (the window's start, or 
 last step), so a rank's state is enough to recompute the window and resume mid-window exactly
 (the steps before the resume point are planned, not delivered). A merge of states saved after
 the same whole window restores on any other ``R`` (windows are then counted from the new origin);
-a merge of states saved mid-window is refused (its window's plan depends on the old ``R``).
+a merge of states saved inside a window starts with the window's *tail*
+(:mod:`energon.balance.tail`): the window planned for the old ranks, the samples of its steps not
+delivered composed into steps for the new ones; normal windows follow from the window's end.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from energon.balance.assign import compose_steps
 from energon.balance.packed import layout_batch, pack_balanced
 from energon.balance.table import CostTable
+from energon.balance.tail import compose_tail, layers_of, tail_end, tail_steps
 from energon.errors import (
     ErrorBudget,
     ErrorPolicy,
@@ -170,6 +173,7 @@ class BalancedExecutor:
         snapshots: dict[int, StreamSnapshot] | None = None,
         end: int | None = None,
         origin: int = 0,
+        tail: dict[str, Any] | None = None,
     ) -> None:
         if spec.balance is None:
             raise ValueError("BalancedExecutor needs a spec with balance set")
@@ -179,6 +183,19 @@ class BalancedExecutor:
         self.snapshots = snapshots or {}
         self.end = end
         self.origin = origin
+        self.tail = tail
+        # steps of the tail (0: none), and where the normal windows are counted from
+        self.tail_steps = 0
+        self.window_origin = origin
+        if tail is not None:
+            size = self.balance.window
+            self.tail_steps = tail_steps(tail, size, layout.world_size)
+            self.window_origin = tail_end(tail, size)
+            if self.window_origin != origin + self.tail_steps * layout.world_size:
+                raise StateError(
+                    f"balanced state: origin {origin} is not where the tail of "
+                    f"{self.tail_steps} steps ends ({self.window_origin}; the state is damaged)"
+                )
         self._current: Window | None = None
         self.streams: dict[int, PointerBatches] = {}
         self.costs = CostTable(spec.leaves, spec.balance.cost)
@@ -232,10 +249,13 @@ class BalancedExecutor:
         while True:
             step = offset // ranks + layout.worker + k * workers  # global steps since origin
             first = self.origin + step * ranks
-            if self.end is not None and first >= self.end:
-                return
-            window = self._window(step // size)
-            inner = step - window.index * size
+            if step < self.tail_steps:
+                window, inner = self._tail_window(), step
+            else:
+                if self.end is not None and first >= self.end:
+                    return
+                window = self._window((step - self.tail_steps) // size)
+                inner = step - self.tail_steps - window.index * size
             if inner >= window.steps:
                 return
             own = first + layout.rank
@@ -258,12 +278,31 @@ class BalancedExecutor:
         )
 
     def _window(self, index: int) -> Window:
-        """Window ``index`` (global steps ``index * window ...`` from the origin), planned once."""
+        """Window ``index`` (global steps ``index * window ...`` from the origin, after a tail),
+        planned once."""
         if self._current is not None and self._current.index == index:
             return self._current
         ranks, size = self.layout.world_size, self.balance.window
+        start = self.window_origin + index * size * ranks
+        self._current = self._plan(index, start, ranks)
+        return self._current
+
+    def _tail_window(self) -> Window:
+        """The tail (index -1): the interrupted window planned for the ranks that trained it,
+        the samples of the steps they did not deliver composed into this rank count's steps."""
+        if self._current is not None and self._current.index == -1:
+            return self._current
+        assert self.tail is not None
+        layers = layers_of(self.tail)
+        window = self._plan(-1, int(self.tail["start"]), layers[0][0])
+        plan = compose_tail(window.plan, window.costs, layers, self.layout.world_size)
+        self._current = dataclasses.replace(window, steps=len(plan), plan=plan)
+        return self._current
+
+    def _plan(self, index: int, start: int, ranks: int) -> Window:
+        """The window of ``ranks`` ranks whose first global position is ``start``."""
+        size = self.balance.window
         num_streams = self.spec.num_streams
-        start = self.origin + index * size * ranks
         stop = start + size * ranks
         if self.end is not None:
             stop = min(stop, self.end)
@@ -280,8 +319,7 @@ class BalancedExecutor:
         costs = [self.balance.planned_cost(self.costs.cost(*pointer_target(k))) for *_, k in pool]
         steps = last_step + 1
         plan = compose_steps(costs, ranks, steps) if steps else []
-        self._current = Window(index, steps, pool, costs, plan, before, after)
-        return self._current
+        return Window(index, steps, pool, costs, plan, before, after)
 
     def _stream_at(self, stream_id: int, position: int) -> StreamSnapshot:
         """Stream ``stream_id`` advanced to its first micro-batch at or after ``position`` (no

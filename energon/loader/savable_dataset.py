@@ -33,6 +33,7 @@ class ResumePoint:
 
     base: int = 0
     origin: int = 0  # where the rank's global steps are counted from (balanced windows)
+    tail: dict[str, Any] | None = None  # a balanced window's tail (energon.balance.tail)
     snapshots: dict[int, StreamSnapshot] = dataclasses.field(default_factory=dict)
     board: str | None = None  # the folder of the loader's stats board (energon.observe.probe)
 
@@ -175,6 +176,7 @@ class SavableDataset(torch.utils.data.IterableDataset):
                 resume.snapshots,
                 end=self.pass_end(resume.base),
                 origin=resume.origin,
+                tail=resume.tail,
             )
         return Executor(
             self.spec,
