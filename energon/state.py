@@ -374,6 +374,12 @@ def _balanced_tail(states: list[dict[str, Any]]) -> dict[str, Any] | None:
     window (the new ranks start a window), else the interrupted window's layers plus the steps
     the old ranks delivered of their own. Balanced steps split each global step over all ranks,
     so every rank must have been saved after the same step (as a training job saves them)."""
+    tails = {json.dumps(st.get(TAIL_FIELD), sort_keys=True) for st in states}
+    if len(tails) > 1:
+        raise StateError(
+            f"these balanced-mode states disagree on loader state field {TAIL_FIELD!r} (they "
+            "were not restored from the same states)"
+        )
     steps = {st["origin"] + st["consumed"] * st["world_size"] for st in states}
     if len(steps) > 1:
         raise StateError(
@@ -382,12 +388,6 @@ def _balanced_tail(states: list[dict[str, Any]]) -> dict[str, Any] | None:
             "state after the same step to restore them on another number of ranks"
         )
     first = states[0]
-    tails = {json.dumps(st.get(TAIL_FIELD), sort_keys=True) for st in states}
-    if len(tails) > 1:
-        raise StateError(
-            f"these balanced-mode states disagree on loader state field {TAIL_FIELD!r} (they "
-            "were not restored from the same states)"
-        )
     ranks, consumed = first["world_size"], first["consumed"]
     tail = first.get(TAIL_FIELD)
     if tail is not None:  # inside a tail: it gets one more layer

@@ -21,6 +21,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from energon.balance.tail import TAIL_FIELD
 from energon.errors import StateError
 from energon.ledger.advance import Counts, SimulatedStream
 from energon.ledger.journal import JournalReader, sources_digest
@@ -129,6 +130,8 @@ class Ledger:
             if (state["fingerprint_digest"], edits_text) not in checked:
                 _check_state(spec, state)
                 checked.add((state["fingerprint_digest"], edits_text))
+        if spec.balance is not None:
+            _check_balanced_grid(states, self.world_size, spec.balance.window)
         self.spec = dataclasses.replace(
             spec, edits=self.edits, weight_changes=_newest_weight_changes(states)
         )
@@ -381,6 +384,28 @@ class StreamWalker:
     def epoch_of(self, pointer: Key) -> int | None:
         assert self.sim is not None
         return self.sim.read_epoch(pointer, self.ledger.in_flight())
+
+
+def _check_balanced_grid(states: list[dict[str, Any]], world_size: int, window: int) -> None:
+    """The ledger plans balanced steps in windows of ``window`` steps of ``world_size`` ranks
+    counted from position 0; states of a run whose windows lie elsewhere (an elastic restore:
+    another number of ranks, or a window's tail, energon.balance.tail) would be described
+    wrongly, so they are refused."""
+    for state in states:
+        if state.get(TAIL_FIELD) is not None:
+            raise StateError(
+                "the ledger cannot describe balanced steps of a state inside the tail of an "
+                "elastic restore (loader state field 'balance_tail': a window planned for "
+                f"{state[TAIL_FIELD]['layers'][0][0]} ranks finished by {state['world_size']}); "
+                "use a state saved after the tail, or the loader's journal"
+            )
+        if state["world_size"] != world_size or state["origin"] % (window * world_size):
+            raise StateError(
+                f"the ledger plans balanced steps in windows of {window} steps of {world_size} "
+                f"ranks from position 0, but this state (rank {state['rank']} of "
+                f"{state['world_size']}, origin {state['origin']}) counts its windows from "
+                "elsewhere (an elastic restore): its steps cannot be described"
+            )
 
 
 def _with_fresh_stages(snap: StreamSnapshot, fresh: StreamSnapshot) -> StreamSnapshot:

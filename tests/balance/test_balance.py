@@ -279,14 +279,105 @@ def test_elastic_restore_delivers_every_sample_once(vlm):
     assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
 
 
-def test_elastic_restore_refuses_states_saved_mid_window(vlm):
-    first = loaders(vlm, 2)
-    its = [iter(lo) for lo in first]
-    for _ in range(3):
+def drain(its) -> list[list[list[str]]]:
+    """[step][rank] -> keys, until the (finite) pass ends; every rank ends at the same step."""
+    steps = []
+    while True:
+        batches = []
         for it in its:
-            next(it)
-    with pytest.raises(StateError, match="multiple of Balance.window=4"):
-        redistribute_states([lo.save_state_rank() for lo in first], 4)
+            try:
+                batches.append(next(it))
+            except StopIteration:
+                assert not batches, "the ranks ended at different steps"
+                return steps
+        assert len({tuple(b.step_costs) for b in batches}) == 1  # every rank planned the same
+        steps.append([keys_of(b) for b in batches])
+
+
+def finite(path, world_size, num_workers=0, **kw):
+    """Loaders of one pass over the data (repeat=False), no shuffle buffer: the pass holds
+    every sample exactly once."""
+    return loaders(path, world_size, num_workers, shuffle_buffer_size=None, repeat=False, **kw)
+
+
+def restored(path, states, num_workers=0, **kw):
+    out = finite(path, states[0]["world_size"], num_workers, **kw)
+    for lo, st in zip(out, states):
+        lo.restore_state_rank(json.loads(json.dumps(st)))
+    return out
+
+
+def count(steps) -> Counter[str]:
+    return Counter(k for step in steps for keys in step for k in keys)
+
+
+@pytest.mark.parametrize(
+    ("first_workers", "saved_after", "new_world", "new_workers"),
+    [(0, 5, 2, 0), (0, 7, 3, 0), (2, 6, 3, 0), (0, 5, 3, 2)],
+)
+def test_elastic_restore_mid_window_delivers_every_sample_once(
+    vlm, first_workers, saved_after, new_world, new_workers
+):
+    """Saved on 4 ranks inside a window (window 4: step 5 is the second window's first step),
+    restored on 2 or 3: the new ranks first finish the window's undelivered samples (its tail),
+    then go on with their own windows; the pass holds every sample exactly once."""
+    first = finite(vlm, 4, first_workers)
+    before = run_steps([iter(lo) for lo in first], saved_after)
+    states = redistribute_states([lo.save_state_rank() for lo in first], new_world)
+    assert states[0]["balance_tail"] == {"start": 16, "layers": [[4, saved_after - 4]]}
+    after = drain([iter(lo) for lo in restored(vlm, states, new_workers)])
+    tail = -(-(8 - saved_after) * 4 // new_world)
+    assert all(max(map(len, step)) > 0 for step in after[:tail])
+    seen = count(before) + count(after)
+    assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
+def test_elastic_restore_mid_window_is_deterministic(vlm):
+    """The same merged states give the same steps, with or without workers."""
+    first = finite(vlm, 4)
+    run_steps([iter(lo) for lo in first], 6)
+    states = redistribute_states([lo.save_state_rank() for lo in first], 3)
+    once = drain([iter(lo) for lo in restored(vlm, states)])
+    again = drain([iter(lo) for lo in restored(vlm, states)])
+    with_workers = drain([iter(lo) for lo in restored(vlm, states, 2)])
+    assert once == again == with_workers
+
+
+@pytest.mark.parametrize("tail_steps_run", [2, 7])
+def test_elastic_tail_saves_and_restores_again(vlm, tail_steps_run):
+    """States of a restored tail are exact on a restore with the same ranks, and elastic again:
+    inside the tail (2 of its 4 steps) or after it, inside a normal window (7 steps)."""
+    first = finite(vlm, 4)
+    before = run_steps([iter(lo) for lo in first], 5)
+    second = restored(vlm, redistribute_states([lo.save_state_rank() for lo in first], 3))
+    its = [iter(lo) for lo in second]
+    middle = run_steps(its, tail_steps_run)
+    saved = [lo.save_state_rank() for lo in second]
+    if tail_steps_run < 4:  # the tail: ceil(3 * 4 / 3) = 4 steps
+        assert saved[0]["balance_tail"] == {"start": 16, "layers": [[4, 1]]}
+    else:  # past it: counted from the window's end, as if never interrupted
+        assert "balance_tail" not in saved[0] and saved[0]["origin"] == 32
+        assert saved[0]["consumed"] == tail_steps_run - 4
+    rest = drain(its)
+    assert drain([iter(lo) for lo in restored(vlm, saved)]) == rest
+    third = drain([iter(lo) for lo in restored(vlm, redistribute_states(saved, 2))])
+    seen = count(before) + count(middle) + count(third)
+    assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
+def test_elastic_tail_state_is_validated(vlm):
+    first = finite(vlm, 4)
+    run_steps([iter(lo) for lo in first], 5)
+    states = redistribute_states([lo.save_state_rank() for lo in first], 3)
+    bad = [dict(states[0], balance_tail={"start": 16, "layers": [[4, 9]]})]
+    with pytest.raises(StateError, match=r"balance_tail.layers\[0\]\[1\]"):
+        restored(vlm, [*bad, *states[1:]])
+    bad = [dict(states[0], origin=states[0]["origin"] + 3)]
+    with pytest.raises(StateError, match="end of the tail"):
+        restored(vlm, [*bad, *states[1:]])
+    other = [dict(states[0], balance_tail={"start": 16, "layers": [[4, 2]]}, origin=23)]
+    with pytest.raises(StateError, match="disagree on loader state field 'balance_tail'"):
+        redistribute_states([*other, *states[1:]], 2)
 
 
 def test_elastic_restore_refuses_states_of_different_steps(vlm):
@@ -538,6 +629,24 @@ def test_skipped_samples_are_reported_and_budgeted(damaged_vlm):
         next(it)  # at the very step whose skips go over the budget
 
 
+def test_elastic_merge_adds_up_every_ranks_error_counts(damaged_vlm):
+    """Each rank counts the samples it lost; an elastic merge keeps all ranks' counts (once:
+    new rank 0 reports them), mid-window too, and the pass ends with every failure counted once."""
+    root, spoiled = damaged_vlm
+    first = finite(root, 2, error_handler=quiet)
+    before = run_steps([iter(lo) for lo in first], 5)
+    skipped = [lo.error_report()["skipped"] for lo in first]
+    assert all(skipped)
+    states = redistribute_states([lo.save_state_rank() for lo in first], 3)
+    second = restored(root, states, error_handler=quiet)
+    assert [lo.error_report()["skipped"] for lo in second] == [sum(skipped), 0, 0]
+    after = drain([iter(lo) for lo in second])
+    assert sum(lo.error_report()["skipped"] for lo in second) == len(spoiled)
+    seen = count(before) + count(after)
+    assert seen.keys().isdisjoint(spoiled) and len(seen) == NUM_SAMPLES - len(spoiled)
+    assert set(seen.values()) == {1}
+
+
 # -- ledger ----------------------------------------------------------------------------------------
 
 
@@ -595,3 +704,33 @@ def test_ledger_describes_what_each_rank_got(vlm, tmp_path):
         for n in (6, 7)
     ]
     assert got == [[sorted(keys) for keys in step] for step in later]
+
+
+def test_ledger_refuses_states_of_an_elastic_tail(vlm, tmp_path):
+    """The ledger plans windows from position 0 for its ranks: states inside a tail, or counted
+    from another window grid after one, are refused with a clear message (API and CLI)."""
+    from click.testing import CliRunner
+
+    from energon.cli.main import main as cli
+    from energon.ledger.ledger import Ledger
+
+    first = loaders(vlm, 4)  # training as configured on the command line: repeating
+    run_steps([iter(lo) for lo in first], 5)
+    second = loaders(vlm, 3)
+    for lo, st in zip(second, redistribute_states([lo.save_state_rank() for lo in first], 3)):
+        lo.restore_state_rank(st)
+    its = [iter(lo) for lo in second]
+    run_steps(its, 2)
+    inside = [lo.save_state_rank() for lo in second]
+    with pytest.raises(StateError, match="tail of an elastic restore"):
+        Ledger(second[0].dataset, states=inside)
+    run_steps(its, 3)
+    past = [lo.save_state_rank() for lo in second]
+    with pytest.raises(StateError, match="origin 32.*counts its windows from elsewhere"):
+        Ledger(second[0].dataset, states=past)
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(inside))
+    result = CliRunner().invoke(
+        cli, ["ledger", str(vlm), "--state", str(state_file), "--step", "0", "--no-progress"]
+    )
+    assert result.exit_code != 0 and "tail of an elastic restore" in result.output
