@@ -35,8 +35,9 @@ class Balance:
     (:func:`~energon.balance.assign.compose_steps`). A sample heavier than a rank's even share
     then shares its step with other heavy work instead of making its step straggle; such a step
     holds more samples than ``batch_size`` per rank (the window's average stays ``batch_size``).
-    ``window=1`` balances each step on its own. Elastic restore (another number of ranks) needs
-    states saved after a whole window (after step ``n * window``).
+    ``window=1`` balances each step on its own. An elastic restore (another number of ranks) of
+    states saved inside a window first delivers the rest of that window, recomposed for the new
+    ranks (:mod:`energon.balance.tail`).
     """
 
     max_length: int

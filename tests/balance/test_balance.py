@@ -332,6 +332,18 @@ def test_elastic_restore_mid_window_delivers_every_sample_once(
     assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
 
 
+def test_elastic_tail_may_start_before_position_zero(vlm):
+    """2 ranks saved after step 1 of the first window, 5 ranks take the rest in 2 steps: the
+    tail's positions (origin 8 - 2 * 5) start below 0 and the pass is still exact."""
+    first = finite(vlm, 2)
+    before = run_steps([iter(lo) for lo in first], 1)
+    states = redistribute_states([lo.save_state_rank() for lo in first], 5)
+    assert states[0]["origin"] == -2
+    after = drain([iter(lo) for lo in restored(vlm, states)])
+    seen = count(before) + count(after)
+    assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
 def test_elastic_restore_mid_window_is_deterministic(vlm):
     """The same merged states give the same steps, with or without workers."""
     first = finite(vlm, 4)
