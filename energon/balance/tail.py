@@ -65,10 +65,14 @@ def compose_tail(
     """The current layer's ``[step][rank]`` shares (indices into the window's pool), from the
     window's own ``plan`` (for ``layers[0]``'s ranks): each layer keeps the samples of the steps
     its ranks did not deliver and composes them for the next layer's ranks. Pure and
-    deterministic (samples in pool order), so every new rank computes the same tail."""
+    deterministic (samples in pool order), so every new rank computes the same tail. A layer
+    whose number of ranks did not change keeps its steps as they were planned."""
     following = [r for r, _ in layers[1:]] + [world_size]
     for (ranks, delivered), next_ranks in zip(layers, following):
         left = plan[delivered:]
+        if next_ranks == ranks:
+            plan = left
+            continue
         rest = sorted(i for step in left for share in step for i in share)
         steps = -(-len(left) * ranks // next_ranks)
         if not steps:

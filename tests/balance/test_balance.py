@@ -332,6 +332,24 @@ def test_elastic_restore_mid_window_delivers_every_sample_once(
     assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
 
 
+@pytest.mark.parametrize("num_streams", [4, 2])
+def test_merge_onto_the_same_ranks_keeps_the_steps(vlm, num_streams):
+    """Merged for as many ranks as saved them, a state inside a window continues with exactly
+    the steps of an uninterrupted run (with 2 streams and window 8 the snapshots lag 7 steps of
+    2 ranks behind the position: still a valid state)."""
+    balance = Balance(max_length=4096, window=8 if num_streams == 2 else 4)
+    kw = {"balance": balance, "num_streams": num_streams}
+    reference = run_steps([iter(lo) for lo in loaders(vlm, 2, **kw)], 12)
+    first = loaders(vlm, 2, **kw)
+    run_steps([iter(lo) for lo in first], 7)
+    unmerged = [lo.save_state_rank() for lo in first]
+    for states in (redistribute_states(unmerged, 2), unmerged):
+        second = loaders(vlm, 2, **kw)
+        for lo, st in zip(second, states):
+            lo.restore_state_rank(st)
+        assert run_steps([iter(lo) for lo in second], 5) == reference[7:]
+
+
 def test_elastic_tail_may_start_before_position_zero(vlm):
     """2 ranks saved after step 1 of the first window, 5 ranks take the rest in 2 steps: the
     tail's positions (origin 8 - 2 * 5) start below 0 and the pass is still exact."""
