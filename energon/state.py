@@ -18,9 +18,10 @@ import os
 from typing import Any
 
 from energon import state_fields as fields
+from energon.balance.tail import TAIL_FIELD, check_tail, settled, tail_origin
 from energon.errors import StateError
 from energon.pipeline import snapshot
-from energon.pipeline.error_account import merge_totals
+from energon.pipeline.error_account import account_totals, merge_totals
 from energon.pipeline.keys import retag_legacy_pointers
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import fingerprint_digest
@@ -63,13 +64,15 @@ def make_rank_state(
     weight_changes: list[dict[str, Any]] | None = None,
     edits: dict[str, Any] | None = None,
     errors: list[dict[str, Any]] | None = None,
+    balance_tail: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``weight_changes``: the blend weight changes made online (``loader.set_blend_weights``), as
     plain data; part of the position (not of the fingerprint), the same in every rank's state.
     ``edits`` (cursor edits as JSON, :mod:`energon.plan.edits`) only when the state was edited
     (skip, exclude, migrate), so unedited states look as they always did. ``errors``: per-source
     totals of samples lost to errors in finished passes (the current pass's are in the stream
-    snapshots)."""
+    snapshots). ``balance_tail``: the tail of a balanced window interrupted by an elastic restore
+    (:mod:`energon.balance.tail`), only while the ranks are inside it."""
     extra = {"edits": edits} if edits is not None else {}
     state = {
         "format": STATE_FORMAT,
@@ -89,6 +92,8 @@ def make_rank_state(
     }
     if weight_changes:
         state["weight_changes"] = weight_changes
+    if balance_tail is not None:
+        state[TAIL_FIELD] = balance_tail
     return state
 
 
@@ -111,7 +116,9 @@ def parsed_weight_changes(state: dict[str, Any]) -> tuple[WeightChange, ...]:
 
 
 def check_state_shape(state: Any) -> dict[str, Any]:
-    """Reject anything that is not a well-formed rank state, saying what is wrong."""
+    """Reject anything that is not a well-formed rank state, saying what is wrong. A balanced
+    state whose ranks finished the tail of an elastic restore comes back settled
+    (:func:`energon.balance.tail.settled`)."""
     if isinstance(state, dict) and "dataloader_state_dict" in state:
         state = state["dataloader_state_dict"]  # Megatron-LM's wrapping
     if not isinstance(state, dict):
@@ -137,7 +144,8 @@ def check_state_shape(state: Any) -> dict[str, Any]:
     edits_from_json(state.get("edits"))  # raises StateError saying what is wrong
     _check_ranges(state)
     _check_fingerprint(state)
-    return state
+    check_tail(state)
+    return settled(state)
 
 
 def _check_ranges(state: dict[str, Any]) -> None:
@@ -145,8 +153,10 @@ def _check_ranges(state: dict[str, Any]) -> None:
     fields.int_field(state, "num_streams", "", low=1)
     world_size = fields.int_field(state, "world_size", "", low=1)
     fields.int_field(state, "rank", "", high=world_size - 1)
-    for name in ("origin", "consumed", "pass_offset"):
+    for name in ("consumed", "pass_offset"):
         fields.int_field(state, name, "")
+    # a balanced tail ends where its window ended: it may start before position 0 (check_tail)
+    fields.int_field(state, "origin", "", low=-(2**62) if state.get(TAIL_FIELD) else 0)
     if state.get("micro_batch_size") is not None:
         fields.int_field(state, "micro_batch_size", "", low=1)
     seen: set[int] = set()
@@ -191,24 +201,38 @@ def check_position(state: dict[str, Any], pass_end: int | None, finite: bool) ->
             "consumed", state["consumed"], f"a position inside the pass (it has {pass_end})"
         )
     snapshots = stream_snapshots(state)
+    lag = world_size + -(-_window_positions(state) // num_streams)
     step = math.gcd(num_streams, world_size)
     first = (state["origin"] + rank) % step  # the rank reads positions origin + rank + k W
     for stream in range(first, num_streams, step):
         before = max(0, -(-(position - stream) // num_streams))
         emitted = snapshot.emitted(snapshots[stream]) if stream in snapshots else 0
-        if not finite and before - emitted > world_size:  # (a finite pass: streams
+        if not finite and before - emitted > lag:  # (a finite pass: streams
             # that ran dry legitimately lag behind, and restoring them replays nothing)
             raise StateError(
                 f"loader state field 'consumed' ({state['consumed']}) puts this rank at position "
                 f"{position}, but stream {stream} has emitted only {emitted} of its {before} items "
                 "before it: restoring would replay them (the state is damaged)"
             )
-        if emitted - before > world_size + num_streams:
+        if emitted - before > lag + num_streams:
             raise StateError(
                 f"loader state field 'streams[{stream}].emitted' ({emitted}) is far ahead of this "
                 f"rank's position {position} ({before} items of the stream before it; the state "
                 "is damaged)"
             )
+
+
+def _window_positions(state: dict[str, Any]) -> int:
+    """Positions by which a balanced state's snapshots may lag behind its position: they are
+    those of the start of the rank's window (or of the window a tail came from)."""
+    balance = state["fingerprint"].get("balance")
+    if not isinstance(balance, dict):
+        return 0
+    ranks = [state["world_size"]]
+    tail = state.get(TAIL_FIELD)
+    if tail is not None:
+        ranks += [r for r, _ in tail["layers"]]
+    return int(balance.get("window", 1)) * max(ranks)
 
 
 def upgrade_state(state: dict[str, Any], pointer_kinds: list[str]) -> dict[str, Any]:
@@ -277,6 +301,11 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
     The consumed part of the global sequence is kept exactly: the new ranks continue at the first
     position nobody consumed; positions consumed beyond it (ranks that were a step ahead) are skipped
     because their streams' snapshots are already past them.
+
+    Balanced states (``get_train_dataset(balance=...)``), saved by every rank after the same
+    step: after a whole window the new ranks start a window; inside one, they start with its
+    tail (:mod:`energon.balance.tail`): exactly the samples of the window's steps that the old
+    ranks did not deliver, composed into steps for the new ranks.
     """
     if new_world_size < 1:
         raise StateError(f"new world size must be >= 1, got {new_world_size}")
@@ -300,12 +329,22 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
     ranks = sorted(st["rank"] for st in states)
     if ranks != list(range(first["world_size"])):
         raise StateError(f"need one state per rank 0..{first['world_size'] - 1}, got ranks {ranks}")
-    _check_balanced_steps(states)
     num_streams = first["num_streams"]
-    origin = min(rank_next_position(st) for st in states)
-    merged = merge_stream_snapshots(states)
-    _check_prefix(merged, states, num_streams, origin)
-    errors = merge_totals([st.get("errors") for st in states])
+    tail = None
+    if "balance" in first["fingerprint"]:
+        tail = _balanced_tail(states)
+        merged, errors = _merge_balanced(states)
+        if tail is None:
+            origin = rank_next_position(first) - first["rank"]
+            _check_prefix(merged, states, num_streams, origin)
+        else:
+            window = first["fingerprint"]["balance"].get("window", 1)
+            origin = tail_origin(tail, window, new_world_size)
+    else:
+        origin = min(rank_next_position(st) for st in states)
+        merged = merge_stream_snapshots(states)
+        _check_prefix(merged, states, num_streams, origin)
+        errors = merge_totals([st.get("errors") for st in states])
     out = []
     for rank in range(new_world_size):
         out.append(
@@ -324,16 +363,23 @@ def redistribute_states(states: list[dict[str, Any]], new_world_size: int) -> li
                 weight_changes=weight_changes(first),
                 edits=first.get("edits"),
                 errors=errors if rank == 0 else None,  # counted once
+                balance_tail=tail,
             )
         )
     return out
 
 
-def _check_balanced_steps(states: list[dict[str, Any]]) -> None:
-    """Balanced steps (energon.balance) split each global step over all ranks, so a merge is exact
-    only when every rank was saved after the same step (as a training job saves them)."""
-    if "balance" not in states[0]["fingerprint"]:
-        return
+def _balanced_tail(states: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The tail (:mod:`energon.balance.tail`) that the new ranks start with: None after a whole
+    window (the new ranks start a window), else the interrupted window's layers plus the steps
+    the old ranks delivered of their own. Balanced steps split each global step over all ranks,
+    so every rank must have been saved after the same step (as a training job saves them)."""
+    tails = {json.dumps(st.get(TAIL_FIELD), sort_keys=True) for st in states}
+    if len(tails) > 1:
+        raise StateError(
+            f"these balanced-mode states disagree on loader state field {TAIL_FIELD!r} (they "
+            "were not restored from the same states)"
+        )
     steps = {st["origin"] + st["consumed"] * st["world_size"] for st in states}
     if len(steps) > 1:
         raise StateError(
@@ -341,6 +387,37 @@ def _check_balanced_steps(states: list[dict[str, Any]]) -> None:
             f"{sorted(steps)}): a balanced step is shared by all ranks, so save every rank's "
             "state after the same step to restore them on another number of ranks"
         )
+    first = states[0]
+    ranks, consumed = first["world_size"], first["consumed"]
+    tail = first.get(TAIL_FIELD)
+    if tail is not None:  # inside a tail: it gets one more layer
+        return {"start": tail["start"], "layers": [*tail["layers"], [ranks, consumed]]}
+    window = first["fingerprint"]["balance"].get("window", 1)
+    if consumed % window == 0:
+        return None
+    start = first["origin"] + (consumed - consumed % window) * ranks
+    return {"start": start, "layers": [[ranks, consumed % window]]}
+
+
+def _merge_balanced(
+    states: list[dict[str, Any]],
+) -> tuple[dict[int, StreamSnapshot], list[dict[str, Any]] | None]:
+    """The streams' snapshots and the error totals of balanced states. Each rank counts the
+    samples it lost in its own accounts of the streams (energon.balance.executor), so all ranks'
+    accounts are added up into the totals (kept by new rank 0, like the finished passes' totals
+    of any merge: counted once) and the merged snapshots start with clean accounts."""
+    merged = {
+        s: snapshot.make_snapshot(snapshot.emitted(snap), snapshot.stage_states(snap))
+        for s, snap in merge_stream_snapshots(states).items()
+    }
+    totals = [st.get("errors") for st in states]
+    sources = len(states[0]["fingerprint"].get("datasets", []))
+    for st in states:
+        for snap in stream_snapshots(st).values():
+            account = snapshot.error_state(snap)
+            if account:
+                totals.append(account_totals(account, sources))
+    return merged, merge_totals(totals)
 
 
 def merge_stream_snapshots(states: list[dict[str, Any]]) -> dict[int, StreamSnapshot]:

@@ -1,13 +1,14 @@
 """Compute-balanced batches across data-parallel ranks (opt-in: ``get_train_dataset(balance=...)``).
 
-A *balanced step* pools the sample pointers of the ``R`` micro-batch positions of one global step,
-costs each sample from its index metadata (no data read, :mod:`energon.balance.cost`), splits the
-pool over the ``R`` ranks so that every rank's cost is near-equal (:mod:`energon.balance.assign`)
-and lets each rank load and pack only its share (:mod:`energon.balance.executor`,
-:mod:`energon.balance.packed`). Every rank computes the same split from the plan alone.
+Balanced steps are planned a *window* at a time: the sample pointers of the ``R`` micro-batch
+positions of each of ``Balance.window`` global steps are pooled, each sample is costed from its
+index metadata (no data read, :mod:`energon.balance.cost`), the pool is composed into steps of
+``R`` near-equal shares (:mod:`energon.balance.assign`) and each rank loads and packs only its
+share (:mod:`energon.balance.executor`, :mod:`energon.balance.packed`). Every rank computes the
+same plan from the plan of the data alone.
 """
 
-from energon.balance.assign import balance_costs
+from energon.balance.assign import balance_costs, compose_steps
 from energon.balance.config import Balance
 from energon.balance.cost import CostFunction, MultimodalCost, SampleCost
 from energon.balance.packed import BalancedBatch, pack_balanced
@@ -19,5 +20,6 @@ __all__ = [
     "MultimodalCost",
     "SampleCost",
     "balance_costs",
+    "compose_steps",
     "pack_balanced",
 ]

@@ -6,7 +6,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from energon.balance.cost import CostFunction, MultimodalCost, cost_config
+from energon.balance.cost import (
+    CostFunction,
+    MultimodalCost,
+    SampleCost,
+    cost_config,
+    trained_cost,
+)
+from energon.task_encoder.packing import OVER_LENGTH_POLICIES
 
 
 def _token_length(sample: Any) -> int:
@@ -23,6 +30,14 @@ class Balance:
 
     ``group``: optional function of a sample's :class:`~energon.source.meta.SampleMeta` giving
     its group (e.g. an aspect-ratio bucket or the dataset); packs then hold one group each.
+
+    ``window``: how many global steps are composed together
+    (:func:`~energon.balance.assign.compose_steps`). A sample heavier than a rank's even share
+    then shares its step with other heavy work instead of making its step straggle; such a step
+    holds more samples than ``batch_size`` per rank (the window's average stays ``batch_size``).
+    ``window=1`` balances each step on its own. An elastic restore (another number of ranks) of
+    states saved inside a window first delivers the rest of that window, recomposed for the new
+    ranks (:mod:`energon.balance.tail`).
     """
 
     max_length: int
@@ -30,12 +45,25 @@ class Balance:
     length: Callable[[Any], int] = _token_length
     over_length: str = "truncate"
     group: Callable[[Any], Any] | None = None
+    window: int = 8
 
     def __post_init__(self) -> None:
         if self.max_length < 1:
             raise ValueError(f"balance max_length must be >= 1, got {self.max_length}")
+        if self.over_length not in OVER_LENGTH_POLICIES:
+            raise ValueError(
+                f"balance over_length must be one of {OVER_LENGTH_POLICIES}, got "
+                f"{self.over_length!r}"
+            )
+        if self.window < 1:
+            raise ValueError(f"balance window must be >= 1 global step, got {self.window}")
         if not callable(self.cost):
             raise TypeError("balance cost must be callable: SampleMeta -> SampleCost")
+
+    def planned_cost(self, cost: SampleCost) -> float:
+        """What the plan counts of a sample estimated at ``cost``: only what is trained on of an
+        over-long one (:func:`~energon.balance.cost.trained_cost` under ``over_length``)."""
+        return trained_cost(self.cost, cost, self.max_length, self.over_length)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must be equal for a saved state to mean the same steps."""
@@ -47,4 +75,5 @@ class Balance:
             "cost": cost_config(self.cost),
             "over_length": self.over_length,
             "group": group,
+            "window": self.window,
         }

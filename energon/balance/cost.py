@@ -65,7 +65,12 @@ class MultimodalCost:
 
     def __call__(self, meta: SampleMeta) -> SampleCost:
         tokens = self.tokens(meta)
-        return SampleCost(tokens, tokens + self.attention_weight * tokens * tokens)
+        return SampleCost(tokens, self.cost_of_tokens(tokens))
+
+    def cost_of_tokens(self, tokens: int) -> float:
+        """The cost of a sequence of ``tokens`` tokens (how :class:`~energon.balance.Balance`
+        costs the part of an over-long sample that is trained on)."""
+        return tokens + self.attention_weight * tokens * tokens
 
     def tokens(self, meta: SampleMeta) -> int:
         known = meta.tokens
@@ -112,3 +117,26 @@ def cost_config(fn: CostFunction) -> dict[str, Any]:
     if type(fn).__name__ == "function":
         name = f"{fn.__module__}.{fn.__qualname__}"  # type: ignore[attr-defined]
     return {"type": name, **({"params": own()} if callable(own) else {})}
+
+
+def trained_cost(fn: CostFunction, cost: SampleCost, max_length: int, over_length: str) -> float:
+    """The cost of what is trained on of a sample estimated at ``cost``: an over-long one
+    (``tokens > max_length``) is truncated to ``max_length`` tokens, split into chunks of at most
+    ``max_length`` (each attends only within itself) or dropped (nothing), as the packer does.
+    A cost function with ``cost_of_tokens(n)`` prices the parts exactly; otherwise the cost is
+    scaled by the tokens kept."""
+    tokens = cost.tokens
+    if tokens <= max_length:
+        return cost.cost
+    if over_length == "drop":
+        return 0.0
+    chunks = [max_length] if over_length == "truncate" else _chunks(tokens, max_length)
+    of_tokens = getattr(fn, "cost_of_tokens", None)
+    if callable(of_tokens):
+        return float(sum(of_tokens(n) for n in chunks))
+    return cost.cost * sum(chunks) / tokens
+
+
+def _chunks(tokens: int, max_length: int) -> list[int]:
+    full, rest = divmod(tokens, max_length)
+    return [max_length] * full + ([rest] if rest else [])

@@ -1,39 +1,59 @@
-"""Executes a rank's balanced steps: every rank plans each global step, each loads its share.
+"""Executes a rank's balanced steps: every rank plans each window of steps, each loads its share.
 
-Global step ``j`` of a rank (from the resume point ``base``) covers the micro-batch positions
-``base + j*R ... base + j*R + R - 1`` (``R`` ranks), which are, as always, micro-batches of logical
-streams. Every rank runs the *pointer* stages of all of them (no data read: cursors and a shuffle
-buffer of keys), pools their ``batch_size`` pointers each, costs the pool from the index metadata
-(:class:`~energon.balance.table.CostTable`), splits it with
-:func:`~energon.balance.assign.balance_costs` and then loads, encodes and packs only its own
-share. With workers, worker ``w`` takes the rank's steps ``w, w + W, ...`` (the loader's round
-robin), so with the default ``L = R * W`` streams each worker simulates only its own ``R`` streams.
+Global step ``j`` (counted from the state's ``origin``) covers the micro-batch positions
+``origin + j*R ... origin + j*R + R - 1`` (``R`` ranks), which are, as always, micro-batches of
+logical streams. Steps are planned a *window* (``Balance.window`` steps) at a time: every rank runs
+the *pointer* stages of all the window's positions (no data read: cursors and a shuffle buffer of
+keys), pools their ``batch_size`` pointers each, costs the pool from the index metadata
+(:class:`~energon.balance.table.CostTable`), composes it into ``[step][rank]`` shares with
+:func:`~energon.balance.assign.compose_steps` and then loads, encodes and packs only its own share
+of each step. With workers, worker ``w`` takes the rank's steps ``w, w + W, ...`` (the loader's
+round robin) and plans every window it takes a step of.
 
-Each item's :class:`~energon.pipeline.executor.ItemMeta` carries the snapshot of the rank's own
-position's stream and (``others``) those of the step's other streams, so every rank's state holds
-the pointer state of all streams after its last step: a rank restores alone (same ``R``), and a
-merge of states saved at the same step restores on any other ``R`` (the steps are then composed
-of ``R'`` positions; every position, hence every sample, is still delivered exactly once).
+Each item's :class:`~energon.pipeline.executor.ItemMeta` carries the snapshots of all streams at
+the start of the window that the *next* step belongs to (the window's start, or its end after its
+last step), so a rank's state is enough to recompute the window and resume mid-window exactly
+(the steps before the resume point are planned, not delivered). A merge of states saved after
+the same whole window restores on any other ``R`` (windows are then counted from the new origin);
+a merge of states saved inside a window starts with the window's *tail*
+(:mod:`energon.balance.tail`): the window planned for the old ranks, the samples of its steps not
+delivered composed into steps for the new ones; normal windows follow from the window's end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from energon.balance.assign import balance_costs
+from energon.balance.assign import compose_steps
 from energon.balance.packed import layout_batch, pack_balanced
 from energon.balance.table import CostTable
-from energon.errors import ErrorPolicy, SampleException, SkipSample, log_exception
+from energon.balance.tail import compose_tail, layers_of, tail_end, tail_steps
+from energon.errors import (
+    ErrorBudget,
+    ErrorPolicy,
+    SampleException,
+    SkipSample,
+    StateError,
+    log_exception,
+)
+from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, pointer_target
 from energon.pipeline.pointers import PointerSource, build_pointer_stages
-from energon.pipeline.snapshot import StreamSnapshot, emitted, make_snapshot, stage_states
+from energon.pipeline.snapshot import (
+    StreamSnapshot,
+    emitted,
+    error_state,
+    make_snapshot,
+    stage_states,
+)
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Value
-from energon.pipeline.stages import LoadStage, _call_hook
-from energon.pipeline.stream import _cook_function
+from energon.pipeline.stages import LoadStage, call_hook
+from energon.pipeline.stream import cook_function
 from energon.samples import padding
 from energon.source.meta import SampleMeta
 from energon.task_encoder.base import hook_context
@@ -68,11 +88,18 @@ class PointerBatches:
         self.emitted += 1
         return keys
 
-    def batch_at(self, index: int) -> list[Key] | None:
-        """Micro-batch ``index`` (``index >= emitted``; earlier ones belong to other executors)."""
+    def skip_to(self, index: int) -> bool:
+        """Read past the micro-batches before ``index`` (they belong to other executors); False
+        when the stream ended first."""
         while self.emitted < index:
             if self.next_batch() is None:
-                return None
+                return False
+        return True
+
+    def batch_at(self, index: int) -> list[Key] | None:
+        """Micro-batch ``index`` (``index >= emitted``; earlier ones belong to other executors)."""
+        if not self.skip_to(index):
+            return None
         return self.next_batch()
 
     def state(self) -> StreamSnapshot:
@@ -84,6 +111,58 @@ class PointerBatches:
         self.emitted = emitted(snapshot)
 
 
+class RankFailures:
+    """The samples this rank lost to errors, counted per logical stream like an unbalanced
+    stream's :class:`~energon.pipeline.error_account.ErrorAccount` (so ``loader.error_report()``
+    and the error budget see them): the account of the stream of the rank's own position at the
+    step (``current``: the stream whose snapshot the step's item carries, so the loader sees the
+    count change at once), checked against the samples of each source this rank loaded at such
+    steps. The accounts travel in the streams' snapshots of the rank's state (each rank's own; an
+    elastic merge keeps one rank's account per stream)."""
+
+    def __init__(self, spec: PipelineSpec) -> None:
+        self.budget = spec.error_budget or ErrorBudget()
+        self.leaves = spec.leaves
+        self.current = 0
+        self._accounts: dict[int, ErrorAccount] = {}
+        self._loaded: dict[int, list[int]] = {}
+
+    def account(self, stream_id: int) -> ErrorAccount:
+        account = self._accounts.get(stream_id)
+        if account is None:
+            loaded = self._loaded[stream_id] = [0] * len(self.leaves)
+            account = ErrorAccount(self.budget, self.leaves, loaded.__getitem__)
+            self._accounts[stream_id] = account
+        return account
+
+    def loading(self, key: Key) -> None:
+        """This rank starts loading ``key`` (the budget's rates count loads per source)."""
+        self.account(self.current)
+        self._loaded[self.current][pointer_target(key)[0]] += 1
+
+    def failed(self, keys: Sequence[Any], exc: BaseException, sample: Any) -> None:
+        self.account(self.current).failed(keys, exc, sample)
+
+    def with_errors(self, stream_id: int, snapshot: StreamSnapshot) -> StreamSnapshot:
+        """``snapshot`` (pointer stages) with this rank's account of the stream."""
+        account = self._accounts.get(stream_id)
+        errors = account.state() if account is not None else error_state(snapshot)
+        return make_snapshot(emitted(snapshot), stage_states(snapshot), errors)
+
+
+@dataclasses.dataclass
+class Window:
+    """A window of global steps, planned: its pointers, their costs and who gets which."""
+
+    index: int  # counted from the origin in windows of Balance.window steps
+    steps: int  # global steps it holds (fewer at the end of a finite pass)
+    pool: list[tuple[int, int, Key]]  # (position, member, key) of every pointer read
+    costs: list[float]  # what the plan counts of each pointer (Balance.planned_cost)
+    plan: list[list[list[int]]]  # [step][rank] -> indices into pool
+    start: dict[int, StreamSnapshot]  # every stream before the window
+    end: dict[int, StreamSnapshot]  # every stream after it
+
+
 class BalancedExecutor:
     """Yields ``(BalancedBatch, ItemMeta)`` for this rank's (worker's) steps, in order."""
 
@@ -93,6 +172,8 @@ class BalancedExecutor:
         layout: Layout,
         snapshots: dict[int, StreamSnapshot] | None = None,
         end: int | None = None,
+        origin: int = 0,
+        tail: dict[str, Any] | None = None,
     ) -> None:
         if spec.balance is None:
             raise ValueError("BalancedExecutor needs a spec with balance set")
@@ -101,17 +182,34 @@ class BalancedExecutor:
         self.layout = layout
         self.snapshots = snapshots or {}
         self.end = end
+        self.origin = origin
+        self.tail = tail
+        # steps of the tail (0: none), and where the normal windows are counted from
+        self.tail_steps = 0
+        self.window_origin = origin
+        if tail is not None:
+            size = self.balance.window
+            self.tail_steps = tail_steps(tail, size, layout.world_size)
+            self.window_origin = tail_end(tail, size)
+            if self.window_origin != origin + self.tail_steps * layout.world_size:
+                raise StateError(
+                    f"balanced state: origin {origin} is not where the tail of "
+                    f"{self.tail_steps} steps ends ({self.window_origin}; the state is damaged)"
+                )
+        self._current: Window | None = None
         self.streams: dict[int, PointerBatches] = {}
         self.costs = CostTable(spec.leaves, spec.balance.cost)
         handler = spec.error_handler or log_exception
-        self._load_policy = ErrorPolicy("load_sample", handler, spec.failure_tolerance)
-        self._encode_policy = ErrorPolicy("encode_sample", handler, spec.failure_tolerance)
+        self.failures = RankFailures(spec)
+        tolerance = spec.failure_tolerance
+        self._load_policy = ErrorPolicy("load_sample", handler, tolerance, self.failures)
+        self._encode_policy = ErrorPolicy("encode_sample", handler, tolerance, self.failures)
         self._loader = LoadStage(
             None,  # type: ignore[arg-type]  # only rebuild() is used: keys come from the plan
             spec.leaves,
             spec.decoder,
             self._load_policy,
-            [_cook_function(spec, source) for source in spec.sources],
+            [cook_function(spec, source) for source in spec.sources],
         )
         te = spec.task_encoder
         self._hooks = [
@@ -133,87 +231,144 @@ class BalancedExecutor:
             snapshot = self.snapshots.get(stream_id)
             if snapshot is not None:
                 stream.restore(snapshot)
+                self.failures.account(stream_id).restore(error_state(snapshot))
             self.streams[stream_id] = stream
         return stream
 
     def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
         layout = self.layout
         ranks, workers = layout.world_size, max(1, layout.num_workers)
-        num_streams = self.spec.num_streams
+        size = self.balance.window
+        offset = layout.base - self.origin
+        if offset % ranks:
+            raise StateError(
+                f"balanced steps start at global steps: resume position {layout.base} is not "
+                f"origin {self.origin} plus a multiple of {ranks} ranks"
+            )
         k = 0
         while True:
-            step = layout.worker + k * workers
-            first = layout.base + step * ranks
+            step = offset // ranks + layout.worker + k * workers  # global steps since origin
+            first = self.origin + step * ranks
+            if step < self.tail_steps:
+                window, inner = self._tail_window(), step
+            else:
+                if self.end is not None and first >= self.end:
+                    return
+                window = self._window((step - self.tail_steps) // size)
+                inner = step - self.tail_steps - window.index * size
+            if inner >= window.steps:
+                return
             own = first + layout.rank
-            if self.end is not None and own >= self.end:
-                return
-            pool, touched, ended = self._pool(first, ranks)
-            if not pool and ended:
-                return
-            value = self._rank_batch(pool, own)
-            own_stream = own % num_streams
-            others = {s: self.stream(s).state() for s in touched if s != own_stream}
-            yield (
-                value,
-                ItemMeta(
-                    own,
-                    own_stream,
-                    self.stream(own_stream).state(),
-                    worker=layout.worker,
-                    others=others or None,
-                ),
-            )
+            yield self._rank_batch(window, inner, own), self._item_meta(window, inner, own)
             k += 1
 
-    def _pool(self, first: int, ranks: int) -> tuple[list[tuple[int, int, Key]], list[int], bool]:
-        """The pointers of positions ``first ... first + ranks - 1`` as ``(position, member,
-        key)``, the streams read, and whether some stream had ended."""
-        num_streams = self.spec.num_streams
-        pool: list[tuple[int, int, Key]] = []
-        touched: list[int] = []
-        ended = False
-        for position in range(first, first + ranks):
-            stream_id, index = position % num_streams, position // num_streams
-            stream = self.stream(stream_id)
-            if stream.emitted > index:
-                continue  # consumed before a restore
-            keys = stream.batch_at(index)
-            if keys is None:
-                ended = True
-                continue
-            pool.extend((position, j, key) for j, key in enumerate(keys))
-            if stream_id not in touched:
-                touched.append(stream_id)
-        return pool, touched, ended
+    def _item_meta(self, window: Window, inner: int, own: int) -> ItemMeta:
+        """The snapshots from which a restore recomputes the window of the step after ``inner``:
+        the window's start, or its end after its last step."""
+        pointers = window.end if inner == window.steps - 1 else window.start
+        snapshots = {s: self.failures.with_errors(s, snap) for s, snap in pointers.items()}
+        own_stream = own % self.spec.num_streams
+        others = {s: snap for s, snap in snapshots.items() if s != own_stream}
+        return ItemMeta(
+            own,
+            own_stream,
+            snapshots[own_stream],
+            worker=self.layout.worker,
+            others=others or None,
+        )
 
-    def _rank_batch(self, pool: list[tuple[int, int, Key]], own: int) -> Value:
-        costs = [self.costs.cost(*pointer_target(key)) for _, _, key in pool]
-        shares = balance_costs([c.cost for c in costs], self.layout.world_size)
+    def _window(self, index: int) -> Window:
+        """Window ``index`` (global steps ``index * window ...`` from the origin, after a tail),
+        planned once."""
+        if self._current is not None and self._current.index == index:
+            return self._current
+        ranks, size = self.layout.world_size, self.balance.window
+        start = self.window_origin + index * size * ranks
+        self._current = self._plan(index, start, ranks)
+        return self._current
+
+    def _tail_window(self) -> Window:
+        """The tail (index -1): the interrupted window planned for the ranks that trained it,
+        the samples of the steps they did not deliver composed into this rank count's steps."""
+        if self._current is not None and self._current.index == -1:
+            return self._current
+        assert self.tail is not None
+        layers = layers_of(self.tail)
+        window = self._plan(-1, int(self.tail["start"]), layers[0][0])
+        plan = compose_tail(window.plan, window.costs, layers, self.layout.world_size)
+        self._current = dataclasses.replace(window, steps=len(plan), plan=plan)
+        return self._current
+
+    def _plan(self, index: int, start: int, ranks: int) -> Window:
+        """The window of ``ranks`` ranks whose first global position is ``start``."""
+        size = self.balance.window
+        num_streams = self.spec.num_streams
+        stop = start + size * ranks
+        if self.end is not None:
+            stop = min(stop, self.end)
+        before = {s: self._stream_at(s, start) for s in range(num_streams)}
+        pool: list[tuple[int, int, Key]] = []
+        last_step = -1
+        for position in range(start, stop):
+            keys = self.stream(position % num_streams).batch_at(position // num_streams)
+            if keys is None:
+                continue  # a finite stream ended
+            pool.extend((position, j, key) for j, key in enumerate(keys))
+            last_step = (position - start) // ranks
+        after = {s: self.stream(s).state() for s in range(num_streams)}
+        costs = [self.balance.planned_cost(self.costs.cost(*pointer_target(k))) for *_, k in pool]
+        steps = last_step + 1
+        plan = compose_steps(costs, ranks, steps) if steps else []
+        return Window(index, steps, pool, costs, plan, before, after)
+
+    def _stream_at(self, stream_id: int, position: int) -> StreamSnapshot:
+        """Stream ``stream_id`` advanced to its first micro-batch at or after ``position`` (no
+        pointer of the window read yet), and its snapshot there."""
+        num_streams = self.spec.num_streams
+        index = max(0, -(-(position - stream_id) // num_streams))
+        stream = self.stream(stream_id)
+        if stream.emitted > index:
+            raise StateError(
+                f"balanced state: stream {stream_id} is past micro-batch {index}, where the "
+                f"window at global position {position} starts (the state does not belong to "
+                "this window; was it saved by another configuration?)"
+            )
+        stream.skip_to(index)
+        return stream.state()
+
+    def _rank_batch(self, window: Window, inner: int, own: int) -> Value:
+        shares = window.plan[inner]
         mine = shares[self.layout.rank]
         hook_context.batch_index = own
         hook_context.seed = self.spec.seed
+        self.failures.current = own % self.spec.num_streams
         samples, groups = [], []
         for i in mine:
-            position, member, key = pool[i]
+            position, member, key = window.pool[i]
             for sample in self._load(key, position * (self.spec.batch_size or 1) + member):
                 samples.append(sample)
                 if self.balance.group is not None:
                     groups.append(self.balance.group(self._meta(key)))
+        stats = self.packer.stats
+        before = (stats.truncated, stats.split, stats.dropped)
         packs = pack_balanced(
             samples,
             self.balance.max_length,
             packer=self.packer,
             groups=groups if self.balance.group is not None else None,
         )
-        rank_costs = [sum(costs[i].cost for i in share) for share in shares]
+        rank_costs = [sum(window.costs[i] for i in share) for share in shares]
         value = layout_batch(
             packs,
             self.balance.max_length,
             rank_cost=rank_costs[self.layout.rank],
             step_costs=rank_costs,
+            truncated=stats.truncated - before[0],
+            split=stats.split - before[1],
+            dropped=stats.dropped - before[2],
         )
         if self._encode_batch is not None and samples:
-            value = _call_hook(self._encode_batch, own, value)
+            value = call_hook(self._encode_batch, own, value)
         padding.mark(value, not samples)
         return value
 
@@ -223,6 +378,7 @@ class BalancedExecutor:
 
     def _load(self, key: Key, sample_index: int) -> list[Value]:
         """The encoded outputs of one sample (none when it failed and the policy skips it)."""
+        self.failures.loading(key)
         try:
             sample = self._loader.rebuild(key)
         except SampleException as e:
@@ -234,7 +390,7 @@ class BalancedExecutor:
             produced = []
             for value in outputs:
                 try:
-                    produced.extend(_call_hook(_outputs_of, sample_index, hook, value))
+                    produced.extend(call_hook(_outputs_of, sample_index, hook, value))
                 except SkipSample:
                     continue
                 except Exception as e:

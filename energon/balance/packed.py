@@ -33,6 +33,10 @@ class BalancedBatch(Sample):
     labels: torch.Tensor | None = None  # [P, max_length] when the members have labels
     rank_cost: float = 0.0  # this rank's estimated cost of the step
     step_costs: list | None = None  # every rank's estimated cost of the step (same on all ranks)
+    # this rank's over-long samples of the step, as Balance.over_length handled them
+    truncated: int = 0
+    split: int = 0
+    dropped: int = 0
 
 
 def pack_balanced(
@@ -43,7 +47,8 @@ def pack_balanced(
     groups: Sequence[Any] | None = None,
 ) -> list[tuple[PackedSequence, list[Any]]]:
     """Packs of ``samples`` (first-fit decreasing; with ``groups``, one group per pack), each with
-    its members."""
+    its members (an over-long sample split into several packs is a member of the first only; one
+    dropped by ``over_length="drop"`` of none)."""
     packer = packer or SequencePacker(max_length)
     if groups is None:
         buckets = [list(samples)]
@@ -55,8 +60,8 @@ def pack_balanced(
     packs = []
     for bucket in buckets:
         for members in packer.select(bucket):
-            for pack in packer.pack(members):
-                packs.append((pack, members))
+            for n, pack in enumerate(packer.pack(members)):
+                packs.append((pack, members if n == 0 else []))  # a split sample: listed once
     return packs
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from energon.balance.cost import CostFunction, SampleCost
 from energon.media.metadata import deserialize_media_metadata
-from energon.source.meta import SampleMeta, WebdatasetMeta, _has_table, meta_reader
+from energon.source.meta import SampleMeta, WebdatasetMeta, has_table, meta_reader
 
 CACHED_SHARDS = 64
 
@@ -66,7 +66,7 @@ class CostTable:
         ):
             parts.setdefault(inner, {})[name] = int(size)
         media: dict[str, Any] = {}
-        if _has_table(db, "media_metadata"):
+        if has_table(db, "media_metadata"):
             for entry_key, kind, text in db.execute(
                 "SELECT m.entry_key, m.metadata_type, m.metadata_json FROM samples s "
                 "JOIN media_metadata m ON m.entry_key >= s.sample_key || '.' "

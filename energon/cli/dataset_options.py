@@ -52,6 +52,12 @@ _OPTIONS = [
     ("--split-part", str, "The split to read (default: train)."),
     ("--shuffle-over-epochs-multiplier", INT_OR_NONE, "As get_train_dataset's."),
     ("--task-encoder", str, "Task encoder class, module:Class (made without arguments)."),
+    (
+        "--balance",
+        str,
+        "Compute-balanced steps as trained with balance=Balance(...): MAX_LENGTH[:WINDOW] "
+        "(the built-in cost; taken from the states when given).",
+    ),
 ]
 
 
@@ -97,6 +103,8 @@ def from_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if len(multipliers) == 1:
         found["shuffle_over_epochs_multiplier"] = multipliers.pop()
+    if fp.get("balance") is not None:
+        found["balance"] = fp["balance"]
     if fp["datasets"]:
         found["split_part"] = fp["datasets"][0]["split_part"] or "train"
     return found
@@ -127,6 +135,8 @@ def build_dataset(config: str, given: dict[str, Any], states: list[dict[str, Any
             kwargs[name] = options[name]
     if "shuffle_over_epochs_multiplier" in options:
         kwargs["shuffle_over_epochs_multiplier"] = options["shuffle_over_epochs_multiplier"]
+    if options.get("balance") is not None:
+        kwargs["balance"] = make_balance(options["balance"])
     task_encoder = options.get("task_encoder")
     return get_train_dataset(
         config,
@@ -138,6 +148,33 @@ def build_dataset(config: str, given: dict[str, Any], states: list[dict[str, Any
         packing_buffer_size=options.get("packing_buffer_size"),
         task_encoder=make_task_encoder(task_encoder) if task_encoder else None,
         **kwargs,
+    )
+
+
+def make_balance(value: str | dict[str, Any]) -> Any:
+    """A :class:`~energon.balance.Balance` from ``--balance MAX_LENGTH[:WINDOW]`` or from a
+    state's fingerprint (only the built-in cost and no group can be rebuilt from a state)."""
+    from energon.balance import Balance, MultimodalCost
+
+    if isinstance(value, str):
+        length, _, window = value.partition(":")
+        try:
+            return Balance(int(length), window=int(window) if window else 8)
+        except ValueError as e:
+            raise click.BadParameter(f"--balance expects MAX_LENGTH[:WINDOW], got {value!r}") from e
+    cost = value.get("cost", {})
+    builtin = f"{MultimodalCost.__module__}.{MultimodalCost.__qualname__}"
+    if cost.get("type") != builtin or value.get("group") is not None:
+        raise click.UsageError(
+            f"the states were saved with balanced steps using cost {cost.get('type')!r} and group "
+            f"{value.get('group')!r}, which the command line cannot rebuild; use the Python API "
+            "(energon.ledger.ledger.Ledger) with the training's dataset"
+        )
+    return Balance(
+        value["max_length"],
+        cost=MultimodalCost(**cost.get("params", {})),
+        over_length=value.get("over_length", "truncate"),
+        window=value.get("window", 1),
     )
 
 

@@ -52,6 +52,13 @@ def export_exposures(
     module docstring); returns the summary written to ``datasets.json``."""
     if not 0 <= from_step <= until_step:
         raise ValueError(f"need 0 <= from_step <= until_step, got {from_step}, {until_step}")
+    balance = ledger.spec.balance
+    if balance is not None and (from_step % balance.window or until_step % balance.window):
+        raise ValueError(
+            f"balanced steps are planned {balance.window} at a time, each step holding samples "
+            "of the whole window's positions: count exposures from and until multiples of "
+            f"Balance.window={balance.window}"
+        )
     per_step = ledger.world_size * ledger.micro_batches_per_step
     start, end = from_step * per_step, until_step * per_step
     os.makedirs(os.path.join(directory, COUNTS_DIR), exist_ok=True)

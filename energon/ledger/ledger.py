@@ -21,6 +21,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from energon.balance.tail import TAIL_FIELD
 from energon.errors import StateError
 from energon.ledger.advance import Counts, SimulatedStream
 from energon.ledger.journal import JournalReader, sources_digest
@@ -129,6 +130,8 @@ class Ledger:
             if (state["fingerprint_digest"], edits_text) not in checked:
                 _check_state(spec, state)
                 checked.add((state["fingerprint_digest"], edits_text))
+        if spec.balance is not None:
+            _check_balanced_grid(states, self.world_size, spec.balance.window)
         self.spec = dataclasses.replace(
             spec, edits=self.edits, weight_changes=_newest_weight_changes(states)
         )
@@ -162,7 +165,50 @@ class Ledger:
     # -- describing ----------------------------------------------------------------------------
     def describe_step(self, step: int) -> list[MicroBatchRecord]:
         """Every micro-batch of every rank in ``step`` (ordered by micro-batch, then rank)."""
+        if self.spec.balance is not None:
+            return self.describe_balanced_step(step)
         return self.describe_positions([m for _, _, m in self.step_positions(step)])
+
+    def describe_balanced_step(self, step: int) -> list[MicroBatchRecord]:
+        """Each rank's share of a balanced ``step`` (``get_train_dataset(balance=...)``), one
+        record per rank: the ledger plans the step's window as every rank does
+        (:mod:`energon.balance.executor`): the pointers of the window's positions, their costs
+        from the index, :func:`~energon.balance.assign.compose_steps`. Each sample is an output
+        of its own (how a rank packs them depends on the encoded lengths). Steps count from the
+        first state's origin of a run that kept its number of ranks."""
+        from energon.balance.assign import compose_steps
+        from energon.balance.table import CostTable
+
+        balance = self.spec.balance
+        assert balance is not None
+        if self.micro_batches_per_step != 1:
+            raise ValueError("a balanced step is one micro-batch per rank (no accumulation)")
+        if step < 0:
+            raise ValueError(f"steps start at 0, got {step}")
+        ranks, size = self.world_size, balance.window
+        window, inner = divmod(step, size)
+        first = window * size * ranks
+        records = self.describe_positions(range(first, first + size * ranks))
+        pool = [(record, sample) for record in records for sample in record.samples]
+        table = CostTable(self.spec.leaves, balance.cost)
+        costs = [balance.planned_cost(table.cost(s.source, s.index)) for _, s in pool]
+        shares = compose_steps(costs, ranks, size)[inner]
+        out = []
+        for rank, share in enumerate(shares):
+            position = step * ranks + rank
+            own = records[position - first]
+            out.append(
+                dataclasses.replace(
+                    own,
+                    step=step,
+                    rank=rank,
+                    micro_batch=0,
+                    restore_key=(),
+                    outputs=[[pool[i][1]] for i in share],
+                    excluded=[],
+                )
+            )
+        return out
 
     def describe_steps(self, start: int, stop: int) -> Iterator[MicroBatchRecord]:
         """The micro-batches of steps ``start <= step < stop``, in order."""
@@ -319,6 +365,8 @@ class StreamWalker:
         spec = self.ledger.simulated(segment.edits)
         sim = SimulatedStream(spec, self.stream, native=self.ledger.native)
         if snap is not None:
+            if self.ledger.spec.balance is not None:
+                snap = _with_fresh_stages(snap, sim.snapshot())
             if _excludes(segment.edits) and not filtered:
                 filter_at = sim.pointer_stages - 1  # the filter is the last pointer stage
                 snap = snapshots.with_stage_state(snap, filter_at, {"dropped": 0})
@@ -336,6 +384,36 @@ class StreamWalker:
     def epoch_of(self, pointer: Key) -> int | None:
         assert self.sim is not None
         return self.sim.read_epoch(pointer, self.ledger.in_flight())
+
+
+def _check_balanced_grid(states: list[dict[str, Any]], world_size: int, window: int) -> None:
+    """The ledger plans balanced steps in windows of ``window`` steps of ``world_size`` ranks
+    counted from position 0; states of a run whose windows lie elsewhere (an elastic restore:
+    another number of ranks, or a window's tail, energon.balance.tail) would be described
+    wrongly, so they are refused."""
+    for state in states:
+        if state.get(TAIL_FIELD) is not None:
+            raise StateError(
+                "the ledger cannot describe balanced steps of a state inside the tail of an "
+                "elastic restore (loader state field 'balance_tail': a window planned for "
+                f"{state[TAIL_FIELD]['layers'][0][0]} ranks finished by {state['world_size']}); "
+                "use a state saved after the tail, or the loader's journal"
+            )
+        if state["world_size"] != world_size or state["origin"] % (window * world_size):
+            raise StateError(
+                f"the ledger plans balanced steps in windows of {window} steps of {world_size} "
+                f"ranks from position 0, but this state (rank {state['rank']} of "
+                f"{state['world_size']}, origin {state['origin']}) counts its windows from "
+                "elsewhere (an elastic restore): its steps cannot be described"
+            )
+
+
+def _with_fresh_stages(snap: StreamSnapshot, fresh: StreamSnapshot) -> StreamSnapshot:
+    """A balanced-mode snapshot (its pointer stages only: energon.balance.executor) completed
+    with the fresh states of the chain's other stages (empty at a micro-batch boundary)."""
+    stages = snapshots.stage_states(snap)
+    rest = snapshots.stage_states(fresh)[len(stages) :]
+    return snapshots.make_snapshot(snapshots.emitted(snap), [*stages, *rest])
 
 
 def _excludes(edits: PlanEdits | None) -> bool:

@@ -85,7 +85,7 @@ def _build(
     even_ranks = kwargs.pop("even_ranks", True)
     global_batch_size = kwargs.pop("global_batch_size", None)
     balance = _check_balance(
-        kwargs.pop("balance", None), training, batch_size, packing_buffer_size, task_encoder
+        kwargs.pop("balance", None), batch_size, packing_buffer_size, task_encoder
     )
     if global_batch_size is not None and (
         isinstance(global_batch_size, bool)
@@ -154,22 +154,19 @@ def _build(
 
 def _check_balance(
     balance: Any,
-    training: bool,
     batch_size: int | None,
     packing_buffer_size: int | None,
     task_encoder: TaskEncoder,
 ) -> Any:
-    """``balance=`` (an :class:`energon.balance.Balance`): training only, with a batch size (the
-    samples per rank and step on average), without the per-stream packing and grouping it
-    replaces."""
+    """``balance=`` (an :class:`energon.balance.Balance`): with a batch size (the samples per rank
+    and step on average), without the per-stream packing and grouping it replaces. Validation
+    too: every rank takes part in every step, so the ranks stay even by construction."""
     if balance is None:
         return None
     from energon.balance.config import Balance
 
     if not isinstance(balance, Balance):
         raise TypeError(f"balance must be an energon.balance.Balance, got {type(balance).__name__}")
-    if not training:
-        raise ValueError("balance= is for training datasets (validation is not balanced)")
     if not batch_size:
         raise ValueError("balance= needs batch_size (samples per rank and step, on average)")
     if packing_buffer_size or task_encoder.is_active("batch_group_criterion"):

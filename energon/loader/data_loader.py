@@ -25,6 +25,7 @@ import torch
 import torch.utils.data
 
 from energon import debug_log
+from energon.balance.tail import TAIL_FIELD, settled
 from energon.errors import ErrorBudget, SkipSample, StateError, WatchdogTimeout
 from energon.ledger.journal import JournalWriter, sources_digest
 from energon.loader.blend_report import BlendReport, BlendTracker, source_names, source_rows
@@ -141,6 +142,7 @@ class Loader:
         self.id = self.next_id()
         self._origin = 0
         self._consumed = 0
+        self._balance_tail: dict[str, Any] | None = None  # energon.balance.tail
         self._pass_offset = 0
         self._yielded = 0
         self._worker_yields: dict[int, int] = {}
@@ -314,6 +316,7 @@ class Loader:
         self._errors.finish_pass(self._snapshots)
         self._close_source()
         self._origin = self._consumed = self._pass_offset = 0
+        self._balance_tail = None
         self._snapshots = {}
         self._fillers = None
 
@@ -358,6 +361,8 @@ class Loader:
         self._source_ended = False
         resume = ResumePoint(
             base=self._origin + self._consumed * wc.world_size,
+            origin=self._origin,
+            tail=self._balance_tail,
             snapshots=dict(self._snapshots),
             board=self._monitor.open_source(),
         )
@@ -437,8 +442,9 @@ class Loader:
             weight_changes=[c.config() for c in spec.weight_changes],
             edits=spec.edits.to_json() if spec.edits is not None else None,
             errors=self._errors.state(),
+            balance_tail=self._balance_tail,
         )
-        return json.loads(json.dumps(state))
+        return json.loads(json.dumps(settled(state)))
 
     def restore_state_rank(self, state: dict[str, Any] | None) -> None:
         """Continue exactly where ``state`` was saved. Call before iterating."""
@@ -475,6 +481,7 @@ class Loader:
         self._origin = state["origin"]
         self._consumed = state["consumed"]
         self._pass_offset = state["pass_offset"]
+        self._balance_tail = copy.deepcopy(state.get(TAIL_FIELD))
         self._snapshots = copy.deepcopy(stream_snapshots(state))
         self._blend_tracker = self._new_blend_tracker()
         self._errors.restore(state.get("errors"), self._snapshots)

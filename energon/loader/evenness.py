@@ -73,6 +73,8 @@ def agreement_group(dataset: SavableDataset) -> tuple[bool, Any]:
     spec, wc = dataset.spec, dataset.worker_config
     if spec.training or spec.repeat or not spec.even_ranks or spec.planned_validation:
         return False, None
+    if spec.balance is not None:  # every rank takes part in every balanced step: even already
+        return False, None
     import torch.distributed as dist
 
     group = wc.data_parallel_group

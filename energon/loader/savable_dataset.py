@@ -32,6 +32,8 @@ class ResumePoint:
     """Where the next pass of executors starts: the rank's next position and stream snapshots."""
 
     base: int = 0
+    origin: int = 0  # where the rank's global steps are counted from (balanced windows)
+    tail: dict[str, Any] | None = None  # a balanced window's tail (energon.balance.tail)
     snapshots: dict[int, StreamSnapshot] = dataclasses.field(default_factory=dict)
     board: str | None = None  # the folder of the loader's stats board (energon.observe.probe)
 
@@ -75,8 +77,10 @@ class SavableDataset(torch.utils.data.IterableDataset):
             return spec.virtual_epoch_length
         total = self.positions_per_pass() or 0
         wc = self.worker_config
-        if spec.planned_validation:
-            count = -(-total // wc.world_size)  # every rank: holes keep them even
+        if spec.planned_validation or spec.balance is not None:
+            count = -(
+                -total // wc.world_size
+            )  # every rank: holes (or balanced steps) keep them even
         else:
             count = len(range(wc.rank, total, wc.world_size))
         if spec.limit is not None:
@@ -167,7 +171,12 @@ class SavableDataset(torch.utils.data.IterableDataset):
             layout = dataclasses.replace(layout, num_workers=1, worker=0)
         if self.spec.balance is not None:
             return BalancedExecutor(
-                self.spec, layout, resume.snapshots, end=self.pass_end(resume.base)
+                self.spec,
+                layout,
+                resume.snapshots,
+                end=self.pass_end(resume.base),
+                origin=resume.origin,
+                tail=resume.tail,
             )
         return Executor(
             self.spec,

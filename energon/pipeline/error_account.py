@@ -242,6 +242,20 @@ def add_failures(entry: dict[str, Any], failed: int, reasons: dict, examples: li
     entry["examples"] += [dict(e) for e in examples[: max(0, room)]]
 
 
+def account_totals(account: dict[str, Any], num_sources: int) -> list[dict[str, Any]]:
+    """A stream's account (:meth:`ErrorAccount.state`) as per-source totals (no reads: those are
+    counted from the streams' readers), so that accounts can be added up into totals."""
+    totals = [empty_totals() for _ in range(num_sources)]
+    try:
+        for source, failed, _window, reasons, examples in account["sources"]:
+            if not (isinstance(source, int) and 0 <= source < num_sources):
+                raise ValueError(f"source {source!r} of {num_sources}")
+            add_failures(totals[source], _count(failed), dict(reasons), list(examples))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise StateError(f"loader state: a stream's 'errors' account is damaged ({e})") from e
+    return totals
+
+
 def merge_totals(lists: list[list[dict[str, Any]] | None]) -> list[dict[str, Any]] | None:
     """Per-source totals of several ranks added up (None when none has any)."""
     present = [totals for totals in lists if totals]

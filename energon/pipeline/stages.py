@@ -140,7 +140,7 @@ class LoadStage(Stage):
             ) from e
 
 
-def _call_hook(
+def call_hook(
     fn: Callable[..., Value], sample_index: int, *args: Any, stage: int = ENCODE
 ) -> Value:
     """Call a hook with ``current_sample_index`` set to ``sample_index``; its time counts as
@@ -193,7 +193,7 @@ def _replay(gen: Generator, skip: int, hook_index: int, where: str) -> None:
     fields.as_int(skip, where, 0, fields.MAX_REPLAY)
     for done in range(skip):
         try:
-            _call_hook(next, hook_index, gen)
+            call_hook(next, hook_index, gen)
         except StopIteration:
             raise StateError(
                 f"loader state field {where!r} says {skip} outputs were emitted, but the hook "
@@ -206,7 +206,7 @@ def _rebuild_batch(
 ) -> Value:
     """A batch regenerated from its key; the batcher sees the ``current_sample_index`` it had."""
     members = [upstream.rebuild(k) for k in batch_members(key)]
-    batch = _call_hook(batcher, key[1] * num_streams + stream, members, stage=BATCH)
+    batch = call_hook(batcher, key[1] * num_streams + stream, members, stage=BATCH)
     attach_restore_key(batch, key)
     return batch
 
@@ -215,7 +215,7 @@ def _nth_output(gen: Generator, sub: int, hook_index: int, key: Key) -> Value:
     """Output ``sub`` of a re-run generator hook (the one restore key ``key`` names)."""
     _replay(gen, sub, hook_index, f"restore key {key!r}")
     try:
-        return _call_hook(next, hook_index, gen)
+        return call_hook(next, hook_index, gen)
     except StopIteration:
         raise StateError(
             f"restore key {key!r} names output {sub} of a generator hook that makes only {sub} "
@@ -271,7 +271,7 @@ class MapStage(Stage):
             sample_index = self._inputs * self.num_streams + self.stream
             self._inputs += 1
             try:
-                result = _call_hook(self.fn, sample_index, value)
+                result = call_hook(self.fn, sample_index, value)
             except SkipSample:
                 continue
             except Exception as e:
@@ -287,7 +287,7 @@ class MapStage(Stage):
 
     def _next_from_open(self, open_gen: _OpenGenerator) -> Item | None:
         try:
-            value = _call_hook(next, open_gen.hook_index, open_gen.gen)
+            value = call_hook(next, open_gen.hook_index, open_gen.gen)
         except StopIteration:
             self._open = None
             self.policy.succeeded()
@@ -334,7 +334,7 @@ class MapStage(Stage):
             in_key, sample_index, emitted = pending
             in_key = as_key(in_key)
             fields.as_int(sample_index, f"{where}.pending[1]")
-            gen = _call_hook(self.fn, sample_index, self.upstream.rebuild(in_key))
+            gen = call_hook(self.fn, sample_index, self.upstream.rebuild(in_key))
             if not inspect.isgenerator(gen):
                 raise fields.bad_field(
                     f"{where}.pending", pending, "None (the hook is no generator)"
@@ -347,7 +347,7 @@ class MapStage(Stage):
         return _in_batch(batch_index, self._regenerate, key, sample_index, sub, in_key)
 
     def _regenerate(self, key: Key, sample_index: int, sub: int, in_key: Key) -> Value:
-        result = _call_hook(self.fn, sample_index, self.upstream.rebuild(in_key))
+        result = call_hook(self.fn, sample_index, self.upstream.rebuild(in_key))
         if inspect.isgenerator(result):
             result = _nth_output(result, sub, sample_index, key)
         attach_restore_key(result, key)
@@ -408,7 +408,7 @@ class BatchStage(Stage):
             hook_index = self._batches * self.num_streams + self.stream
             self._batches += 1
             try:
-                batch = _call_hook(self.batcher, hook_index, values, stage=BATCH)
+                batch = call_hook(self.batcher, hook_index, values, stage=BATCH)
             except Exception as e:
                 self.policy.failed(e, values, keys=keys)
                 continue
@@ -518,7 +518,7 @@ class PackStage(Stage):
         index = self._rounds * self.num_streams + self.stream
         self._rounds += 1
         try:
-            groups = _call_hook(self.select, index, seen, stage=BATCH)
+            groups = call_hook(self.select, index, seen, stage=BATCH)
         except Exception as e:
             self.policy.failed(e, None, keys=[k for _, k in self._reading])
             self.policy.skipped += len(self._reading) - 1
@@ -568,7 +568,7 @@ class PackStage(Stage):
 
     def _next_open(self, open_gen: _OpenGenerator) -> Item | None:
         try:
-            value = _call_hook(next, open_gen.hook_index, open_gen.gen)
+            value = call_hook(next, open_gen.hook_index, open_gen.gen)
         except StopIteration:
             self._open = None
             self.policy.succeeded()
@@ -585,8 +585,8 @@ class PackStage(Stage):
     def _pack_values(self, index: int, values: list[Value]) -> Value:
         hook_index = self._hook_index(index)
         if self.postencode is not None:
-            values = [_call_hook(self.postencode, hook_index, v) for v in values]
-        return _call_hook(self.pack, hook_index, values, stage=BATCH)
+            values = [call_hook(self.postencode, hook_index, v) for v in values]
+        return call_hook(self.pack, hook_index, values, stage=BATCH)
 
     def state(self) -> StageState:
         open_pack = None
@@ -723,7 +723,7 @@ class GroupBatchStage(Stage):
         self._seen += 1
         try:
             seen = value if self.view is None else self.view(value, key)
-            group, size = _call_hook(self.criterion, index, seen, stage=BATCH)
+            group, size = call_hook(self.criterion, index, seen, stage=BATCH)
         except Exception as e:
             self.policy.failed(e, value, keys=(key,))
             return
@@ -761,7 +761,7 @@ class GroupBatchStage(Stage):
         hook_index = self._batches * self.num_streams + self.stream
         self._batches += 1
         try:
-            batch = _call_hook(self.batcher, hook_index, [v for v, _ in items], stage=BATCH)
+            batch = call_hook(self.batcher, hook_index, [v for v, _ in items], stage=BATCH)
         except Exception as e:
             self.policy.failed(e, None, keys=[k for _, k in items])
             return None

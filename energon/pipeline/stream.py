@@ -226,7 +226,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             )
         )
 
-    cooks = [_cook_function(spec, source) for source in spec.sources]
+    cooks = [cook_function(spec, source) for source in spec.sources]
     stages.append(
         LoadStage(
             stages[-1],
@@ -302,7 +302,7 @@ def _user_defined(te: TaskEncoder, hook: str) -> bool:
     return te.is_active(hook) and getattr(type(te), hook) is not getattr(DefaultTaskEncoder, hook)
 
 
-def _cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
+def cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
     """For crude sources with a matching cooker: sample -> cooked sample (aux stores attached)."""
     if source.leaf.builder.kind != "crude":
         if source.aux:

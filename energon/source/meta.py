@@ -137,7 +137,7 @@ class WebdatasetMeta(MetaReader):
     def media(self, index: int) -> dict[str, Any]:
         key = self.key(index)
         db = self._connection()
-        if key is None or not _has_table(db, "media_metadata"):
+        if key is None or not has_table(db, "media_metadata"):
             return {}
         from energon.media.metadata import deserialize_media_metadata
 
@@ -269,7 +269,9 @@ def meta_reader(leaf: Any) -> MetaReader:
     return reader
 
 
-def _has_table(db: sqlite3.Connection, name: str) -> bool:
+def has_table(db: sqlite3.Connection, name: str) -> bool:
+    """Whether an index database holds table ``name`` (optional tables such as the media
+    metadata exist only where ``energon prepare`` wrote them)."""
     row = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
     return row.fetchone() is not None
 

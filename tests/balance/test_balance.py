@@ -11,15 +11,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from energon import StateError, WorkerConfig, get_savable_loader, get_train_dataset
+from energon import (
+    ErrorBudget,
+    ErrorBudgetExceeded,
+    StateError,
+    WorkerConfig,
+    get_savable_loader,
+    get_train_dataset,
+)
 from energon.balance import Balance, MultimodalCost, balance_costs
-from energon.balance.assign import straggler_ratio
+from energon.balance.assign import compose_steps, straggler_ratio
 from energon.balance.table import CostTable
 from energon.demo.vlm import VlmTaskEncoder, write_vlm_shards
 from energon.samples.padding import is_padding
 from energon.source.meta import SampleMeta, meta_reader
 from energon.state import redistribute_states
 from energon.task_encoder.packing import PackingTaskEncoder
+from tests.helpers.damage import spoil_text_payloads
 from tests.helpers.distributed import run_ranks
 
 NUM_SAMPLES = 240  # 4 logical streams x 60, 12 micro-batches of 5 each
@@ -33,11 +41,18 @@ def vlm(tmp_path_factory) -> Path:
     return root
 
 
-def loaders(path, world_size, num_workers=0, *, balance=None, num_streams=4, **kw):
+def loaders(
+    path, world_size, num_workers=0, *, balance=None, num_streams=4, error_handler=None, **kw
+):
     out = []
     shuffle = kw.pop("shuffle_buffer_size", 8)
     for rank in range(world_size):
-        wc = WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers)
+        wc = WorkerConfig(
+            rank=rank,
+            world_size=world_size,
+            num_workers=num_workers,
+            global_error_handler=error_handler,
+        )
         ds = get_train_dataset(
             str(path),
             worker_config=wc,
@@ -46,7 +61,7 @@ def loaders(path, world_size, num_workers=0, *, balance=None, num_streams=4, **k
             max_samples_per_sequence=10,
             num_streams=num_streams,
             task_encoder=VlmTaskEncoder(),
-            balance=balance or Balance(max_length=4096),
+            balance=balance or Balance(max_length=4096, window=4),
             **kw,
         )
         out.append(get_savable_loader(ds))
@@ -117,6 +132,22 @@ def test_split_is_a_deterministic_near_even_partition(seed):
     assert max(loads) <= 1.05 * max(max(costs), sum(costs) / 8)
     naive = [sum(costs[i] for i in range(r, len(costs), 8)) for r in range(8)]
     assert straggler_ratio(loads) < straggler_ratio(naive)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_windows_put_a_heavy_sample_with_heavy_work(seed):
+    """A sample several times a rank's even share no longer makes its step straggle: the window's
+    steps are composed so that every step is within 5%, each sample exactly once."""
+    rng = random.Random(seed)
+    costs = [rng.lognormvariate(7, 1.0) for _ in range(8 * 16 * 8)]
+    costs[rng.randrange(8 * 16)] = 4 * sum(costs) / (8 * 8)  # 4x a rank's even share
+    steps = compose_steps(costs, 8, 8)
+    assert steps == compose_steps(list(costs), 8, 8)
+    assert sorted(i for step in steps for share in step for i in share) == list(range(len(costs)))
+    for step in steps:
+        assert straggler_ratio([sum(costs[i] for i in share) for share in step]) <= 1.05
+    alone = balance_costs(costs[: 8 * 16], 8)  # its own step balanced alone cannot do it
+    assert straggler_ratio([sum(costs[i] for i in share) for share in alone]) > 1.5
 
 
 def test_split_with_fewer_samples_than_ranks_leaves_ranks_empty():
@@ -211,11 +242,28 @@ def test_restore_each_rank_exactly_even_a_step_apart(vlm, num_workers):
     assert [keys_of(next(its[1])) for _ in range(5)] == [s[1] for s in reference[3:8]]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_restore_mid_window_is_exact(vlm, num_workers):
+    """Saved after any step of a window (JSON round trip), every rank resumes with exactly the
+    steps of an uninterrupted run: the state holds the window's start, the restore replans it."""
+    balance = Balance(max_length=4096, window=3)
+    reference = run_steps([iter(lo) for lo in loaders(vlm, 2, num_workers, balance=balance)], 7)
+    for saved_after in (1, 2, 3, 4):
+        first = loaders(vlm, 2, num_workers, balance=balance)
+        run_steps([iter(lo) for lo in first], saved_after)
+        states = [json.loads(json.dumps(lo.save_state_rank())) for lo in first]
+        second = loaders(vlm, 2, num_workers, balance=balance)
+        for lo, st in zip(second, states):
+            lo.restore_state_rank(st)
+        rest = run_steps([iter(lo) for lo in second], 7 - saved_after)
+        assert rest == reference[saved_after:], f"saved after step {saved_after}"
+
+
 def test_elastic_restore_delivers_every_sample_once(vlm):
     first = loaders(vlm, 4, shuffle_buffer_size=None)
     its = [iter(lo) for lo in first]
     seen: Counter[str] = Counter()
-    for _ in range(5):
+    for _ in range(4):  # one whole window
         for it in its:
             seen.update(keys_of(next(it)))
     states = redistribute_states([lo.save_state_rank() for lo in first], 2)
@@ -223,12 +271,143 @@ def test_elastic_restore_delivers_every_sample_once(vlm):
     for lo, st in zip(second, states):
         lo.restore_state_rank(st)
     its = [iter(lo) for lo in second]
-    for _ in range((NUM_SAMPLES // BATCH - 5 * 4) // 2):
+    for _ in range((NUM_SAMPLES // BATCH - 4 * 4) // 2):
         batches = [next(it) for it in its]
         assert straggler_ratio(batches[0].step_costs) < 1.2
         for b in batches:
             seen.update(keys_of(b))
     assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
+def drain(its) -> list[list[list[str]]]:
+    """[step][rank] -> keys, until the (finite) pass ends; every rank ends at the same step."""
+    steps = []
+    while True:
+        batches = []
+        for it in its:
+            try:
+                batches.append(next(it))
+            except StopIteration:
+                assert not batches, "the ranks ended at different steps"
+                return steps
+        assert len({tuple(b.step_costs) for b in batches}) == 1  # every rank planned the same
+        steps.append([keys_of(b) for b in batches])
+
+
+def finite(path, world_size, num_workers=0, **kw):
+    """Loaders of one pass over the data (repeat=False), no shuffle buffer: the pass holds
+    every sample exactly once."""
+    return loaders(path, world_size, num_workers, shuffle_buffer_size=None, repeat=False, **kw)
+
+
+def restored(path, states, num_workers=0, **kw):
+    out = finite(path, states[0]["world_size"], num_workers, **kw)
+    for lo, st in zip(out, states):
+        lo.restore_state_rank(json.loads(json.dumps(st)))
+    return out
+
+
+def count(steps) -> Counter[str]:
+    return Counter(k for step in steps for keys in step for k in keys)
+
+
+@pytest.mark.parametrize(
+    ("first_workers", "saved_after", "new_world", "new_workers"),
+    [(0, 5, 2, 0), (0, 7, 3, 0), (2, 6, 3, 0), (0, 5, 3, 2)],
+)
+def test_elastic_restore_mid_window_delivers_every_sample_once(
+    vlm, first_workers, saved_after, new_world, new_workers
+):
+    """Saved on 4 ranks inside a window (window 4: step 5 is the second window's first step),
+    restored on 2 or 3: the new ranks first finish the window's undelivered samples (its tail),
+    then go on with their own windows; the pass holds every sample exactly once."""
+    first = finite(vlm, 4, first_workers)
+    before = run_steps([iter(lo) for lo in first], saved_after)
+    states = redistribute_states([lo.save_state_rank() for lo in first], new_world)
+    assert states[0]["balance_tail"] == {"start": 16, "layers": [[4, saved_after - 4]]}
+    after = drain([iter(lo) for lo in restored(vlm, states, new_workers)])
+    tail = -(-(8 - saved_after) * 4 // new_world)
+    assert all(max(map(len, step)) > 0 for step in after[:tail])
+    seen = count(before) + count(after)
+    assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
+@pytest.mark.parametrize("num_streams", [4, 2])
+def test_merge_onto_the_same_ranks_keeps_the_steps(vlm, num_streams):
+    """Merged for as many ranks as saved them, a state inside a window continues with exactly
+    the steps of an uninterrupted run (with 2 streams and window 8 the snapshots lag 7 steps of
+    2 ranks behind the position: still a valid state)."""
+    balance = Balance(max_length=4096, window=8 if num_streams == 2 else 4)
+    kw = {"balance": balance, "num_streams": num_streams}
+    reference = run_steps([iter(lo) for lo in loaders(vlm, 2, **kw)], 12)
+    first = loaders(vlm, 2, **kw)
+    run_steps([iter(lo) for lo in first], 7)
+    unmerged = [lo.save_state_rank() for lo in first]
+    for states in (redistribute_states(unmerged, 2), unmerged):
+        second = loaders(vlm, 2, **kw)
+        for lo, st in zip(second, states):
+            lo.restore_state_rank(st)
+        assert run_steps([iter(lo) for lo in second], 5) == reference[7:]
+
+
+def test_elastic_tail_may_start_before_position_zero(vlm):
+    """2 ranks saved after step 1 of the first window, 5 ranks take the rest in 2 steps: the
+    tail's positions (origin 8 - 2 * 5) start below 0 and the pass is still exact."""
+    first = finite(vlm, 2)
+    before = run_steps([iter(lo) for lo in first], 1)
+    states = redistribute_states([lo.save_state_rank() for lo in first], 5)
+    assert states[0]["origin"] == -2
+    after = drain([iter(lo) for lo in restored(vlm, states)])
+    seen = count(before) + count(after)
+    assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
+def test_elastic_restore_mid_window_is_deterministic(vlm):
+    """The same merged states give the same steps, with or without workers."""
+    first = finite(vlm, 4)
+    run_steps([iter(lo) for lo in first], 6)
+    states = redistribute_states([lo.save_state_rank() for lo in first], 3)
+    once = drain([iter(lo) for lo in restored(vlm, states)])
+    again = drain([iter(lo) for lo in restored(vlm, states)])
+    with_workers = drain([iter(lo) for lo in restored(vlm, states, 2)])
+    assert once == again == with_workers
+
+
+@pytest.mark.parametrize("tail_steps_run", [2, 7])
+def test_elastic_tail_saves_and_restores_again(vlm, tail_steps_run):
+    """States of a restored tail are exact on a restore with the same ranks, and elastic again:
+    inside the tail (2 of its 4 steps) or after it, inside a normal window (7 steps)."""
+    first = finite(vlm, 4)
+    before = run_steps([iter(lo) for lo in first], 5)
+    second = restored(vlm, redistribute_states([lo.save_state_rank() for lo in first], 3))
+    its = [iter(lo) for lo in second]
+    middle = run_steps(its, tail_steps_run)
+    saved = [lo.save_state_rank() for lo in second]
+    if tail_steps_run < 4:  # the tail: ceil(3 * 4 / 3) = 4 steps
+        assert saved[0]["balance_tail"] == {"start": 16, "layers": [[4, 1]]}
+    else:  # past it: counted from the window's end, as if never interrupted
+        assert "balance_tail" not in saved[0] and saved[0]["origin"] == 32
+        assert saved[0]["consumed"] == tail_steps_run - 4
+    rest = drain(its)
+    assert drain([iter(lo) for lo in restored(vlm, saved)]) == rest
+    third = drain([iter(lo) for lo in restored(vlm, redistribute_states(saved, 2))])
+    seen = count(before) + count(middle) + count(third)
+    assert len(seen) == NUM_SAMPLES and set(seen.values()) == {1}
+
+
+def test_elastic_tail_state_is_validated(vlm):
+    first = finite(vlm, 4)
+    run_steps([iter(lo) for lo in first], 5)
+    states = redistribute_states([lo.save_state_rank() for lo in first], 3)
+    bad = [dict(states[0], balance_tail={"start": 16, "layers": [[4, 9]]})]
+    with pytest.raises(StateError, match=r"balance_tail.layers\[0\]\[1\]"):
+        restored(vlm, [*bad, *states[1:]])
+    bad = [dict(states[0], origin=states[0]["origin"] + 3)]
+    with pytest.raises(StateError, match="end of the tail"):
+        restored(vlm, [*bad, *states[1:]])
+    other = [dict(states[0], balance_tail={"start": 16, "layers": [[4, 2]]}, origin=23)]
+    with pytest.raises(StateError, match="disagree on loader state field 'balance_tail'"):
+        redistribute_states([*other, *states[1:]], 2)
 
 
 def test_elastic_restore_refuses_states_of_different_steps(vlm):
@@ -294,12 +473,76 @@ def _packs(batch):
     return out
 
 
-def test_validation_and_packing_are_refused(vlm):
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
-    from energon import get_val_dataset
+@pytest.mark.parametrize("policy", ["truncate", "split", "drop"])
+def test_over_long_samples_follow_the_packer_policy_and_are_counted(vlm, policy):
+    """Samples longer than max_length are truncated, split or dropped as SequencePacker does,
+    each batch counts them, and the plan counts only what is trained on of them."""
+    length = 256
+    cost = MultimodalCost()
+    balance = Balance(max_length=length, over_length=policy, window=2)
+    its = [iter(lo) for lo in loaders(vlm, 2, balance=balance, shuffle_buffer_size=None)]
+    over = 0
+    for _ in range(4):
+        batches = [next(it) for it in its]
+        for b in batches:
+            n_over = sum(int(s.tokens.shape[0]) > length for s in b.samples)
+            counted = getattr(
+                b, {"truncate": "truncated", "split": "split", "drop": "dropped"}[policy]
+            )
+            assert counted == n_over or (policy == "drop" and n_over == 0)
+            assert b.truncated + b.split + b.dropped == counted
+            over += counted
+            assert len(keys_of(b)) == len(set(keys_of(b)))  # a split sample is listed once
+            real = int((~b.padding_mask).sum())
+            kept = sum(min(int(s.tokens.shape[0]), length) for s in b.samples)
+            assert real == (
+                kept if policy != "split" else sum(int(s.tokens.shape[0]) for s in b.samples)
+            )
+            trained = [int(s.tokens.shape[0]) for s in b.samples]
+            if policy == "truncate":
+                expected = sum(cost.cost_of_tokens(min(n, length)) for n in trained)
+            elif policy == "split":
+                expected = sum(
+                    cost.cost_of_tokens(min(length, n - start))
+                    for n in trained
+                    for start in range(0, n, length)
+                )
+            else:
+                expected = sum(cost.cost_of_tokens(n) for n in trained)
+            assert b.rank_cost == pytest.approx(expected)
+    assert over > 0
 
-    with pytest.raises(ValueError, match="training"):
-        get_val_dataset(str(vlm), worker_config=wc, batch_size=2, balance=Balance(max_length=64))
+
+@pytest.mark.parametrize(("world_size", "num_workers"), [(3, 0), (2, 2)])
+def test_validation_is_balanced_once_and_even(vlm, world_size, num_workers):
+    """A balanced validation pass: every sample exactly once, every rank the same number of
+    batches (each takes part in every step), balanced steps, and the next pass is the same."""
+    from energon import get_loader, get_val_dataset
+
+    passes = []
+    for rank in range(world_size):
+        wc = WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers)
+        ds = get_val_dataset(
+            str(vlm),
+            split_part="train",
+            worker_config=wc,
+            batch_size=BATCH,
+            task_encoder=VlmTaskEncoder(),
+            balance=Balance(max_length=4096, window=4),
+        )
+        loader = get_loader(ds)
+        passes.append([[keys_of(b) for b in loader] for _ in range(2)])
+        assert len(loader) == len(passes[-1][0])
+    counts = {len(p) for rank in passes for p in rank}
+    assert len(counts) == 1  # even: every rank, every pass
+    for n in range(2):
+        keys = [k for rank in passes for batch in rank[n] for k in batch]
+        assert sorted(keys) == sorted(set(keys)) and len(keys) == NUM_SAMPLES
+    assert all(rank[0] == rank[1] for rank in passes)
+
+
+def test_packing_is_refused(vlm):
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     no_shuffle = dict(shuffle_buffer_size=None, max_samples_per_sequence=None)
     with pytest.raises(ValueError, match="batch_size"):
         get_train_dataset(
@@ -333,7 +576,7 @@ def _gloo_rank(rank, world_size, path):
                 shuffle_buffer_size=8,
                 max_samples_per_sequence=10,
                 task_encoder=VlmTaskEncoder(),
-                balance=Balance(max_length=4096),
+                balance=Balance(max_length=4096, window=4),
             )
         )
     ]
@@ -352,5 +595,172 @@ def _gloo_rank(rank, world_size, path):
 def test_real_ranks_agree_without_communicating(vlm):
     results = run_ranks(2, _gloo_rank, str(vlm))
     keys = [k for r in results for step in r["keys"] for k in step]
-    assert len(keys) == len(set(keys)) == 4 * 2 * BATCH
+    assert len(keys) == len(set(keys)) == 4 * 2 * BATCH  # one whole window
     assert len(results[0]["state"]) == 2
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def damaged_vlm(tmp_path_factory):
+    """The VLM mix with the text of every 6th sample spoiled (invalid UTF-8: decoding fails)."""
+    root = tmp_path_factory.mktemp("damaged")
+    write_vlm_shards(root, num_samples=NUM_SAMPLES, num_shards=6, seed=3, text_median_chars=300)
+    spoiled: dict[str, int] = {}
+    for shard in sorted(root.glob("*.tar")):
+        spoiled.update(spoil_text_payloads(shard, lambda i, key: int(key) % 6 == 0))
+    assert len(spoiled) == NUM_SAMPLES // 6
+    return root, set(spoiled)
+
+
+def quiet(*_args):
+    """An error handler that only lets the policy count."""
+
+
+def test_skipped_samples_are_reported_and_budgeted(damaged_vlm):
+    """A sample whose decode fails is skipped, counted in error_report() of the rank that planned
+    to load it (and nowhere else), kept across save/restore, and checked against the budget."""
+    root, spoiled = damaged_vlm
+    world = 2
+    ranks = loaders(root, world, shuffle_buffer_size=None, error_handler=quiet)
+    its = [iter(lo) for lo in ranks]
+    seen: set[str] = set()
+    skipped_by_rank0 = []  # after each step
+    for _ in range(NUM_SAMPLES // BATCH // world):  # one epoch: 3 windows of 4 steps
+        for it in its:
+            seen.update(keys_of(next(it)))
+        skipped_by_rank0.append(ranks[0].error_report()["skipped"])
+    assert seen.isdisjoint(spoiled) and len(seen) == NUM_SAMPLES - len(spoiled)
+    reports = [lo.error_report() for lo in ranks]
+    assert sum(r["skipped"] for r in reports) == len(spoiled)
+    assert all(r["skipped"] > 0 for r in reports)
+    examples = [e for r in reports for e in r["sources"][0]["examples"]]
+    assert examples and all(e["key"] is None or e["key"] in spoiled for e in examples)
+    # the counts are part of each rank's state
+    states = [json.loads(json.dumps(lo.save_state_rank())) for lo in ranks]
+    restored = loaders(root, world, shuffle_buffer_size=None, error_handler=quiet)
+    for lo, st in zip(restored, states):
+        lo.restore_state_rank(st)
+    assert [lo.error_report()["skipped"] for lo in restored] == [r["skipped"] for r in reports]
+    # ... and against the budget: a per-rank cap below what one rank skips in an epoch stops it
+    capped = loaders(
+        root,
+        world,
+        shuffle_buffer_size=None,
+        error_handler=quiet,
+        error_budget=ErrorBudget(max_skipped=3),
+    )
+    it = iter(capped[0])
+    stopped_at = next(step for step, n in enumerate(skipped_by_rank0) if n > 3)
+    for _ in range(stopped_at):
+        next(it)
+    with pytest.raises(ErrorBudgetExceeded, match="max_skipped=3"):
+        next(it)  # at the very step whose skips go over the budget
+
+
+def test_elastic_merge_adds_up_every_ranks_error_counts(damaged_vlm):
+    """Each rank counts the samples it lost; an elastic merge keeps all ranks' counts (once:
+    new rank 0 reports them), mid-window too, and the pass ends with every failure counted once."""
+    root, spoiled = damaged_vlm
+    first = finite(root, 2, error_handler=quiet)
+    before = run_steps([iter(lo) for lo in first], 5)
+    skipped = [lo.error_report()["skipped"] for lo in first]
+    assert all(skipped)
+    states = redistribute_states([lo.save_state_rank() for lo in first], 3)
+    second = restored(root, states, error_handler=quiet)
+    assert [lo.error_report()["skipped"] for lo in second] == [sum(skipped), 0, 0]
+    after = drain([iter(lo) for lo in second])
+    assert sum(lo.error_report()["skipped"] for lo in second) == len(spoiled)
+    seen = count(before) + count(after)
+    assert seen.keys().isdisjoint(spoiled) and len(seen) == NUM_SAMPLES - len(spoiled)
+    assert set(seen.values()) == {1}
+
+
+# -- ledger ----------------------------------------------------------------------------------------
+
+
+def test_ledger_describes_what_each_rank_got(vlm, tmp_path):
+    """`energon ledger` (and the Ledger API) name the samples each rank got at a balanced step,
+    from the configuration alone and from a state saved mid-window."""
+    from click.testing import CliRunner
+
+    from energon.cli.main import main as cli
+    from energon.ledger.ledger import Ledger
+
+    world = 2
+    ranks = loaders(vlm, world)
+    its = [iter(lo) for lo in ranks]
+    delivered = run_steps(its, 6)
+    ledger = Ledger(ranks[0].dataset)
+    for step in range(6):
+        records = ledger.describe_step(step)
+        assert [r.rank for r in records] == [0, 1]
+        assert [sorted(s.key for s in r.samples) for r in records] == [
+            sorted(keys) for keys in delivered[step]
+        ]
+        assert all(len(out) == 1 for r in records for out in r.outputs)
+    # exposures count whole windows (exact there), and say so otherwise
+    from energon.ledger.exposure import export_exposures
+
+    with pytest.raises(ValueError, match="multiples of Balance.window=4"):
+        export_exposures(ledger, str(tmp_path / "exp"), until_step=6, progress=False)
+    summary = export_exposures(ledger, str(tmp_path / "exp"), until_step=4, progress=False)
+    assert summary["datasets"][0]["exposures"] == sum(
+        len(k) for step in delivered[:4] for k in step
+    )
+    # the command line, from a state saved after step 5 (inside the second window)
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps([lo.save_state_rank() for lo in ranks]))
+    later = run_steps(its, 2)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "ledger",
+            str(vlm),
+            "--state",
+            str(state_file),
+            "--steps",
+            "6:8",
+            "--format",
+            "json",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    described = json.loads(result.output)["micro_batches"]
+    got = [
+        [sorted(s["key"] for out in m["outputs"] for s in out) for m in described if m["step"] == n]
+        for n in (6, 7)
+    ]
+    assert got == [[sorted(keys) for keys in step] for step in later]
+
+
+def test_ledger_refuses_states_of_an_elastic_tail(vlm, tmp_path):
+    """The ledger plans windows from position 0 for its ranks: states inside a tail, or counted
+    from another window grid after one, are refused with a clear message (API and CLI)."""
+    from click.testing import CliRunner
+
+    from energon.cli.main import main as cli
+    from energon.ledger.ledger import Ledger
+
+    first = loaders(vlm, 4)  # training as configured on the command line: repeating
+    run_steps([iter(lo) for lo in first], 5)
+    second = loaders(vlm, 3)
+    for lo, st in zip(second, redistribute_states([lo.save_state_rank() for lo in first], 3)):
+        lo.restore_state_rank(st)
+    its = [iter(lo) for lo in second]
+    run_steps(its, 2)
+    inside = [lo.save_state_rank() for lo in second]
+    with pytest.raises(StateError, match="tail of an elastic restore"):
+        Ledger(second[0].dataset, states=inside)
+    run_steps(its, 3)
+    past = [lo.save_state_rank() for lo in second]
+    with pytest.raises(StateError, match="origin 32.*counts its windows from elsewhere"):
+        Ledger(second[0].dataset, states=past)
+    state_file = tmp_path / "state.json"
+    state_file.write_text(json.dumps(inside))
+    result = CliRunner().invoke(
+        cli, ["ledger", str(vlm), "--state", str(state_file), "--step", "0", "--no-progress"]
+    )
+    assert result.exit_code != 0 and "tail of an elastic restore" in result.output

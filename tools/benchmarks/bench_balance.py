@@ -6,13 +6,19 @@ data-parallel ranks (one loader each, in this process) two ways over the same gl
 
 - plain: each rank takes its own micro-batch of B samples (positions r, r+R, ...) and packs it
   with SequencePacker (first-fit decreasing, max_length);
-- balanced: `balance=Balance(max_length)`: the R micro-batches of a step are pooled, split by
-  their metadata cost and each rank packs its share.
+- balanced: `balance=Balance(max_length, window=W)`: the R micro-batches of each of W steps are
+  pooled, composed into W steps of R near-equal shares by their metadata cost, and each rank
+  packs its share.
 
-Both see exactly the same samples per step (checked). Reported per step: the straggler ratio
-(max over ranks / mean of the step's true cost: tokens + attention * tokens^2 of the encoded
-samples) and the padding fraction of the packs; and the loader throughput of one rank either way
-(repeated, alternating, medians).
+Both see exactly the same samples per window of W steps (checked). Reported per step: the
+straggler ratio (max over ranks / mean of the step's true cost: tokens + attention * tokens^2 of
+the encoded samples), the worst step, and the padding fraction of the packs. Then the cost of
+balancing: both sets of loaders (0 workers, in this process) side by side take turns of one
+window each, in alternating order; a turn's CPU time (time.process_time: this process's threads
+only, so other jobs on the machine do not count) per sample, and the median over rounds of the
+per-round ratio balanced / plain. With `--workers N` the loaders run N workers per rank and the
+CPU time measured is that of each configuration's worker processes (/proc/PID/schedstat), which do
+all the planning, loading and encoding.
 """
 
 from __future__ import annotations
@@ -83,26 +89,32 @@ def padding_of(packs: int, tokens: int, max_length: int) -> tuple[int, int]:
     return packs * max_length - tokens, packs * max_length
 
 
-def compare(path: str, ranks: int, batch: int, steps: int, max_length: int, progress: bool):
+def compare(path: str, ranks: int, batch: int, args, progress: bool):
     cost = MultimodalCost()
+    max_length = args.max_length
     plain_its = [iter(lo) for lo in make_loaders(path, ranks, batch, None)]
-    bal_its = [iter(lo) for lo in make_loaders(path, ranks, batch, Balance(max_length))]
+    balance = Balance(max_length, window=args.window)
+    bal_its = [iter(lo) for lo in make_loaders(path, ranks, batch, balance)]
     packer = SequencePacker(max_length)
-    out = {"plain": [], "balanced": [], "bound": []}
+    out = {"plain": [], "balanced": [], "bound": [], "samples": []}
     pad = {"plain": [0, 0], "balanced": [0, 0]}
-    for _ in tqdm(range(steps), disable=not progress, desc="steps"):
+    plain_keys: list[str] = []
+    bal_keys: list[str] = []
+    for step in tqdm(range(args.steps), disable=not progress, desc="steps"):
         plain = [next(it) for it in plain_its]
         balanced = [next(it) for it in bal_its]
-        plain_keys = sorted(s.__key__ for b in plain for s in b)
-        bal_keys = sorted(s.__key__ for b in balanced for s in b.samples)
-        assert plain_keys == bal_keys, "the two runs must see the same samples per step"
+        plain_keys += [s.__key__ for b in plain for s in b]
+        bal_keys += [s.__key__ for b in balanced for s in b.samples]
+        if (step + 1) % args.window == 0:
+            assert sorted(plain_keys) == sorted(bal_keys), "same samples per window"
+            plain_keys, bal_keys = [], []
         out["plain"].append(straggler_ratio([true_cost(b, cost, max_length) for b in plain]))
         rank_costs = [true_cost(b.samples, cost, max_length) for b in balanced]
         out["balanced"].append(straggler_ratio(rank_costs))
-        # no split beats the heaviest single sample: the best possible ratio of the step
-        heaviest = max(c for b in balanced for c in sample_costs(b.samples, cost, max_length))
-        mean = sum(rank_costs) / len(rank_costs)
-        out["bound"].append(max(1.0, heaviest / mean))
+        # what balancing each step alone could reach at best: heaviest sample of the plain step
+        plain_costs = [c for b in plain for c in sample_costs(b, cost, max_length)]
+        out["bound"].append(max(1.0, max(plain_costs) / (sum(plain_costs) / ranks)))
+        out["samples"].append(sum(len(b.samples) for b in balanced))
         for b in plain:
             packs = [p for g in packer.select(list(b)) for p in packer.pack(g)]
             tokens = sum(int(p.tokens.shape[0]) for p in packs)
@@ -116,26 +128,52 @@ def compare(path: str, ranks: int, batch: int, steps: int, max_length: int, prog
     return out, {k: w / t for k, (w, t) in pad.items()}
 
 
-def throughput(path: str, ranks: int, batch: int, steps: int, balance: Balance | None) -> float:
-    """Samples per second of all ranks' loaders together, run one after the other in this
-    process (a balanced rank loads a share of varying size, so one rank alone says little).
-    Plain: micro-batches of B samples packed by SequencePacker (the work of a packing hook)."""
-    its = [iter(lo) for lo in make_loaders(path, ranks, batch, balance)]
-    packer = SequencePacker(balance.max_length if balance else 16384)
-    for it in its:
-        next(it)  # start-up not counted
-    count = 0
-    start = time.perf_counter()
-    for _ in range(steps):
-        for it in its:
-            b = next(it)
-            if balance is None:
-                members = list(b)
-                _ = [p for g in packer.select(members) for p in packer.pack(g)]
-                count += len(members)
-            else:
-                count += len(b.samples)
-    return count / (time.perf_counter() - start)
+def cpu_per_sample(path: str, args, progress: bool) -> dict[str, list[float]]:
+    """CPU seconds per sample of all ranks' loaders, plain and balanced taking turns of one
+    window each (alternating which goes first); one value per round and configuration."""
+    max_length = args.max_length
+    packer = SequencePacker(max_length)
+    balance = Balance(max_length, window=args.window)
+    loaders = {
+        "plain": make_loaders(path, args.ranks, args.batch, None, args.workers),
+        "balanced": make_loaders(path, args.ranks, args.batch, balance, args.workers),
+    }
+    configs = {name: [iter(lo) for lo in los] for name, los in loaders.items()}
+
+    def cpu(name: str) -> float:
+        """Without workers: this process's CPU time; with workers: the CPU time of the config's
+        worker processes (/proc/PID/schedstat; they do all the loading and planning)."""
+        if not args.workers:
+            return time.process_time()
+        total = 0
+        for lo in loaders[name]:
+            for w in getattr(lo._source, "_workers", []):
+                with open(f"/proc/{w.pid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+        return total / 1e9
+
+    def turn(name: str) -> float:
+        count = 0
+        start = cpu(name)
+        for _ in range(args.window):
+            for it in configs[name]:
+                b = next(it)
+                if name == "plain":  # the work of a packing hook
+                    members = list(b)
+                    _ = [p for g in packer.select(members) for p in packer.pack(g)]
+                    count += len(members)
+                else:
+                    count += len(b.samples)
+        return (cpu(name) - start) / count
+
+    for name in configs:
+        turn(name)  # start-up (index opening, first window) not counted
+    out: dict[str, list[float]] = {"plain": [], "balanced": []}
+    for r in tqdm(range(args.rounds), disable=not progress, desc="cpu rounds"):
+        order = ("plain", "balanced") if r % 2 == 0 else ("balanced", "plain")
+        for name in order:
+            out[name].append(turn(name))
+    return out
 
 
 def main() -> None:
@@ -144,15 +182,46 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4000)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--batch", type=int, default=16, help="samples per rank and step")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--window", type=int, default=8, help="Balance.window (global steps)")
     parser.add_argument("--max-length", type=int, default=16384)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=9, help="CPU-time rounds (0: skip)")
+    parser.add_argument("--workers", type=int, default=0, help="loader workers (CPU rounds)")
+    parser.add_argument("--skip-straggler", action="store_true", help="only the CPU rounds")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args()
     progress = not args.no_progress
     path = dataset_root(args.root, args.samples, progress)
     print(machine_summary())
-    ratios, padding = compare(path, args.ranks, args.batch, args.steps, args.max_length, progress)
+    if not args.skip_straggler:
+        straggler_report(path, args, progress)
+    if args.rounds < 1:
+        return
+    cpu = cpu_per_sample(path, args, progress)
+    ratio = statistics.median(b / p for b, p in zip(cpu["balanced"], cpu["plain"]))
+    who = (
+        f"{args.workers} workers per rank: their CPU" if args.workers else "0 workers: process CPU"
+    )
+    print_markdown_table(
+        (f"all ranks' loaders ({who})", "CPU ms per sample (median)", "rounds"),
+        [
+            (
+                name,
+                f"{1000 * statistics.median(cpu[name]):.2f}",
+                " ".join(f"{1000 * x:.2f}" for x in cpu[name]),
+            )
+            for name in ("plain", "balanced")
+        ],
+    )
+    ratios = " ".join(f"{b / p:.3f}" for b, p in zip(cpu["balanced"], cpu["plain"]))
+    print(f"per-round ratios balanced / plain: {ratios}")
+    print(
+        f"cost of balancing (median of per-round CPU ratios balanced / plain - 1): {ratio - 1:+.1%}"
+    )
+
+
+def straggler_report(path: str, args, progress: bool) -> None:
+    ratios, padding = compare(path, args.ranks, args.batch, args, progress)
     rows = []
     for name in ("plain", "balanced"):
         r = sorted(ratios[name])
@@ -162,38 +231,26 @@ def main() -> None:
                 f"{statistics.median(r):.3f}",
                 f"{r[int(0.9 * (len(r) - 1))]:.3f}",
                 f"{r[-1]:.3f}",
+                f"{sum(x > 1.05 for x in r)} of {len(r)}",
                 f"{padding[name]:.1%}",
             )
         )
-    above = [(r, b) for r, b in zip(ratios["balanced"], ratios["bound"]) if r > 1.05]
     print(
-        f"balanced steps above 1.05: {len(above)} of {len(ratios['balanced'])}; their best "
-        f"possible ratios (heaviest sample / mean): {[round(b, 3) for _, b in above]}"
+        f"{args.ranks} ranks x {args.batch} samples per step, {args.steps} steps, window "
+        f"{args.window}, max_length {args.max_length}"
     )
-    print(
-        f"{args.ranks} ranks x {args.batch} samples per step, {args.steps} steps, "
-        f"max_length {args.max_length}"
-    )
-    print_markdown_table(("packing", "straggler ratio median", "p90", "max", "padding"), rows)
-    if args.repeats < 1:
-        return
-    rates = {"plain": [], "balanced": []}
-    for _ in tqdm(range(args.repeats), disable=not progress, desc="throughput"):
-        for name, balance in (("plain", None), ("balanced", Balance(args.max_length))):
-            rates[name].append(throughput(path, args.ranks, args.batch, args.steps, balance))
-    plain, balanced = (statistics.median(rates[k]) for k in ("plain", "balanced"))
     print_markdown_table(
-        ("all ranks' loaders", "samples/s (median)", "runs"),
-        [
-            (
-                "plain + SequencePacker",
-                f"{plain:,.0f}",
-                " ".join(f"{x:,.0f}" for x in rates["plain"]),
-            ),
-            ("balanced", f"{balanced:,.0f}", " ".join(f"{x:,.0f}" for x in rates["balanced"])),
-        ],
+        ("packing", "straggler ratio median", "p90", "worst step", "steps > 1.05", "padding"),
+        rows,
     )
-    print(f"throughput cost of balancing: {1 - balanced / plain:+.1%}")
+    worst = max(range(args.steps), key=lambda i: ratios["balanced"][i])
+    print(
+        f"worst balanced step: {worst} at {ratios['balanced'][worst]:.4f} "
+        f"({ratios['samples'][worst]} samples); steps whose heaviest sample exceeds 1.05 of a "
+        f"rank's mean share (no per-step split could be within 1.05): "
+        f"{[(i, round(b, 3)) for i, b in enumerate(ratios['bound']) if b > 1.05]}; "
+        f"samples per balanced step: {min(ratios['samples'])}..{max(ratios['samples'])}"
+    )
 
 
 if __name__ == "__main__":
