@@ -67,9 +67,13 @@ class Watchdog:
         self._interrupted = False
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._wake_at: float | None = None  # when the thread wakes next by itself (None: awake)
 
     # -- the waiting thread ------------------------------------------------------------------
     def begin_wait(self, first: bool) -> None:
+        """Start the clock. Called for every batch, so the thread is woken only when it would
+        otherwise sleep past this wait's deadline (a wake-up per batch costs the training loop
+        two thread switches per batch)."""
         with self._cond:
             self._since = time.monotonic()
             self._limit = self.initial_timeout if first else self.timeout
@@ -79,7 +83,8 @@ class Watchdog:
                     target=self._run, name="energon-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif self._wake_at is None or self._since + self._limit < self._wake_at:
+                self._cond.notify()
 
     def end_wait(self) -> str | None:
         """Stop the clock; the report to fail with, if the watchdog fired with ``fail``."""
@@ -98,16 +103,26 @@ class Watchdog:
 
     # -- the watchdog thread -----------------------------------------------------------------
     def _run(self) -> None:
+        """Sleep until the current wait's deadline; between waits, for the shortest timeout, so
+        that any wait begun meanwhile ends no earlier than the next wake-up (no notify needed)."""
+        idle = min(self.timeout, self.initial_timeout)
         with self._cond:
             while not self._stopped:
+                now = time.monotonic()
                 if self._since is None:
-                    self._cond.wait()
+                    self._sleep_until(now + idle, now)
                     continue
-                waited = time.monotonic() - self._since
+                waited = now - self._since
                 if waited < self._limit:
-                    self._cond.wait(self._limit - waited)
+                    self._sleep_until(self._since + self._limit, now)
                     continue
                 self._fire(waited)
+            self._wake_at = None
+
+    def _sleep_until(self, wake_at: float, now: float) -> None:
+        self._wake_at = wake_at
+        self._cond.wait(wake_at - now)
+        self._wake_at = None
 
     def _fire(self, waited: float) -> None:
         report = self.report(waited)
