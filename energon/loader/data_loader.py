@@ -65,7 +65,7 @@ BLEND_REPORT_WINDOW = 1000  # global samples per window of Loader.blend_report()
 MAX_WORKERS = 1024
 # A worker sends the items it makes within this many seconds (at most GROUP_MAX_ITEMS) as one
 # message: see _grouped.
-GROUP_SECONDS = 0.004
+GROUP_SECONDS = 0.01
 GROUP_MAX_ITEMS = 8
 
 
