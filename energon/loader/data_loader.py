@@ -12,17 +12,20 @@ ranks through :mod:`energon.loader.evenness`.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import functools
 import itertools
 import json
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 import torch.utils.data
+from torch._utils import ExceptionWrapper
 
 from energon import debug_log
 from energon.balance.tail import TAIL_FIELD, settled
@@ -61,6 +64,10 @@ BLEND_REPORT_WINDOW = 1000  # global samples per window of Loader.blend_report()
 # A state may name at most world_size x MAX_WORKERS logical streams (or one per sample): more is a
 # damaged state, and building that many streams would look like a hang.
 MAX_WORKERS = 1024
+# A worker sends the items it makes within this many seconds (at most GROUP_MAX_ITEMS) as one
+# message: see _grouped.
+GROUP_SECONDS = 0.01
+GROUP_MAX_ITEMS = 8
 
 
 def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Value, ItemMeta]:
@@ -93,7 +100,90 @@ class _WorkerItems(torch.utils.data.IterableDataset):
         if self.arena is not None:
             self.arena.activate(worker)
         debug_log.activate(self.dataset.worker_config)
-        return iter(self.dataset.executor(worker, self.resume))
+        return _grouped(worker, iter(self.dataset.executor(worker, self.resume)))
+
+
+def _grouped(worker: int, items: Iterator[tuple[Value, ItemMeta]]) -> Iterator[list[Any]]:
+    """A worker's items in groups, one message to the main process per group: ``[(worker, last),
+    item, item, ...]``. Every message costs both processes a fixed price (torch's queues, a
+    feeder thread and a pipe write in the worker, a read and the bookkeeping of torch's iterator
+    in the main process) that is as large as the work of a small batch, so a worker gathers the
+    items it makes within ``GROUP_SECONDS`` (at most ``GROUP_MAX_ITEMS``); a slow item (an image
+    batch) travels alone as before. ``last`` marks the worker's final group. An exception of the
+    worker's pipeline travels in its place in the group, so the main process raises it exactly
+    where the item would have been."""
+    while True:
+        group: list[Any] = [(worker, False)]
+        started = time.monotonic()
+        try:
+            while True:
+                group.append(next(items))
+                if len(group) > GROUP_MAX_ITEMS or time.monotonic() - started >= GROUP_SECONDS:
+                    break
+        except StopIteration:
+            group[0] = (worker, True)
+        except Exception:
+            group.append(ExceptionWrapper(where=f"in DataLoader worker process {worker}"))
+            group[0] = (worker, True)
+        yield group
+        if group[0][1]:
+            return
+
+
+def _collate_group(arena: BatchArena | None, group: list[Any]) -> list[Any]:
+    """``_collate`` for every item of a worker's group (in place)."""
+    for i in range(1, len(group)):
+        if not isinstance(group[i], ExceptionWrapper):
+            group[i] = _collate(arena, group[i])
+    return group
+
+
+class _WorkerResults:
+    """The items of the workers' groups, in the order torch's DataLoader would hand them out one by
+    one: strict round-robin over the workers, skipping a worker once its items are over.
+
+    The groups are taken with the iterator's ``_next_data`` rather than ``next``: ``__next__``
+    wraps every call in a profiler ``record_function`` (two calls into torch's op dispatcher) and
+    counts for a length check that never applies here (the iterable has no length)."""
+
+    def __init__(self, iterator: Any, num_workers: int) -> None:
+        self._iterator = iterator
+        self._pending: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
+        self._over = [False] * num_workers
+        self._turn = 0
+
+    def __iter__(self) -> _WorkerResults:
+        return self
+
+    def __next__(self) -> tuple[Value, ItemMeta]:
+        for _ in range(len(self._pending)):
+            worker = self._turn
+            self._turn = (worker + 1) % len(self._pending)
+            pending = self._pending[worker]
+            while not pending and not self._over[worker]:
+                self._receive()
+            if pending:
+                item = pending.popleft()
+                if isinstance(item, ExceptionWrapper):
+                    item.reraise()
+                return item
+        raise StopIteration
+
+    def _receive(self) -> None:
+        """The next group from torch (in its round-robin order over the workers, which may run
+        ahead of ours: groups differ in size), queued under its worker."""
+        try:
+            group = self._iterator._next_data()
+        except StopIteration:
+            self._over = [True] * len(self._over)
+            return
+        worker, last = group[0]
+        self._pending[worker].extend(itertools.islice(group, 1, None))
+        if last:
+            self._over[worker] = True
+
+    def _shutdown_workers(self) -> None:
+        self._iterator._shutdown_workers()
 
 
 class Loader:
@@ -376,14 +466,14 @@ class Loader:
             _WorkerItems(self.dataset, resume, self._arena),
             batch_size=None,
             num_workers=wc.num_workers,
-            collate_fn=functools.partial(_collate, self._arena),
+            collate_fn=functools.partial(_collate_group, self._arena),
             prefetch_factor=self.prefetch_factor,
             persistent_workers=False,
             multiprocessing_context="fork",
             pin_memory=torch.cuda.is_available(),
             generator=generator,
         )
-        return iter(loader)
+        return _WorkerResults(iter(loader), wc.num_workers)
 
     def _next_position(self) -> int:
         """The global micro-batch position this rank yields next."""

@@ -4,8 +4,8 @@ process is stuck, and (optionally) fail instead of hanging.
 A loader tells its :class:`Watchdog` when it starts and stops waiting for a batch. A daemon thread
 sleeps until the wait has lasted ``timeout`` seconds (``initial_timeout`` for the first batch of a
 pass, which includes starting the workers), then writes a report: for every worker, its stage,
-how long it has been on its current item, and the sample it is on (key, shard, dataset, from the stats board of
-:mod:`energon.observe.probe`), and the Python stacks of every worker (dumped by :mod:`faulthandler`
+how long it has been on its current item, and the sample it is on (key, shard, dataset, from the
+stats board of :mod:`energon.observe.probe`), and the Python stacks of every worker (dumped by :mod:`faulthandler`
 on ``SIGUSR2``, so a worker stuck in native code answers too) and of every thread of the main
 process. The report is logged (logger ``energon.watchdog``) and kept (:attr:`Watchdog.reports`).
 
@@ -67,25 +67,24 @@ class Watchdog:
         self._interrupted = False
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._wake_at: float | None = None  # when the thread wakes next by itself (None: awake)
 
     # -- the waiting thread ------------------------------------------------------------------
     def begin_wait(self, first: bool) -> None:
-        """Start the clock. No notification: waking the watchdog thread for every batch would cost
-        a thread switch per batch; it wakes on its own at least every ``min(timeout,
-        initial_timeout)`` seconds, so a wait that began while it slept is still caught on time
-        (it is notified only when the limit changes: it may be sleeping towards a later one)."""
+        """Start the clock. Called for every batch, so the thread is woken only when it would
+        otherwise sleep past this wait's deadline (a wake-up per batch costs the training loop
+        two thread switches per batch)."""
         with self._cond:
             self._since = time.monotonic()
-            limit = self.initial_timeout if first else self.timeout
-            if limit != self._limit:
-                self._limit = limit
-                self._cond.notify()
+            self._limit = self.initial_timeout if first else self.timeout
             self._waiter = threading.get_ident()
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="energon-watchdog", daemon=True
                 )
                 self._thread.start()
+            elif self._wake_at is None or self._since + self._limit < self._wake_at:
+                self._cond.notify()
 
     def end_wait(self) -> str | None:
         """Stop the clock; the report to fail with, if the watchdog fired with ``fail``."""
@@ -104,16 +103,26 @@ class Watchdog:
 
     # -- the watchdog thread -----------------------------------------------------------------
     def _run(self) -> None:
+        """Sleep until the current wait's deadline; between waits, for the shortest timeout, so
+        that any wait begun meanwhile ends no earlier than the next wake-up (no notify needed)."""
+        idle = min(self.timeout, self.initial_timeout)
         with self._cond:
             while not self._stopped:
+                now = time.monotonic()
                 if self._since is None:
-                    self._cond.wait(min(self.timeout, self.initial_timeout))
+                    self._sleep_until(now + idle, now)
                     continue
-                waited = time.monotonic() - self._since
+                waited = now - self._since
                 if waited < self._limit:
-                    self._cond.wait(self._limit - waited)
+                    self._sleep_until(self._since + self._limit, now)
                     continue
                 self._fire(waited)
+            self._wake_at = None
+
+    def _sleep_until(self, wake_at: float, now: float) -> None:
+        self._wake_at = wake_at
+        self._cond.wait(wake_at - now)
+        self._wake_at = None
 
     def _fire(self, waited: float) -> None:
         report = self.report(waited)
