@@ -6,6 +6,10 @@ byte string (a fast C loop) and numpy divides that plane by 255 straight into it
 preallocated output. That yields a contiguous CHW tensor, like the reference, and is faster than
 the interleaved HWC conversion followed by a permute (see ``docs/samples.md`` for measurements). Images are always decoded
 at full size (no ``draft``/``reduce``).
+
+JPEGs that simplejpeg decodes exactly as Pillow does (the optional extra ``fast``, see
+:mod:`energon.decode.jpeg`) skip Pillow: the interleaved pixels go to their planes in one pass
+(:mod:`energon.decode.planar`) straight into the pooled output.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from energon.decode.jpeg import decode_jpeg
+from energon.decode.planar import to_planar
 from energon.memory.buffer_pool import pooled_empty
 
 __all__ = ["IMAGE_EXTENSIONS", "IMAGE_MODES", "ImageMode", "decode_image"]
@@ -115,8 +121,26 @@ def _interleaved(image: Image.Image, value_type: str) -> np.ndarray:
     return out
 
 
+def _from_pixels(pixels: np.ndarray, mode: ImageMode) -> Any:
+    """The value of ``mode`` from decoded interleaved uint8 pixels ((H, W, 3) or (H, W))."""
+    if mode.container == "numpy":
+        if mode.value_type == "uint8":
+            return pixels
+        out = np.empty(pixels.shape, dtype=np.float32)
+        np.divide(pixels, _UINT8_MAX, out=out)
+        return out
+    dtype = np.float32 if mode.value_type == "float" else np.uint8
+    channels = 1 if pixels.ndim == 2 else pixels.shape[2]
+    out = to_planar(pixels, pooled_empty((channels, *pixels.shape[:2]), dtype))
+    return torch.from_numpy(out if mode.pil_mode != "L" else out[0])
+
+
 def decode_image(data: bytes | memoryview, mode: ImageMode) -> Any:
     """Decode one encoded image into the container, value type and colour mode of ``mode``."""
+    if mode.container != "pil":
+        pixels = decode_jpeg(data, mode.pil_mode)
+        if pixels is not None:
+            return _from_pixels(pixels, mode)
     image = open_image(data, mode.pil_mode)
     if mode.container == "pil":
         # a plain Image, as the reference's convert() gives (not the file's PngImageFile, ...)
