@@ -23,6 +23,7 @@ decodes with Pillow as before:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image
@@ -54,10 +55,17 @@ def _header(data: bytes | memoryview) -> tuple[int, int, str] | None:
     return height, width, colorspace
 
 
-def decode_jpeg(data: bytes | memoryview, pil_mode: str) -> np.ndarray | None:
-    """HWC uint8 (``RGB``) or HW uint8 (``L``) pixels equal to Pillow's, or None (use Pillow).
+def decode_jpeg(
+    data: bytes | memoryview,
+    pil_mode: str,
+    allocate: Callable[[tuple[int, ...]], np.ndarray] | None = None,
+) -> np.ndarray | None:
+    """(H, W, 3) for ``RGB`` or (H, W, 1) for ``L`` uint8 pixels equal to Pillow's, or None (then
+    decode with Pillow).
 
-    The returned array is writable and owns its memory.
+    ``allocate(shape)`` gives the uint8 array to decode into (e.g. a pooled one), and that very
+    array is returned (a pooled array must not be replaced by a view: numpy views do not keep it
+    alive); by default a new array.
     """
     if pil_mode not in ("RGB", "L") or not fast_jpeg_available():
         return None
@@ -72,6 +80,8 @@ def decode_jpeg(data: bytes | memoryview, pil_mode: str) -> np.ndarray | None:
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and height * width > limit:
         return None  # Pillow warns or refuses: let it
+    channels = 3 if pil_mode == "RGB" else 1
+    buffer = allocate((height, width, channels)) if allocate is not None else None
     try:
         pixels = simplejpeg.decode_jpeg(
             data,
@@ -79,7 +89,12 @@ def decode_jpeg(data: bytes | memoryview, pil_mode: str) -> np.ndarray | None:
             fastdct=False,
             fastupsample=False,
             strict=True,
+            buffer=buffer,
         )
     except ValueError:
         return None  # damaged or unusual: Pillow decides (and words the error as before)
-    return pixels[:, :, 0] if pil_mode == "L" else pixels
+    if buffer is None:
+        return pixels.reshape(height, width, channels)
+    if pixels.shape != buffer.shape:
+        raise AssertionError(f"simplejpeg decoded {pixels.shape}, header said {buffer.shape}")
+    return buffer

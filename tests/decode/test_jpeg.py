@@ -78,7 +78,7 @@ def test_gray_output_only_from_gray_jpegs():
     pixels = _photo_like(64, 48, seed=5)
     assert decode_jpeg(_jpeg(pixels, "RGB"), "L") is None
     gray = decode_jpeg(_jpeg(pixels, "L"), "L")
-    assert gray is not None and gray.shape == (48, 64)
+    assert gray is not None and gray.shape == (48, 64, 1)
 
 
 def test_cmyk_and_non_jpeg_fall_back_to_pillow():
