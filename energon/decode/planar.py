@@ -24,6 +24,7 @@ _FLOAT_TABLE = np.divide(np.arange(256, dtype=np.uint8), _UINT8_MAX, dtype=np.fl
 _SOURCE = r"""
 #include <stdint.h>
 #include <stddef.h>
+#include <string.h>
 
 void planar_f32(const uint8_t *src, int64_t pixels, int64_t channels, const float *table,
                 float *dst) {
@@ -53,13 +54,13 @@ void planar_f32_slot(const uint8_t *src, int64_t h, int64_t w, int64_t channels,
             for (int64_t c = 0; c < channels; c++)
                 for (int64_t x = 0; x < w; x++) row[c * plane + x] = table[s[x * channels + c]];
         }
+        if (slot_w > w)
+            for (int64_t c = 0; c < channels; c++)
+                memset(row + c * plane + w, 0, (size_t)(slot_w - w) * sizeof(float));
+    }
+    if (slot_h > h)
         for (int64_t c = 0; c < channels; c++)
-            for (int64_t x = w; x < slot_w; x++) row[c * plane + x] = 0.0f;
-    }
-    for (int64_t c = 0; c < channels; c++) {
-        float *rest = dst + c * plane + h * slot_w;
-        for (int64_t i = 0; i < (slot_h - h) * slot_w; i++) rest[i] = 0.0f;
-    }
+            memset(dst + c * plane + h * slot_w, 0, (size_t)((slot_h - h) * slot_w) * sizeof(float));
 }
 
 void planar_u8(const uint8_t *src, int64_t pixels, int64_t channels, uint8_t *dst) {

@@ -113,8 +113,9 @@ class BufferPool:
             self._owned += size
             self._trim()
         # anonymous memory: pages become resident when written, so a size class larger than
-        # the request costs address space, not memory
-        return mmap.mmap(-1, size)
+        # the request costs address space, not memory. Private (mmap's default is shared): a
+        # forked worker must get its own copy of the free buffers, as with any heap memory.
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
     def _drop_outgrown(self, size: int, end: int) -> None:
         """Free buffers a little too small for a new request (within 1.5x) were made for the same

@@ -60,6 +60,7 @@ from bench_common import (  # noqa: E402
     mib,
     per_second,
     print_markdown_table,
+    process_tree,
 )
 from bench_raw import (  # noqa: E402
     JPEG_DECODE,
@@ -149,6 +150,7 @@ class LoaderResult:
     timed_samples: int = 0
     time_to_first_batch: float = float("nan")
     steady_samples_per_second: float = float("nan")
+    cpu_seconds: float = float("nan")  # main thread of the main process and of every worker
     peak_rss_main: int = 0
     peak_rss_total: int = 0
     peak_pss_total: int = 0
@@ -217,12 +219,14 @@ def run_loader(
             result.samples += count_batch_samples(next(iterator), workload.kind)
             result.batches += 1
         timed, batch = 0, None
+        cpu_before = tree_cpu_seconds()
         with Timer() as steady:
             for batch in iterator:
                 timed += count_batch_samples(batch, workload.kind)
                 result.batches += 1
                 if timed >= samples:
                     break
+        result.cpu_seconds = sum(tree_cpu_seconds(cpu_before).values())
         result.samples += timed
         result.timed_samples = timed
         result.steady_samples_per_second = per_second(timed, steady.seconds)
@@ -232,6 +236,21 @@ def run_loader(
     del batch, iterator, dataset
     gc.collect()
     return result
+
+
+def tree_cpu_seconds(since: dict[int, float] | None = None) -> dict[int, float]:
+    """On-CPU seconds of the main thread of this process and of each descendant (the loader's
+    workers), from /proc/PID/schedstat; minus ``since`` if given. Main threads only: the memory
+    probe's sampling thread is not the loader's work."""
+    out = {}
+    for pid in process_tree():
+        try:
+            with open(f"/proc/{pid}/schedstat") as file:
+                seconds = int(file.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+        out[pid] = seconds - (since or {}).get(pid, 0.0)
+    return out
 
 
 def disable_error_accounting() -> None:
@@ -339,6 +358,14 @@ class Round:
             return None
         return result.steady_samples_per_second / limit[1]
 
+    def cpu_ratio(self, result: LoaderResult) -> float | None:
+        """Loader samples per CPU-second over the fastest decoder's (same process count)."""
+        raws = self.limits.get(max(1, result.workers), {})
+        rates = [r.samples_per_cpu_second for r in raws.values() if r.cpu_seconds]
+        if not rates or result.error or not result.cpu_seconds:
+            return None
+        return per_second(result.timed_samples, result.cpu_seconds) / max(rates)
+
 
 REPORT_HEADERS = (
     "workload",
@@ -348,6 +375,7 @@ REPORT_HEADERS = (
     "loader samples/s (median; runs)",
     "limit samples/s (median)",
     "loader/limit (median; runs)",
+    "per CPU-second: loader/limit (median)",
     "peak RSS main MiB (max)",
     "peak PSS main+workers MiB (max)",
     "first batch / error",
@@ -370,6 +398,7 @@ def report_rows(rounds: Sequence[Round]) -> list[tuple[object, ...]]:
         good = [(r, round_) for r, round_ in zip(results, rounds) if not r.error]
         rates = [r.steady_samples_per_second for r, _ in good]
         ratios = [ratio for r, round_ in good if (ratio := round_.ratio(r)) is not None]
+        cpu_ratios = [c for r, round_ in good if (c := round_.cpu_ratio(r)) is not None]
         limits = [
             limit[1]
             for round_ in rounds
@@ -385,6 +414,7 @@ def report_rows(rounds: Sequence[Round]) -> list[tuple[object, ...]]:
                 f"{_median(rates):,.0f} ({_runs(rates)})" if rates else None,
                 _median(limits),
                 f"{_median(ratios):.2f} ({_runs(ratios, 2)})" if ratios else None,
+                _median(cpu_ratios),
                 mib(max(r.peak_rss_main for r, _ in good)) if good else None,
                 mib(max(r.peak_pss_total for r, _ in good)) if good else None,
                 "; ".join(errors) if errors else first.first_batch,
@@ -393,7 +423,14 @@ def report_rows(rounds: Sequence[Round]) -> list[tuple[object, ...]]:
     return rows
 
 
-LIMIT_HEADERS = ("workload", "measurement", "processes", "samples", "samples/s (median; runs)")
+LIMIT_HEADERS = (
+    "workload",
+    "measurement",
+    "processes",
+    "samples",
+    "samples/s (median; runs)",
+    "samples per CPU-second (median)",
+)
 
 
 def limit_rows(name: str, rounds: Sequence[Round]) -> list[tuple[object, ...]]:
@@ -407,6 +444,7 @@ def limit_rows(name: str, rounds: Sequence[Round]) -> list[tuple[object, ...]]:
             if measurement in r.limits.get(processes, {})
         ]
         rates = [raw.samples_per_second for raw in raws]
+        cpu_rates = [raw.samples_per_cpu_second for raw in raws if raw.cpu_seconds]
         rows.append(
             (
                 name,
@@ -414,6 +452,7 @@ def limit_rows(name: str, rounds: Sequence[Round]) -> list[tuple[object, ...]]:
                 processes,
                 raws[0].samples,
                 f"{_median(rates):,.0f} ({_runs(rates)})",
+                _median(cpu_rates),
             )
         )
     return rows

@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import sys
 import tarfile
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -76,12 +77,14 @@ class Tally:
     samples: int = 0
     payload_bytes: int = 0
     batches: int = 0
+    cpu_seconds: float = 0.0  # CPU time of the thread that did the work (decode measurements)
 
     def __add__(self, other: Tally) -> Tally:
         return Tally(
             self.samples + other.samples,
             self.payload_bytes + other.payload_bytes,
             self.batches + other.batches,
+            self.cpu_seconds + other.cpu_seconds,
         )
 
 
@@ -207,10 +210,12 @@ def decode_rgb_turbojpeg(payload: bytes) -> np.ndarray:
 
 def _decode_shard(task: ShardTask, decode: Callable[[bytes], np.ndarray]) -> Tally:
     tally = Tally()
+    started = time.thread_time()
     for payload in iter_payloads(task, "jpg"):
         decode(payload)
         tally.samples += 1
         tally.payload_bytes += len(payload)
+    tally.cpu_seconds = time.thread_time() - started
     return tally
 
 
@@ -246,10 +251,12 @@ def jpeg_batches_shard(task: ShardTask) -> Tally:
 
 def text_decode_shard(task: ShardTask) -> Tally:
     tally = Tally()
+    started = time.thread_time()
     for payload in iter_payloads(task, "txt"):
         payload.decode("utf-8")
         tally.samples += 1
         tally.payload_bytes += len(payload)
+    tally.cpu_seconds = time.thread_time() - started
     return tally
 
 
@@ -266,10 +273,16 @@ class RawResult:
     samples: int
     payload_bytes: int
     seconds: float
+    cpu_seconds: float = 0.0
 
     @property
     def samples_per_second(self) -> float:
         return per_second(self.samples, self.seconds)
+
+    @property
+    def samples_per_cpu_second(self) -> float:
+        """Samples per second of CPU time: what the rate would be on otherwise idle cores."""
+        return per_second(self.samples, self.cpu_seconds) if self.cpu_seconds else float("nan")
 
     @property
     def megabytes_per_second(self) -> float:
@@ -323,7 +336,13 @@ def measure(
 ) -> RawResult:
     tally, seconds = run_over_shards(measure_shard, tasks, processes)
     return RawResult(
-        workload.name, measurement, processes, tally.samples, tally.payload_bytes, seconds
+        workload.name,
+        measurement,
+        processes,
+        tally.samples,
+        tally.payload_bytes,
+        seconds,
+        tally.cpu_seconds,
     )
 
 
