@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from energon.decode.sample_decoder import SampleDecoder
 from energon.errors import (
     ErrorBudget,
     ErrorPolicy,
@@ -304,14 +305,17 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
 def _only_library_batching_sees_samples(spec: PipelineSpec, cooks: list[Any]) -> bool:
     """Whether loaded samples go unchanged into the library's own batching and nowhere else:
     then float images may stay uint8 until their batch is made (energon.decode.pending). Any
-    hook of the user's between loading and batching (cooking, encoding, packing, grouping, a
-    ``batch`` or a batch type's ``from_samples`` of their own) keeps the ordinary decode."""
+    code of the user's between decoding and batching (a decoder subclass, a ``sample_loader``,
+    joiner or sample type of their own, cooking, encoding, packing, grouping, a ``batch`` or a
+    batch type's ``from_samples``) keeps the ordinary decode."""
     te = spec.task_encoder
     library_encode = (TaskEncoder.encode_sample, DefaultTaskEncoder.encode_sample)
     library_batch = (TaskEncoder.batch, DefaultTaskEncoder.batch)
     raw_batch_type = getattr(te, "raw_batch_type", None)
     return (
         spec.batch_size is not None
+        and type(spec.decoder) is SampleDecoder
+        and all(_built_by_library(source) for source in spec.sources)
         and not spec.packing_buffer_size
         and all(cook is None for cook in cooks)
         and getattr(type(te), "encode_sample", None) in library_encode
@@ -324,6 +328,17 @@ def _only_library_batching_sees_samples(spec: PipelineSpec, cooks: list[Any]) ->
             or getattr(raw_batch_type, "from_samples", None) is None
             or raw_batch_type.from_samples.__func__ is Batch.from_samples.__func__
         )
+    )
+
+
+def _built_by_library(source: Source) -> bool:
+    """Samples made by a field map into one of energon's sample types (no user code runs)."""
+    builder = getattr(source.leaf, "builder", None)
+    sample_type = getattr(builder, "sample_type", None)
+    return (
+        getattr(builder, "kind", None) == "field_map"
+        and sample_type is not None
+        and sample_type.__module__.startswith("energon.samples.")
     )
 
 

@@ -12,6 +12,7 @@ import torch
 from energon import DefaultTaskEncoder, WorkerConfig, get_loader, get_train_dataset
 from energon.decode.pending import PendingImage, materialize_pending
 from energon.samples.collate import batch_pad_stack
+from tests.helpers.datasets import make_captioning_dataset
 
 pytest.importorskip("simplejpeg")
 
@@ -124,3 +125,22 @@ def test_pending_pixels_stay_valid_until_batched(monkeypatch):
     for a, b in zip(pending, again):
         assert a.pixels.ctypes.data != b.pixels.ctypes.data
         assert np.array_equal(a.pixels, b.pixels)
+
+
+def test_a_sample_loader_sees_float_tensors(tmp_path):
+    root = make_captioning_dataset(tmp_path / "ds", num_samples=12, num_shards=1)
+    (root / ".nv-meta" / "sample_loader.py").write_text(
+        "import torch\n"
+        "def sample_loader(raw):\n"
+        "    assert isinstance(raw['jpg'], torch.Tensor), type(raw['jpg'])\n"
+        "    return dict(image=raw['jpg'], caption=raw['txt'])\n"
+        "def part_filter(part):\n"
+        "    return part in ('jpg', 'txt')\n"
+    )
+    (root / ".nv-meta" / "dataset.yaml").write_text(
+        "sample_type: {__module__: megatron.energon, __class__: CaptioningSample}\n"
+        "sample_loader: sample_loader.py:sample_loader\n"
+        "part_filter: sample_loader.py:part_filter\n"
+    )
+    batches = _batches(root, 0, 3)
+    assert len(batches) == 3 and all(image.dtype == torch.float32 for _, image in batches)

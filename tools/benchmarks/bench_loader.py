@@ -186,12 +186,38 @@ def check_first_batch(batch: Any, kind: str) -> None:
         )
 
 
+class BatchReader:
+    """``--consume read``: read every byte of each batch's tensors once, as a training step's copy
+    to the accelerator does (into a reused buffer, like a pinned staging buffer)."""
+
+    def __init__(self) -> None:
+        self._buffer = None
+
+    def __call__(self, batch: Any) -> None:
+        import torch
+
+        tensor = batch.image if hasattr(batch, "image") else None
+        if not isinstance(tensor, torch.Tensor):
+            return
+        flat = tensor.reshape(-1)
+        if self._buffer is None or self._buffer.numel() < flat.numel():
+            self._buffer = torch.empty(flat.numel(), dtype=flat.dtype)
+        self._buffer[: flat.numel()].copy_(flat)
+
+
 def run_loader(
-    workload: Workload, workers: int, samples: int, warmup: int = WARMUP_SAMPLES
+    workload: Workload,
+    workers: int,
+    samples: int,
+    warmup: int = WARMUP_SAMPLES,
+    consume: str = "none",
 ) -> LoaderResult:
     """Iterate the loader like a training loop: ``warmup`` samples untimed, then ``samples``
-    samples timed (in this process). Memory peaks cover the whole run, warm-up included."""
+    samples timed (in this process). Memory peaks cover the whole run, warm-up included. With
+    ``consume="read"`` every batch's image tensor is also read once (see :class:`BatchReader`)."""
     import torch
+
+    use = BatchReader() if consume == "read" else (lambda batch: None)
 
     from energon import WorkerConfig, get_loader, get_train_dataset
 
@@ -214,14 +240,19 @@ def run_loader(
         result.first_batch = describe_batch(first, workload.kind)
         result.samples = count_batch_samples(first, workload.kind)
         result.batches = 1
+        use(first)
+        batch = first
         del first
         while result.samples < warmup:
-            result.samples += count_batch_samples(next(iterator), workload.kind)
+            batch = next(iterator)
+            use(batch)
+            result.samples += count_batch_samples(batch, workload.kind)
             result.batches += 1
-        timed, batch = 0, None
+        timed = 0
         cpu_before = tree_cpu_seconds()
         with Timer() as steady:
             for batch in iterator:
+                use(batch)
                 timed += count_batch_samples(batch, workload.kind)
                 result.batches += 1
                 if timed >= samples:
@@ -263,10 +294,12 @@ def disable_error_accounting() -> None:
     ErrorReport.observe = lambda self, *args: None
 
 
-def run_loader_safely(workload: Workload, workers: int, samples: int) -> LoaderResult:
+def run_loader_safely(
+    workload: Workload, workers: int, samples: int, consume: str = "none"
+) -> LoaderResult:
     """Like :func:`run_loader`, but an exception becomes the result's ``error``."""
     try:
-        return run_loader(workload, workers, samples)
+        return run_loader(workload, workers, samples, consume=consume)
     except Exception as error:  # one broken configuration must not end the run
         traceback.print_exc()
         return LoaderResult(workload.name, workers, error=f"{type(error).__name__}: {error}")
@@ -280,6 +313,7 @@ def run_loader_in_subprocess(
     timeout: float,
     torch_threads: int | None = None,
     error_accounting: bool = True,
+    consume: str = "none",
 ) -> LoaderResult:
     """Run one configuration in a fresh interpreter; it reports back one JSON line on stdout."""
     command = [
@@ -299,6 +333,8 @@ def run_loader_in_subprocess(
         command += ["--torch-threads", str(torch_threads)]
     if not error_accounting:
         command.append("--no-error-accounting")
+    if consume != "none":
+        command += ["--consume", consume]
     try:
         completed = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False
@@ -477,6 +513,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--batches", type=int, default=None, help="timed batches per run (instead of --samples)"
     )
+    parser.add_argument(
+        "--consume",
+        default="none",
+        choices=["none", "read"],
+        help="what the loop does with a batch: nothing (the issue's harness), or read its image "
+        "tensor once as a copy to the accelerator would",
+    )
     parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="rounds (median reported)")
     parser.add_argument("--root", default=DEFAULT_ROOT, help="workload cache directory")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
@@ -516,7 +559,9 @@ def run_one(args: argparse.Namespace) -> None:
     workload = ensure_workload(args.workload, args.root, progress=False)
     if args.no_error_accounting:
         disable_error_accounting()
-    result = run_loader_safely(workload, int(args.workers), timed_samples(args, workload.kind))
+    result = run_loader_safely(
+        workload, int(args.workers), timed_samples(args, workload.kind), args.consume
+    )
     # A fresh process's own high-water mark is exact, and catches peaks the probe samples miss.
     own_max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if not result.error and own_max_rss > result.peak_rss_main:
@@ -534,11 +579,17 @@ def benchmark_round(
     for workers in worker_counts:
         print(f"# {workload.name}: {workers} workers, {samples} samples ...", flush=True)
         if args.in_process:
-            results.append(run_loader_safely(workload, workers, samples))
+            results.append(run_loader_safely(workload, workers, samples, args.consume))
         else:
             results.append(
                 run_loader_in_subprocess(
-                    workload, workers, samples, args.root, args.timeout, args.torch_threads
+                    workload,
+                    workers,
+                    samples,
+                    args.root,
+                    args.timeout,
+                    args.torch_threads,
+                    consume=args.consume,
                 )
             )
         print(f"#   {results[-1].steady_samples_per_second:,.0f} samples/s {results[-1].error}")
