@@ -118,20 +118,21 @@ def ensure_dataset_yaml(workload: Workload) -> bool:
     return True
 
 
-def prepare_workload(workload: Workload) -> float:
-    """Run the loader's prepare step (index + split) on the workload; returns seconds taken.
-
-    Always re-run: it is cheap next to the benchmark and guards against metadata left by an
-    older version of the prepare code.
-    """
+def prepare_workload(workload: Workload, force: bool = False) -> float:
+    """Run the loader's prepare step (index + split) on the workload unless it has an index
+    (``force``: always; guards against metadata left by an older version of the prepare code).
+    Returns seconds taken. Not by default because the benchmark data may be shared: re-preparing
+    rewrites the index under other readers, and fails if something else was put in the folder."""
     from energon.format.prepare import prepare_dataset
 
+    index = os.path.join(workload.path, ".nv-meta", "index.sqlite")
     with Timer() as timer:
-        prepare_dataset(
-            workload.path,
-            split_parts_ratio=[("train", 1.0), ("val", 0), ("test", 0)],
-            progress=False,
-        )
+        if force or not os.path.exists(index):
+            prepare_dataset(
+                workload.path,
+                split_parts_ratio=[("train", 1.0), ("val", 0), ("test", 0)],
+                progress=False,
+            )
     ensure_dataset_yaml(workload)
     return timer.seconds
 
@@ -520,6 +521,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="what the loop does with a batch: nothing (the issue's harness), or read its image "
         "tensor once as a copy to the accelerator would",
     )
+    parser.add_argument(
+        "--prepare", action="store_true", help="prepare the workload even if it has an index"
+    )
     parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="rounds (median reported)")
     parser.add_argument("--root", default=DEFAULT_ROOT, help="workload cache directory")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
@@ -607,7 +611,7 @@ def benchmark_workload(
     """All rounds of one workload; returns the loader rows and the raw-limit rows."""
     workload = ensure_workload(name, args.root)
     try:
-        prepare_seconds = prepare_workload(workload)
+        prepare_seconds = prepare_workload(workload, args.prepare)
         print(f"# {name}: prepared in {prepare_seconds:.2f} s", flush=True)
     except Exception as error:  # reported in the table like any other failure
         traceback.print_exc()
@@ -638,7 +642,7 @@ def compare_error_accounting(
 ) -> list[tuple[object, ...]]:
     """Median throughput with and without error accounting, runs alternating (noise hits both)."""
     workload = ensure_workload(name, args.root)
-    prepare_workload(workload)
+    prepare_workload(workload, args.prepare)
     warm_page_cache(workload)
     samples = timed_samples(args, workload.kind)
     rows = []
