@@ -6,11 +6,18 @@ byte string (a fast C loop) and numpy divides that plane by 255 straight into it
 preallocated output. That yields a contiguous CHW tensor, like the reference, and is faster than
 the interleaved HWC conversion followed by a permute (see ``docs/samples.md`` for measurements). Images are always decoded
 at full size (no ``draft``/``reduce``).
+
+JPEGs that simplejpeg decodes exactly as Pillow does (the optional extra ``fast``, see
+:mod:`energon.decode.jpeg`) skip Pillow: the interleaved pixels go to their planes in one pass
+(:mod:`energon.decode.planar`) straight into the pooled output.
 """
 
 from __future__ import annotations
 
 import io
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +25,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from energon.decode.jpeg import decode_jpeg
+from energon.decode.pending import PendingImage
+from energon.decode.planar import to_planar
 from energon.memory.buffer_pool import pooled_empty
 
 __all__ = ["IMAGE_EXTENSIONS", "IMAGE_MODES", "ImageMode", "decode_image"]
@@ -62,6 +72,9 @@ IMAGE_MODES: dict[str, ImageMode] = {
     "pilrgb": ImageMode("pil", None, "RGB"),
     "pilrgba": ImageMode("pil", None, "RGBA"),
 }
+
+
+_FLOAT_RGB = IMAGE_MODES["torchrgb"]
 
 
 def open_image(data: bytes | memoryview, pil_mode: str) -> Image.Image:
@@ -115,8 +128,55 @@ def _interleaved(image: Image.Image, value_type: str) -> np.ndarray:
     return out
 
 
+class _Deferral(threading.local):
+    active = False
+
+
+_deferral = _Deferral()
+
+
+@contextmanager
+def float_images_deferred() -> Iterator[None]:
+    """Within this block (on this thread), float RGB torch images that the fast JPEG path decodes
+    come back as :class:`~energon.decode.pending.PendingImage` for the batch to convert. Only the
+    pipeline's load stage uses it, where the library's own batching is all that sees samples."""
+    previous = _deferral.active
+    _deferral.active = True
+    try:
+        yield
+    finally:
+        _deferral.active = previous
+
+
+def _pooled_pixels(shape: tuple[int, ...]) -> np.ndarray:
+    return pooled_empty(shape, np.uint8)
+
+
+def _from_pixels(pixels: np.ndarray, mode: ImageMode) -> Any:
+    """The value of ``mode`` from decoded interleaved uint8 pixels ((H, W, 3) or (H, W))."""
+    if mode.container == "numpy":
+        if mode.pil_mode == "L":
+            pixels = pixels[:, :, 0]
+        if mode.value_type == "uint8":
+            return pixels
+        out = np.empty(pixels.shape, dtype=np.float32)
+        np.divide(pixels, _UINT8_MAX, out=out)
+        return out
+    dtype = np.float32 if mode.value_type == "float" else np.uint8
+    height, width, channels = pixels.shape
+    tensor = torch.from_numpy(to_planar(pixels, pooled_empty((channels, height, width), dtype)))
+    return tensor if mode.pil_mode != "L" else tensor[0]  # a torch view keeps the pooled array
+
+
 def decode_image(data: bytes | memoryview, mode: ImageMode) -> Any:
     """Decode one encoded image into the container, value type and colour mode of ``mode``."""
+    if mode.container != "pil":
+        deferred = _deferral.active and mode == _FLOAT_RGB
+        pixels = decode_jpeg(
+            data, mode.pil_mode, _pooled_pixels if mode.container == "torch" else None
+        )
+        if pixels is not None:
+            return PendingImage(pixels) if deferred else _from_pixels(pixels, mode)
     image = open_image(data, mode.pil_mode)
     if mode.container == "pil":
         # a plain Image, as the reference's convert() gives (not the file's PngImageFile, ...)
@@ -124,4 +184,6 @@ def decode_image(data: bytes | memoryview, mode: ImageMode) -> Any:
     if mode.container == "numpy":
         return _interleaved(image, mode.value_type or "uint8")
     dtype = np.float32 if mode.value_type == "float" else np.uint8
-    return torch.from_numpy(_planar(image, dtype, keep_channel_dim=mode.pil_mode != "L"))
+    # (C, H, W) first: a torch view keeps a pooled array alive, a numpy view (out[0]) would not
+    tensor = torch.from_numpy(_planar(image, dtype, keep_channel_dim=True))
+    return tensor if mode.pil_mode != "L" else tensor[0]

@@ -130,19 +130,29 @@ class BatchArena:
         return torch.from_numpy(view)
 
     def _claim(self, nbytes: int) -> _Block | None:
+        """The smallest free block that fits; else a new one that replaces a free block too small
+        (so the worker's blocks stay as many as its batches in flight), else one in an empty slot.
+        Capacity beyond what batches wrote is never touched, so it costs no memory."""
         base = self.worker * BLOCKS_PER_WORKER
-        free_slot = None
-        for i in range(BLOCKS_PER_WORKER):
-            if self.flags[base + i]:
+        fitting: _Block | None = None
+        too_small = empty = None
+        for index in range(base, base + BLOCKS_PER_WORKER):
+            if self.flags[index]:
                 continue
-            block = self._blocks.get(base + i)
-            if block is not None and block.capacity >= nbytes:
-                return self._mark_used(block)
-            if free_slot is None:
-                free_slot = base + i
-        if free_slot is None:
+            block = self._blocks.get(index)
+            if block is None:
+                empty = index if empty is None else empty
+            elif block.capacity >= nbytes:
+                if fitting is None or block.capacity < fitting.capacity:
+                    fitting = block
+            elif too_small is None:
+                too_small = index
+        if fitting is not None:
+            return self._mark_used(fitting)
+        slot = too_small if too_small is not None else empty
+        if slot is None:
             return None
-        return self._mark_used(self._new_block(free_slot, nbytes))
+        return self._mark_used(self._new_block(slot, nbytes))
 
     def _mark_used(self, block: _Block) -> _Block:
         self.flags[block.index] = 1

@@ -16,6 +16,8 @@ from typing import Any
 
 from energon import debug_log
 from energon import state_fields as fields
+from energon.decode.image import float_images_deferred
+from energon.decode.pending import materialize_pending
 from energon.decode.sample_decoder import SampleDecoder
 from energon.errors import ErrorPolicy, SampleException, SkipSample, StateError
 from energon.observe import probe as _probe
@@ -51,6 +53,7 @@ class LoadStage(Stage):
         policy: ErrorPolicy,
         cooks: list[Hook | None] | None = None,
         epoch_of: Callable[[int], tuple[int, int]] | None = None,
+        defer_images: bool = False,
     ) -> None:
         self.upstream = upstream
         self.leaves = leaves
@@ -58,6 +61,9 @@ class LoadStage(Stage):
         self.policy = policy
         self.cooks = cooks or [None] * len(leaves)
         self.epoch_of = epoch_of  # source -> its reader's (epoch, position) (debug logs only)
+        # float images may stay uint8 until batched (energon.decode.pending): only when the
+        # library's batch stage is all that sees the samples
+        self.defer_images = defer_images
         self._loaded = 0  # debug logs only
 
     def next(self) -> Item:
@@ -75,7 +81,11 @@ class LoadStage(Stage):
             if _probe.TIMING:
                 _probe.ACTIVE.switched(previous)
             try:
-                sample = self._load(key, source, index)
+                if self.defer_images:
+                    with float_images_deferred():
+                        sample = self._load(key, source, index)
+                else:
+                    sample = self._load(key, source, index)
             except SampleException as e:
                 _probe.back(previous, READ)
                 self.policy.failed(e, keys=(key,))
@@ -379,6 +389,7 @@ class BatchStage(Stage):
         drop_last: bool = False,
         stream: int = 0,
         num_streams: int = 1,
+        deferred_images: bool = False,
     ) -> None:
         self.upstream = upstream
         self.sizes = sizes
@@ -387,6 +398,8 @@ class BatchStage(Stage):
         self.drop_last = drop_last
         self.stream = stream
         self.num_streams = num_streams
+        # the samples may hold PendingImages: none may leave this stage (energon.decode.pending)
+        self.deferred_images = deferred_images
         self._batches = 0
 
     def next(self) -> Item:
@@ -409,7 +422,11 @@ class BatchStage(Stage):
             self._batches += 1
             try:
                 batch = call_hook(self.batcher, hook_index, values, stage=BATCH)
+                if self.deferred_images:
+                    batch = materialize_pending(batch)
             except Exception as e:
+                if self.deferred_images:
+                    values = materialize_pending(values)
                 self.policy.failed(e, values, keys=keys)
                 continue
             self.policy.succeeded()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from energon.decode.sample_decoder import SampleDecoder
 from energon.errors import (
     ErrorBudget,
     ErrorPolicy,
@@ -41,6 +42,7 @@ from energon.pipeline.stages import (
     PackStage,
 )
 from energon.plan.reader import ReadObserver
+from energon.samples.batch import Batch
 from energon.source.file_store import (
     DecodeFileStore,
     FileStore,
@@ -227,6 +229,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         )
 
     cooks = [cook_function(spec, source) for source in spec.sources]
+    defer_images = _only_library_batching_sees_samples(spec, cooks)
     stages.append(
         LoadStage(
             stages[-1],
@@ -235,6 +238,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             policy("load_sample"),
             cooks,
             epoch_of=stages[0].epoch_of,
+            defer_images=defer_images,
         )
     )
     if te.is_active("preencode_sample"):
@@ -288,6 +292,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 drop_last=spec.batch_drop_last,
                 stream=stream_id,
                 num_streams=spec.num_streams,
+                deferred_images=defer_images,
             )
         )
     if (spec.batch_size is not None or te.is_active("batch_group_criterion")) and te.is_active(
@@ -295,6 +300,46 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     ):
         hook_stage("encode_batch")
     return Stream(stream_id, spec, stages, account)
+
+
+def _only_library_batching_sees_samples(spec: PipelineSpec, cooks: list[Any]) -> bool:
+    """Whether loaded samples go unchanged into the library's own batching and nowhere else:
+    then float images may stay uint8 until their batch is made (energon.decode.pending). Any
+    code of the user's between decoding and batching (a decoder subclass, a ``sample_loader``,
+    joiner or sample type of their own, cooking, encoding, packing, grouping, a ``batch`` or a
+    batch type's ``from_samples``) keeps the ordinary decode."""
+    te = spec.task_encoder
+    library_encode = (TaskEncoder.encode_sample, DefaultTaskEncoder.encode_sample)
+    library_batch = (TaskEncoder.batch, DefaultTaskEncoder.batch)
+    raw_batch_type = getattr(te, "raw_batch_type", None)
+    return (
+        spec.batch_size is not None
+        and type(spec.decoder) is SampleDecoder
+        and all(_built_by_library(source) for source in spec.sources)
+        and not spec.packing_buffer_size
+        and all(cook is None for cook in cooks)
+        and getattr(type(te), "encode_sample", None) in library_encode
+        and getattr(type(te), "batch", None) in library_batch
+        and not te.is_active("preencode_sample")
+        and not te.is_active("postencode_sample")
+        and not te.is_active("batch_group_criterion")
+        and (
+            raw_batch_type is None
+            or getattr(raw_batch_type, "from_samples", None) is None
+            or raw_batch_type.from_samples.__func__ is Batch.from_samples.__func__
+        )
+    )
+
+
+def _built_by_library(source: Source) -> bool:
+    """Samples made by a field map into one of energon's sample types (no user code runs)."""
+    builder = getattr(source.leaf, "builder", None)
+    sample_type = getattr(builder, "sample_type", None)
+    return (
+        getattr(builder, "kind", None) == "field_map"
+        and sample_type is not None
+        and sample_type.__module__.startswith("energon.samples.")
+    )
 
 
 def _user_defined(te: TaskEncoder, hook: str) -> bool:

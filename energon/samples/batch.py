@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from energon.decode.pending import PendingImage
 from energon.samples import padding
 from energon.samples.base import (
     BASE_SAMPLE_FIELDS,
@@ -102,6 +103,6 @@ def _collate_column(name: str, column: list[Any]) -> Any:
         return tuple(info for sources in column for info in (sources or ()))
     if name == "__subflavors__":
         return column if any(column) else None
-    if column and all(isinstance(v, torch.Tensor) for v in column):
+    if column and all(isinstance(v, (torch.Tensor, PendingImage)) for v in column):
         return batch_pad_stack(column)
     return column

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from energon.decode.pending import PendingImage
 from energon.memory.batch_arena import active_arena
 from energon.memory.buffer_pool import buffer_pool, numpy_dtype
 
@@ -98,6 +99,8 @@ def batch_pad_stack(batch: Sequence[torch.Tensor]) -> torch.Tensor:
     tensors = list(batch)
     if not tensors:
         raise ValueError("batch_pad_stack() needs at least one tensor")
+    if any(isinstance(t, PendingImage) for t in tensors):
+        return _pad_stack_pending(tensors)
     first = tensors[0]
     max_shape = _max_shape(tensors)
     out = _new_batch_tensor(first, (len(tensors), *max_shape))
@@ -116,6 +119,29 @@ def batch_pad_stack(batch: Sequence[torch.Tensor]) -> torch.Tensor:
         slot[tuple(slice(0, size) for size in t.shape)].copy_(t)
         if not same_shape:
             _zero_padding(slot, t.shape)
+    return out
+
+
+def _pad_stack_pending(images: list[Any]) -> torch.Tensor:
+    """``batch_pad_stack`` of float images some of which are :class:`PendingImage`: each pending
+    one is converted from uint8 straight into its padded slot (padding zeroed in the same pass),
+    the others are copied as usual."""
+    if any(not isinstance(t, PendingImage) and t.dtype != torch.float32 for t in images):
+        images = [t.materialize() if isinstance(t, PendingImage) else t for t in images]
+        return batch_pad_stack(images)
+    shapes = [tuple(image.shape) for image in images]
+    if any(len(shape) != 3 for shape in shapes):
+        raise ValueError(f"Cannot batch tensors of different ranks: shapes {shapes}")
+    max_shape = [max(sizes) for sizes in zip(*shapes)]
+    out = _new_batch_tensor(torch.empty(0, dtype=torch.float32), (len(images), *max_shape))
+    out_array = out.numpy()
+    for slot, image in zip(out_array, images):
+        if isinstance(image, PendingImage):
+            image.write_padded(slot)
+            continue
+        array = image.numpy()
+        slot[tuple(slice(0, size) for size in array.shape)] = array
+        _zero_padding(slot, array.shape)
     return out
 
 
@@ -191,7 +217,7 @@ def generic_batch(batch: Sequence[Any]) -> Any:
     if not batch:
         return []
     first = batch[0]
-    if isinstance(first, torch.Tensor):
+    if isinstance(first, (torch.Tensor, PendingImage)):
         return batch_pad_stack(batch)
     if _is_dataclass_instance(first) and hasattr(first, "from_samples"):
         return type(first).from_samples(list(batch))

@@ -63,3 +63,38 @@ def test_pool_reuses_freed_buffers_and_respects_its_bound():
     gc.collect()
     d = pool.empty((1 << 20,), np.uint8)
     assert d.ctypes.data != held.data_ptr(), "a buffer still viewed by a tensor is not handed out"
+
+
+def test_pool_holds_at_most_one_and_a_half_times_its_peak_use():
+    """Batches of slightly varying shape, up to three alive at a time: the pool keeps about what
+    that needs, not its byte cap."""
+    pool = BufferPool(max_bytes=1 << 30)
+    rng = np.random.default_rng(0)
+    held = []
+    for _ in range(200):
+        size = int(rng.integers(14 << 20, 16 << 20))  # 14-16 MiB "batches"
+        held.append(pool.empty((size,), np.uint8))
+        if len(held) > 2:
+            held.pop(0)
+        gc.collect()
+        assert pool.owned_bytes <= 1.5 * pool.peak_live_bytes
+    assert pool.peak_live_bytes <= 3 * (16 << 20)  # three buffers of the largest size class
+    assert pool.owned_bytes <= 4 * (16 << 20)
+
+
+def test_pool_buffers_are_private_to_a_forked_worker():
+    """A worker forked while the parent holds pooled memory gets a copy, as with heap memory."""
+    import multiprocessing
+
+    pool = BufferPool(max_bytes=64 << 20)
+    array = pool.empty((1 << 20,), np.uint8)
+    array[:] = 1
+
+    def overwrite() -> None:
+        array[:] = 2
+
+    child = multiprocessing.get_context("fork").Process(target=overwrite)
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert (array == 1).all()

@@ -30,7 +30,12 @@ from bench_common import (  # noqa: E402
     machine_summary,
     print_markdown_table,
 )
-from bench_loader import DEFAULT_BATCHES, ensure_dataset_yaml, run_loader  # noqa: E402
+from bench_loader import (  # noqa: E402
+    BATCH_SIZE,
+    DEFAULT_BATCHES,
+    ensure_dataset_yaml,
+    run_loader,
+)
 from bench_raw import warm_page_cache  # noqa: E402
 
 from energon.format.layout import CHECKSUMS_FOLDER_NAME, MAIN_FOLDER_NAME  # noqa: E402
@@ -64,7 +69,7 @@ def measure(name: str, workers: int, repeats: int, batches: int | None, root: st
     checked = ensure_workload(name, root)
     plain = prepare_both(checked)
     warm_page_cache(checked)
-    count = batches or DEFAULT_BATCHES[checked.kind]
+    count = (batches or DEFAULT_BATCHES[checked.kind]) * BATCH_SIZE  # timed samples
     with_sums, without, ratios = [], [], []
     for i in range(repeats):
         print(f"# {name}: {workers} workers, repeat {i + 1}/{repeats}", flush=True)

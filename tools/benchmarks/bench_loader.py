@@ -7,13 +7,20 @@ every worker count runs the public API the way a training script does::
                            max_samples_per_sequence=100, worker_config=WorkerConfig(...))
     for batch in get_loader(ds): ...
 
-and the result is printed next to the raw limit measured in the same run on the same bytes by
-``bench_raw`` (decode + float + pad-stack for captioning, read + UTF-8 decode for text, with as
-many processes as the loader has workers).
+with the default image decoding (float32 ``torchrgb``). Each run is a fresh process: the first
+320 samples are a warm-up (worker start, first buffers), then 4,000 captioning / 60,000 text
+samples are timed. The peak RSS of the main process and the peak PSS of main + workers are taken
+over the whole run. ``--runs`` rounds are measured (default 3) and medians reported.
 
-By default every configuration runs in a fresh subprocess: peak memory is then that of the
-configuration alone, and a crash or hang (timeout) in one configuration still leaves a table.
-``--in-process`` runs them in this process instead, which gives full tracebacks for debugging.
+In every round the raw limits are measured right after the loaders, on the same bytes (the
+samples the loader reads, in shard order), by ``bench_raw``: for captioning the decode-only rate
+of every JPEG decoder installed (Pillow, simplejpeg, PyTurboJPEG where its system library exists),
+with 1 process (for 0 workers) and 2 processes (for 2 workers); the limit is the fastest. For
+text, tar read + UTF-8 decode. The loader / limit ratio is computed per round (the machine's load
+moves both) and its median reported.
+
+``--in-process`` runs the loaders in this process instead (full tracebacks for debugging; memory
+numbers are then not those of a configuration alone).
 
 ``--compare-error-accounting N`` instead measures what counting skipped samples costs
 (docs/errors.md): each configuration runs N times with the error accounting and N times without it
@@ -21,7 +28,7 @@ configuration alone, and a crash or hang (timeout) in one configuration still le
 subprocess, and the medians are printed side by side with their ratio.
 
 Usage: python tools/benchmarks/bench_loader.py [--workload captioning|text|all] [--workers 0,2]
-                                    [--batches N] [--root bench_data]
+                                    [--runs 3] [--samples N] [--root bench_data]
                                     [--compare-error-accounting N]
 """
 
@@ -53,11 +60,14 @@ from bench_common import (  # noqa: E402
     mib,
     per_second,
     print_markdown_table,
+    process_tree,
 )
 from bench_raw import (  # noqa: E402
     JPEG_DECODE,
+    SIMPLEJPEG_DECODE,
+    TEXT_DECODE,
+    TURBOJPEG_DECODE,
     RawResult,
-    loader_equivalent_measurement,
     measure_captioning,
     measure_text,
     warm_page_cache,
@@ -66,7 +76,11 @@ from bench_raw import (  # noqa: E402
 BATCH_SIZE = 32
 SHUFFLE_BUFFER_SIZE = 100
 MAX_SAMPLES_PER_SEQUENCE = 100
-DEFAULT_BATCHES = {"captioning": 200, "text": 2000}
+WARMUP_SAMPLES = 320
+DEFAULT_SAMPLES = {"captioning": 4000, "text": 60000}
+DEFAULT_RUNS = 3
+DEFAULT_BATCHES = {"captioning": 200, "text": 2000}  # run length of bench_checksums
+DECODERS = (JPEG_DECODE, SIMPLEJPEG_DECODE, TURBOJPEG_DECODE)
 RESULT_PREFIX = "BENCH_LOADER_RESULT "
 
 # Written only when the dataset has no dataset.yaml yet (the prepare wizard's usual output).
@@ -105,20 +119,21 @@ def ensure_dataset_yaml(workload: Workload) -> bool:
     return True
 
 
-def prepare_workload(workload: Workload) -> float:
-    """Run the loader's prepare step (index + split) on the workload; returns seconds taken.
-
-    Always re-run: it is cheap next to the benchmark and guards against metadata left by an
-    older version of the prepare code.
-    """
+def prepare_workload(workload: Workload, force: bool = False) -> float:
+    """Run the loader's prepare step (index + split) on the workload unless it has an index
+    (``force``: always; guards against metadata left by an older version of the prepare code).
+    Returns seconds taken. Not by default because the benchmark data may be shared: re-preparing
+    rewrites the index under other readers, and fails if something else was put in the folder."""
     from energon.format.prepare import prepare_dataset
 
+    index = os.path.join(workload.path, ".nv-meta", "index.sqlite")
     with Timer() as timer:
-        prepare_dataset(
-            workload.path,
-            split_parts_ratio=[("train", 1.0), ("val", 0), ("test", 0)],
-            progress=False,
-        )
+        if force or not os.path.exists(index):
+            prepare_dataset(
+                workload.path,
+                split_parts_ratio=[("train", 1.0), ("val", 0), ("test", 0)],
+                progress=False,
+            )
     ensure_dataset_yaml(workload)
     return timer.seconds
 
@@ -134,8 +149,10 @@ class LoaderResult:
     workers: int
     batches: int = 0
     samples: int = 0
+    timed_samples: int = 0
     time_to_first_batch: float = float("nan")
     steady_samples_per_second: float = float("nan")
+    cpu_seconds: float = float("nan")  # main thread of the main process and of every worker
     peak_rss_main: int = 0
     peak_rss_total: int = 0
     peak_pss_total: int = 0
@@ -171,15 +188,44 @@ def check_first_batch(batch: Any, kind: str) -> None:
         )
 
 
-def run_loader(workload: Workload, workers: int, batches: int) -> LoaderResult:
-    """Iterate the loader for ``batches`` batches and measure it (in this process)."""
+class BatchReader:
+    """``--consume read``: read every byte of each batch's tensors once, as a training step's copy
+    to the accelerator does (into a reused buffer, like a pinned staging buffer)."""
+
+    def __init__(self) -> None:
+        self._buffer = None
+
+    def __call__(self, batch: Any) -> None:
+        import torch
+
+        tensor = batch.image if hasattr(batch, "image") else None
+        if not isinstance(tensor, torch.Tensor):
+            return
+        flat = tensor.reshape(-1)
+        if self._buffer is None or self._buffer.numel() < flat.numel():
+            self._buffer = torch.empty(flat.numel(), dtype=flat.dtype)
+        self._buffer[: flat.numel()].copy_(flat)
+
+
+def run_loader(
+    workload: Workload,
+    workers: int,
+    samples: int,
+    warmup: int = WARMUP_SAMPLES,
+    consume: str = "none",
+) -> LoaderResult:
+    """Iterate the loader like a training loop: ``warmup`` samples untimed, then ``samples``
+    samples timed (in this process). Memory peaks cover the whole run, warm-up included. With
+    ``consume="read"`` every batch's image tensor is also read once (see :class:`BatchReader`)."""
     import torch
+
+    use = BatchReader() if consume == "read" else (lambda batch: None)
 
     from energon import WorkerConfig, get_loader, get_train_dataset
 
     result = LoaderResult(workload.name, workers, torch_threads=torch.get_num_threads())
     gc.collect()
-    with PeakMemoryProbe() as probe:
+    with PeakMemoryProbe(pss_interval_seconds=0.5) as probe:
         with Timer() as since_start:
             worker_config = WorkerConfig(rank=0, world_size=1, num_workers=workers)
             dataset = get_train_dataset(
@@ -196,21 +242,48 @@ def run_loader(workload: Workload, workers: int, batches: int) -> LoaderResult:
         result.first_batch = describe_batch(first, workload.kind)
         result.samples = count_batch_samples(first, workload.kind)
         result.batches = 1
-        steady_samples = 0
+        use(first)
+        batch = first
+        del first
+        while result.samples < warmup:
+            batch = next(iterator)
+            use(batch)
+            result.samples += count_batch_samples(batch, workload.kind)
+            result.batches += 1
+        timed = 0
+        cpu_before = tree_cpu_seconds()
         with Timer() as steady:
             for batch in iterator:
-                steady_samples += count_batch_samples(batch, workload.kind)
+                use(batch)
+                timed += count_batch_samples(batch, workload.kind)
                 result.batches += 1
-                if result.batches >= batches:
+                if timed >= samples:
                     break
-        result.samples += steady_samples
-        result.steady_samples_per_second = per_second(steady_samples, steady.seconds)
+        result.cpu_seconds = sum(tree_cpu_seconds(cpu_before).values())
+        result.samples += timed
+        result.timed_samples = timed
+        result.steady_samples_per_second = per_second(timed, steady.seconds)
     result.peak_rss_main = probe.peak_rss_main
     result.peak_rss_total = probe.peak_rss_total
     result.peak_pss_total = probe.peak_pss_total
-    del first, iterator, dataset
+    del batch, iterator, dataset
     gc.collect()
     return result
+
+
+def tree_cpu_seconds(since: dict[int, float] | None = None) -> dict[int, float]:
+    """On-CPU seconds of the main thread of this process and of each descendant (the loader's
+    workers), from /proc/PID/schedstat; minus ``since`` if given. Main threads only: the memory
+    probe's sampling thread is not the loader's work."""
+    out = {}
+    for pid in process_tree():
+        try:
+            with open(f"/proc/{pid}/schedstat") as file:
+                seconds = int(file.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+        out[pid] = seconds - (since or {}).get(pid, 0.0)
+    return out
 
 
 def disable_error_accounting() -> None:
@@ -223,10 +296,12 @@ def disable_error_accounting() -> None:
     ErrorReport.observe = lambda self, *args: None
 
 
-def run_loader_safely(workload: Workload, workers: int, batches: int) -> LoaderResult:
+def run_loader_safely(
+    workload: Workload, workers: int, samples: int, consume: str = "none"
+) -> LoaderResult:
     """Like :func:`run_loader`, but an exception becomes the result's ``error``."""
     try:
-        return run_loader(workload, workers, batches)
+        return run_loader(workload, workers, samples, consume=consume)
     except Exception as error:  # one broken configuration must not end the run
         traceback.print_exc()
         return LoaderResult(workload.name, workers, error=f"{type(error).__name__}: {error}")
@@ -235,11 +310,12 @@ def run_loader_safely(workload: Workload, workers: int, batches: int) -> LoaderR
 def run_loader_in_subprocess(
     workload: Workload,
     workers: int,
-    batches: int,
+    samples: int,
     root: str,
     timeout: float,
     torch_threads: int | None = None,
     error_accounting: bool = True,
+    consume: str = "none",
 ) -> LoaderResult:
     """Run one configuration in a fresh interpreter; it reports back one JSON line on stdout."""
     command = [
@@ -250,8 +326,8 @@ def run_loader_in_subprocess(
         workload.name,
         "--workers",
         str(workers),
-        "--batches",
-        str(batches),
+        "--samples",
+        str(samples),
         "--root",
         root,
     ]
@@ -259,6 +335,8 @@ def run_loader_in_subprocess(
         command += ["--torch-threads", str(torch_threads)]
     if not error_accounting:
         command.append("--no-error-accounting")
+    if consume != "none":
+        command += ["--consume", consume]
     try:
         completed = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False
@@ -282,68 +360,140 @@ def run_loader_in_subprocess(
 def raw_limits(
     workload: Workload, worker_counts: Sequence[int], samples: int
 ) -> dict[int, dict[str, RawResult]]:
-    """Raw measurements per process count (a worker count of 0 means the main process does the
-    work, i.e. 1 process), over as many samples as the loader reads: the loader-equivalent one
-    and, for images, the plain JPEG decode rate (the speed target is stated against it)."""
+    """Raw rates per process count (a worker count of 0 means the main process does the work,
+    i.e. 1 process), over as many samples as the loader reads, in shard order: decode-only per
+    installed JPEG decoder for images, tar read + UTF-8 decode for text."""
     process_counts = sorted({max(1, workers) for workers in worker_counts})
     limit = min(samples, workload.spec.num_samples)
-    measurement = loader_equivalent_measurement(workload.kind)
     if workload.kind == "captioning":
-        results = measure_captioning(workload, limit, process_counts, [JPEG_DECODE, measurement])
+        results = measure_captioning(workload, limit, process_counts, DECODERS)
     else:
-        results = measure_text(workload, limit, process_counts, [measurement])
+        results = measure_text(workload, limit, process_counts, [TEXT_DECODE])
     out: dict[int, dict[str, RawResult]] = {}
     for result in results:
         out.setdefault(result.processes, {})[result.measurement] = result
     return out
 
 
+def fastest_limit(raws: dict[str, RawResult]) -> tuple[str, float] | None:
+    """The limit of one process count: the fastest raw rate (the fastest decoder for images)."""
+    if not raws:
+        return None
+    best = max(raws.values(), key=lambda raw: raw.samples_per_second)
+    return best.measurement, best.samples_per_second
+
+
+@dataclass
+class Round:
+    """One round: every loader configuration, then the raw limits, measured back to back."""
+
+    loaders: list[LoaderResult]
+    limits: dict[int, dict[str, RawResult]]
+
+    def ratio(self, result: LoaderResult) -> float | None:
+        limit = fastest_limit(self.limits.get(max(1, result.workers), {}))
+        if limit is None or result.error:
+            return None
+        return result.steady_samples_per_second / limit[1]
+
+    def cpu_ratio(self, result: LoaderResult) -> float | None:
+        """Loader samples per CPU-second over the fastest decoder's (same process count)."""
+        raws = self.limits.get(max(1, result.workers), {})
+        rates = [r.samples_per_cpu_second for r in raws.values() if r.cpu_seconds]
+        if not rates or result.error or not result.cpu_seconds:
+            return None
+        return per_second(result.timed_samples, result.cpu_seconds) / max(rates)
+
+
 REPORT_HEADERS = (
     "workload",
     "workers",
-    "torch threads",
-    "batches",
+    "runs",
     "TTFB s",
-    "loader samples/s",
-    "raw samples/s",
-    "loader/raw",
-    "raw decode samples/s",
-    "loader/decode",
-    "peak RSS main MiB",
-    "peak RSS sum MiB",
-    "peak PSS sum MiB",
+    "loader samples/s (median; runs)",
+    "limit samples/s (median)",
+    "loader/limit (median; runs)",
+    "per CPU-second: loader/limit (median)",
+    "peak RSS main MiB (max)",
+    "peak PSS main+workers MiB (max)",
     "first batch / error",
 )
 
 
-def report_row(result: LoaderResult, raws: dict[str, RawResult] | None) -> tuple[object, ...]:
-    raws = raws or {}
-    kind = "captioning" if result.workload.startswith("captioning") else "text"
-    raw = raws.get(loader_equivalent_measurement(kind))
-    decode = raws.get(JPEG_DECODE)
-    raw_rate = raw.samples_per_second if raw is not None else None
-    decode_rate = decode.samples_per_second if decode is not None else None
-    ratio = decode_ratio = None
-    if raw_rate and not result.error:
-        ratio = result.steady_samples_per_second / raw_rate
-    if decode_rate and not result.error:
-        decode_ratio = result.steady_samples_per_second / decode_rate
-    return (
-        result.workload,
-        result.workers,
-        result.torch_threads or None,
-        result.batches,
-        None if result.error else result.time_to_first_batch,
-        None if result.error else result.steady_samples_per_second,
-        raw_rate,
-        ratio,
-        decode_rate,
-        decode_ratio,
-        None if result.error else mib(result.peak_rss_main),
-        None if result.error else mib(result.peak_rss_total),
-        None if result.error else mib(result.peak_pss_total),
-        result.error or result.first_batch,
-    )
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _runs(values: Sequence[float], digits: int = 0) -> str:
+    return " / ".join(f"{value:,.{digits}f}" for value in values)
+
+
+def report_rows(rounds: Sequence[Round]) -> list[tuple[object, ...]]:
+    """One row per loader configuration, over all rounds."""
+    rows = []
+    for index, first in enumerate(rounds[0].loaders):
+        results = [round_.loaders[index] for round_ in rounds]
+        good = [(r, round_) for r, round_ in zip(results, rounds) if not r.error]
+        rates = [r.steady_samples_per_second for r, _ in good]
+        ratios = [ratio for r, round_ in good if (ratio := round_.ratio(r)) is not None]
+        cpu_ratios = [c for r, round_ in good if (c := round_.cpu_ratio(r)) is not None]
+        limits = [
+            limit[1]
+            for round_ in rounds
+            if (limit := fastest_limit(round_.limits.get(max(1, first.workers), {})))
+        ]
+        errors = [r.error for r in results if r.error]
+        rows.append(
+            (
+                first.workload,
+                first.workers,
+                len(good),
+                _median([r.time_to_first_batch for r, _ in good]),
+                f"{_median(rates):,.0f} ({_runs(rates)})" if rates else None,
+                _median(limits),
+                f"{_median(ratios):.2f} ({_runs(ratios, 2)})" if ratios else None,
+                _median(cpu_ratios),
+                mib(max(r.peak_rss_main for r, _ in good)) if good else None,
+                mib(max(r.peak_pss_total for r, _ in good)) if good else None,
+                "; ".join(errors) if errors else first.first_batch,
+            )
+        )
+    return rows
+
+
+LIMIT_HEADERS = (
+    "workload",
+    "measurement",
+    "processes",
+    "samples",
+    "samples/s (median; runs)",
+    "samples per CPU-second (median)",
+)
+
+
+def limit_rows(name: str, rounds: Sequence[Round]) -> list[tuple[object, ...]]:
+    """Every raw measurement of a workload, medians over rounds."""
+    keys = sorted({(p, m) for round_ in rounds for p, raws in round_.limits.items() for m in raws})
+    rows = []
+    for processes, measurement in keys:
+        raws = [
+            r.limits[processes][measurement]
+            for r in rounds
+            if measurement in r.limits.get(processes, {})
+        ]
+        rates = [raw.samples_per_second for raw in raws]
+        cpu_rates = [raw.samples_per_cpu_second for raw in raws if raw.cpu_seconds]
+        rows.append(
+            (
+                name,
+                measurement,
+                processes,
+                raws[0].samples,
+                f"{_median(rates):,.0f} ({_runs(rates)})",
+                _median(cpu_rates),
+            )
+        )
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -356,8 +506,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workload", default="all", choices=["all", *WORKLOADS])
     parser.add_argument("--workers", default="0,2", help="comma-separated worker counts")
     parser.add_argument(
-        "--batches", type=int, default=None, help=f"batches per config (default {DEFAULT_BATCHES})"
+        "--samples",
+        type=int,
+        default=None,
+        help=f"timed samples per run, after {WARMUP_SAMPLES} warm-up samples "
+        f"(default {DEFAULT_SAMPLES})",
     )
+    parser.add_argument(
+        "--batches", type=int, default=None, help="timed batches per run (instead of --samples)"
+    )
+    parser.add_argument(
+        "--consume",
+        default="none",
+        choices=["none", "read"],
+        help="what the loop does with a batch: nothing (the issue's harness), or read its image "
+        "tensor once as a copy to the accelerator would",
+    )
+    parser.add_argument(
+        "--prepare", action="store_true", help="prepare the workload even if it has an index"
+    )
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="rounds (median reported)")
     parser.add_argument("--root", default=DEFAULT_ROOT, help="workload cache directory")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
     parser.add_argument(
@@ -383,13 +551,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def timed_samples(args: argparse.Namespace, kind: str) -> int:
+    if args.samples:
+        return args.samples
+    if args.batches:
+        return args.batches * BATCH_SIZE
+    return DEFAULT_SAMPLES[kind]
+
+
 def run_one(args: argparse.Namespace) -> None:
     """Child mode: one workload, one worker count, result as a JSON line on stdout."""
     workload = ensure_workload(args.workload, args.root, progress=False)
-    batches = args.batches or DEFAULT_BATCHES[workload.kind]
     if args.no_error_accounting:
         disable_error_accounting()
-    result = run_loader_safely(workload, int(args.workers), batches)
+    result = run_loader_safely(
+        workload, int(args.workers), timed_samples(args, workload.kind), args.consume
+    )
     # A fresh process's own high-water mark is exact, and catches peaks the probe samples miss.
     own_max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if not result.error and own_max_rss > result.peak_rss_main:
@@ -398,38 +575,55 @@ def run_one(args: argparse.Namespace) -> None:
     print(RESULT_PREFIX + json.dumps(asdict(result)), flush=True)
 
 
+def benchmark_round(
+    workload: Workload, worker_counts: Sequence[int], args: argparse.Namespace
+) -> Round:
+    """Every loader configuration in a fresh process, then the raw limits on the same bytes."""
+    samples = timed_samples(args, workload.kind)
+    results = []
+    for workers in worker_counts:
+        print(f"# {workload.name}: {workers} workers, {samples} samples ...", flush=True)
+        if args.in_process:
+            results.append(run_loader_safely(workload, workers, samples, args.consume))
+        else:
+            results.append(
+                run_loader_in_subprocess(
+                    workload,
+                    workers,
+                    samples,
+                    args.root,
+                    args.timeout,
+                    args.torch_threads,
+                    consume=args.consume,
+                )
+            )
+        print(f"#   {results[-1].steady_samples_per_second:,.0f} samples/s {results[-1].error}")
+    try:
+        limits = raw_limits(workload, worker_counts, samples + WARMUP_SAMPLES)
+    except Exception:  # the loader numbers are still worth printing
+        traceback.print_exc()
+        limits = {}
+    return Round(results, limits)
+
+
 def benchmark_workload(
     name: str, worker_counts: Sequence[int], args: argparse.Namespace
-) -> list[tuple[object, ...]]:
-    """All configurations of one workload, then its raw limits; returns the report rows."""
+) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """All rounds of one workload; returns the loader rows and the raw-limit rows."""
     workload = ensure_workload(name, args.root)
-    kind_batches = args.batches or DEFAULT_BATCHES[workload.kind]
     try:
-        prepare_seconds = prepare_workload(workload)
+        prepare_seconds = prepare_workload(workload, args.prepare)
         print(f"# {name}: prepared in {prepare_seconds:.2f} s", flush=True)
     except Exception as error:  # reported in the table like any other failure
         traceback.print_exc()
         message = f"prepare failed: {type(error).__name__}: {error}"
-        results = [LoaderResult(name, workers, error=message) for workers in worker_counts]
-    else:
-        warm_page_cache(workload)
-        results = []
-        for workers in worker_counts:
-            print(f"# {name}: {workers} workers, {kind_batches} batches ...", flush=True)
-            if args.in_process:
-                results.append(run_loader_safely(workload, workers, kind_batches))
-            else:
-                results.append(
-                    run_loader_in_subprocess(
-                        workload, workers, kind_batches, args.root, args.timeout, args.torch_threads
-                    )
-                )
-    try:
-        limits = raw_limits(workload, worker_counts, kind_batches * BATCH_SIZE)
-    except Exception:  # the loader numbers are still worth printing
-        traceback.print_exc()
-        limits = {}
-    return [report_row(result, limits.get(max(1, result.workers))) for result in results]
+        failed = Round(
+            [LoaderResult(name, workers, error=message) for workers in worker_counts], {}
+        )
+        return report_rows([failed]), []
+    warm_page_cache(workload)
+    rounds = [benchmark_round(workload, worker_counts, args) for _ in range(args.runs)]
+    return report_rows(rounds), limit_rows(name, rounds)
 
 
 COMPARE_HEADERS = (
@@ -449,9 +643,9 @@ def compare_error_accounting(
 ) -> list[tuple[object, ...]]:
     """Median throughput with and without error accounting, runs alternating (noise hits both)."""
     workload = ensure_workload(name, args.root)
-    prepare_workload(workload)
+    prepare_workload(workload, args.prepare)
     warm_page_cache(workload)
-    batches = args.batches or DEFAULT_BATCHES[workload.kind]
+    samples = timed_samples(args, workload.kind)
     rows = []
     for workers in worker_counts:
         rates: dict[bool, list[float]] = {True: [], False: []}
@@ -463,7 +657,7 @@ def compare_error_accounting(
                 result = run_loader_in_subprocess(
                     workload,
                     workers,
-                    batches,
+                    samples,
                     args.root,
                     args.timeout,
                     args.torch_threads,
@@ -506,10 +700,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         print_markdown_table(COMPARE_HEADERS, rows)
         return
     rows: list[tuple[object, ...]] = []
+    limits: list[tuple[object, ...]] = []
     for name in names:
-        rows.extend(benchmark_workload(name, worker_counts, args))
+        loader_rows, limit_rows_ = benchmark_workload(name, worker_counts, args)
+        rows.extend(loader_rows)
+        limits.extend(limit_rows_)
     print(f"\n{machine_summary()}\n")
     print_markdown_table(REPORT_HEADERS, rows)
+    print()
+    print_markdown_table(LIMIT_HEADERS, limits)
 
 
 if __name__ == "__main__":

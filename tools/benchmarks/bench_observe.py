@@ -168,7 +168,7 @@ def hot_path_cost(path: str, batch_size: int, batches: int = 300) -> dict[str, A
     active.timing = False
     probe.install(active)
 
-    def inlined_switch() -> None:  # what LoadStage, SampleDecoder.decode and _call_hook do
+    def inlined_switch() -> None:  # what LoadStage, SampleDecoder.decode and call_hook do
         hot = probe.HOT
         previous = hot[probe.STAGE]
         hot[probe.STAGE] = probe.DECODE

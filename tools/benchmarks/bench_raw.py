@@ -6,7 +6,9 @@ work that produces what the loader produces:
 
 * file read: plain sequential reads of every shard (page-cache / disk ceiling),
 * tar read: iterate members and read every payload,
-* JPEG decode: Pillow decode of every ``.jpg`` to RGB uint8,
+* JPEG decode: Pillow decode of every ``.jpg`` to RGB uint8, and the same with the libjpeg-turbo
+  bindings from PyPI that are installed (simplejpeg; PyTurboJPEG, which also needs the system's
+  libturbojpeg): decode only, the fastest is the decode limit,
 * decode + float + pad-stack: the above, then float32 CHW in [0, 1] and batches of 32 padded to
   the largest image, which is what a CaptioningSample batch contains,
 * text: read + UTF-8 decode of every ``.txt``,
@@ -25,6 +27,7 @@ import multiprocessing
 import os
 import sys
 import tarfile
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -74,12 +77,14 @@ class Tally:
     samples: int = 0
     payload_bytes: int = 0
     batches: int = 0
+    cpu_seconds: float = 0.0  # CPU time of the thread that did the work (decode measurements)
 
     def __add__(self, other: Tally) -> Tally:
         return Tally(
             self.samples + other.samples,
             self.payload_bytes + other.payload_bytes,
             self.batches + other.batches,
+            self.cpu_seconds + other.cpu_seconds,
         )
 
 
@@ -183,13 +188,47 @@ def pad_stack(images: Sequence[torch.Tensor]) -> torch.Tensor:
     return batch
 
 
-def jpeg_decode_shard(task: ShardTask) -> Tally:
+def decode_rgb_simplejpeg(payload: bytes) -> np.ndarray:
+    """JPEG bytes -> HWC uint8 RGB with simplejpeg (libjpeg-turbo, accurate DCT and upsampling)."""
+    import simplejpeg
+
+    return simplejpeg.decode_jpeg(payload, colorspace="RGB", fastdct=False, fastupsample=False)
+
+
+_turbojpeg: list = []
+
+
+def decode_rgb_turbojpeg(payload: bytes) -> np.ndarray:
+    """JPEG bytes -> HWC uint8 RGB with PyTurboJPEG (needs the system's libturbojpeg)."""
+    if not _turbojpeg:
+        from turbojpeg import TJPF_RGB, TurboJPEG
+
+        _turbojpeg.extend([TurboJPEG(), TJPF_RGB])
+    decoder, rgb = _turbojpeg
+    return decoder.decode(payload, pixel_format=rgb)
+
+
+def _decode_shard(task: ShardTask, decode: Callable[[bytes], np.ndarray]) -> Tally:
     tally = Tally()
+    started = time.thread_time()
     for payload in iter_payloads(task, "jpg"):
-        decode_rgb(payload)
+        decode(payload)
         tally.samples += 1
         tally.payload_bytes += len(payload)
+    tally.cpu_seconds = time.thread_time() - started
     return tally
+
+
+def jpeg_decode_shard(task: ShardTask) -> Tally:
+    return _decode_shard(task, decode_rgb)
+
+
+def simplejpeg_decode_shard(task: ShardTask) -> Tally:
+    return _decode_shard(task, decode_rgb_simplejpeg)
+
+
+def turbojpeg_decode_shard(task: ShardTask) -> Tally:
+    return _decode_shard(task, decode_rgb_turbojpeg)
 
 
 def jpeg_batches_shard(task: ShardTask) -> Tally:
@@ -212,10 +251,12 @@ def jpeg_batches_shard(task: ShardTask) -> Tally:
 
 def text_decode_shard(task: ShardTask) -> Tally:
     tally = Tally()
+    started = time.thread_time()
     for payload in iter_payloads(task, "txt"):
         payload.decode("utf-8")
         tally.samples += 1
         tally.payload_bytes += len(payload)
+    tally.cpu_seconds = time.thread_time() - started
     return tally
 
 
@@ -232,10 +273,16 @@ class RawResult:
     samples: int
     payload_bytes: int
     seconds: float
+    cpu_seconds: float = 0.0
 
     @property
     def samples_per_second(self) -> float:
         return per_second(self.samples, self.seconds)
+
+    @property
+    def samples_per_cpu_second(self) -> float:
+        """Samples per second of CPU time: what the rate would be on otherwise idle cores."""
+        return per_second(self.samples, self.cpu_seconds) if self.cpu_seconds else float("nan")
 
     @property
     def megabytes_per_second(self) -> float:
@@ -289,7 +336,13 @@ def measure(
 ) -> RawResult:
     tally, seconds = run_over_shards(measure_shard, tasks, processes)
     return RawResult(
-        workload.name, measurement, processes, tally.samples, tally.payload_bytes, seconds
+        workload.name,
+        measurement,
+        processes,
+        tally.samples,
+        tally.payload_bytes,
+        seconds,
+        tally.cpu_seconds,
     )
 
 
@@ -297,6 +350,8 @@ def measure(
 FILE_READ = "file read (8 MiB chunks)"
 TAR_READ = "tarfile read all members"
 JPEG_DECODE = "JPEG decode to RGB uint8"
+SIMPLEJPEG_DECODE = "JPEG decode to RGB uint8, simplejpeg"
+TURBOJPEG_DECODE = "JPEG decode to RGB uint8, PyTurboJPEG"
 JPEG_BATCHES = "decode + float CHW + pad-stack 32"
 TEXT_DECODE = "tar read + UTF-8 decode"
 
@@ -307,11 +362,41 @@ def warm_page_cache(workload: Workload) -> None:
         read_file_shard(ShardTask(path))
 
 
+def available_jpeg_decoders() -> dict[str, Callable[[ShardTask], Tally]]:
+    """Decode-only measurements of the JPEG decoders installed here (Pillow always); a binding that
+    imports but cannot decode (PyTurboJPEG without the system library) is left out."""
+    decoders: dict[str, Callable[[ShardTask], Tally]] = {JPEG_DECODE: jpeg_decode_shard}
+    probe = _tiny_jpeg()
+    for name, shard, decode in (
+        (SIMPLEJPEG_DECODE, simplejpeg_decode_shard, decode_rgb_simplejpeg),
+        (TURBOJPEG_DECODE, turbojpeg_decode_shard, decode_rgb_turbojpeg),
+    ):
+        try:
+            decode(probe)
+        except Exception:  # not installed, or no system library
+            continue
+        decoders[name] = shard
+    return decoders
+
+
+def _tiny_jpeg() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
 def measure_captioning(
     workload: Workload,
     limit: int | None = None,
     processes: Sequence[int] = (1, 2),
-    measurements: Sequence[str] = (FILE_READ, TAR_READ, JPEG_DECODE, JPEG_BATCHES),
+    measurements: Sequence[str] = (
+        FILE_READ,
+        TAR_READ,
+        JPEG_DECODE,
+        SIMPLEJPEG_DECODE,
+        TURBOJPEG_DECODE,
+        JPEG_BATCHES,
+    ),
 ) -> list[RawResult]:
     """Raw limits for a captioning workload; I/O ones with 1 process, compute ones with each."""
     tasks = plan_tasks(workload, limit)
@@ -321,9 +406,11 @@ def measure_captioning(
         results.append(measure(workload, FILE_READ, read_file_shard, tasks, 1))
     if TAR_READ in measurements:
         results.append(measure(workload, TAR_READ, read_tar_captioning_shard, tasks, 1))
+    decoders = available_jpeg_decoders()
     for count in processes:
-        if JPEG_DECODE in measurements:
-            results.append(measure(workload, JPEG_DECODE, jpeg_decode_shard, tasks, count))
+        for name, shard in decoders.items():
+            if name in measurements:
+                results.append(measure(workload, name, shard, tasks, count))
         if JPEG_BATCHES in measurements:
             results.append(measure(workload, JPEG_BATCHES, jpeg_batches_shard, tasks, count))
     return results

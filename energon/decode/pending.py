@@ -1,0 +1,87 @@
+"""Float images whose uint8 -> float conversion is left to the batch (decode into batch memory).
+
+A default ``torchrgb`` image is float32 (3, H, W): four bytes per subpixel, written once per
+sample and read again when the batch is pad-stacked. When nothing but the library's own batching
+sees the decoded samples (no ``encode_sample`` of the user's, no packing or grouping, the default
+``batch``: see ``energon.pipeline.stream``), the load stage lets the image decoder return a
+:class:`PendingImage` instead: the decoder's uint8 (H, W, 3) pixels in a pooled buffer. The batch
+(``energon.samples.collate.batch_pad_stack``) then writes each image as ``v / 255`` straight
+into its padded slot of the batch tensor (in a worker, in the shared-memory arena), zeroing the
+padding in the same pass. The batch's values are exactly those of the per-sample path.
+
+A PendingImage never reaches the user: the batch stage turns any that a batch still holds into
+the float tensor the decoder would have returned (:func:`materialize_pending`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from energon.decode.planar import to_padded_planar, to_planar
+from energon.memory.buffer_pool import pooled_empty
+
+__all__ = ["PendingImage", "materialize_pending"]
+
+
+class PendingImage:
+    """uint8 (H, W, C) pixels standing for the float32 (C, H, W) tensor ``pixels / 255``."""
+
+    __slots__ = ("pixels",)
+    dtype = torch.float32
+    device = torch.device("cpu")
+
+    def __init__(self, pixels: np.ndarray) -> None:
+        self.pixels = pixels
+
+    @property
+    def shape(self) -> torch.Size:
+        height, width, channels = self.pixels.shape
+        return torch.Size((channels, height, width))
+
+    def dim(self) -> int:
+        return 3
+
+    def materialize(self) -> torch.Tensor:
+        """The float tensor the decoder returns without deferral."""
+        height, width, channels = self.pixels.shape
+        out = pooled_empty((channels, height, width), np.float32)
+        return torch.from_numpy(to_planar(self.pixels, out))
+
+    def write_padded(self, slot: np.ndarray) -> None:
+        """Write the float image into the corner of ``slot`` (C, h, w) and zero the rest."""
+        to_padded_planar(self.pixels, slot)
+
+    def __repr__(self) -> str:
+        return f"PendingImage(shape={tuple(self.shape)})"
+
+
+def materialize_pending(value: Any) -> Any:
+    """``value`` with every PendingImage inside it (containers, dataclasses) made a tensor."""
+    if isinstance(value, PendingImage):
+        return value.materialize()
+    if isinstance(value, (torch.Tensor, str, bytes, int, float, np.ndarray)) or value is None:
+        return value
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            value[index] = materialize_pending(item)
+        return value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = materialize_pending(item)
+        return value
+    if isinstance(value, tuple):
+        items = [materialize_pending(item) for item in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            item = getattr(value, field.name, None)
+            new = materialize_pending(item)
+            if new is not item:
+                object.__setattr__(value, field.name, new)
+    return value
