@@ -35,6 +35,7 @@ from energon.loader.blend_report import BlendReport, BlendTracker, source_names,
 from energon.loader.error_report import ErrorReport
 from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
+from energon.loader.transit import pack_strings
 from energon.memory.batch_arena import BatchArena, arena_supported
 from energon.observe import probe
 from energon.observe.stats import LoaderMonitor
@@ -133,10 +134,12 @@ def _grouped(worker: int, items: Iterator[tuple[Value, ItemMeta]]) -> Iterator[l
 
 
 def _collate_group(arena: BatchArena | None, group: list[Any]) -> list[Any]:
-    """``_collate`` for every item of a worker's group (in place)."""
+    """``_collate`` for every item of a worker's group (in place), its strings ready to travel
+    (:func:`pack_strings`)."""
     for i in range(1, len(group)):
         if not isinstance(group[i], ExceptionWrapper):
             group[i] = _collate(arena, group[i])
+            pack_strings(group[i][0])
     return group
 
 
