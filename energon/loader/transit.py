@@ -16,6 +16,7 @@ same ``str`` values. Only the worker's copy of the batch is changed, and nothing
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 __all__ = ["pack_strings"]
@@ -25,7 +26,10 @@ class _StringsInTransit(list):
     """A list of str that pickles its non-ASCII, one-byte-per-character strings as Latin-1 bytes."""
 
     def __reduce__(self) -> tuple:
-        return _strings, (list(map(_as_latin1, self)),)
+        try:  # the common case: every string fits Latin-1 (ASCII ones too: also a plain copy)
+            return _latin1_strings, (list(map(_encode_latin1, self, _LATIN1)),)
+        except UnicodeEncodeError:
+            return _strings, (list(map(_as_latin1, self)),)
 
 
 def _as_latin1(text: str) -> str | bytes:
@@ -37,6 +41,14 @@ def _as_latin1(text: str) -> str | bytes:
         return text.encode("latin-1")
     except UnicodeEncodeError:
         return text
+
+
+_encode_latin1 = str.encode
+_LATIN1 = itertools.repeat("latin-1")
+
+
+def _latin1_strings(items: list[bytes]) -> list[str]:
+    return list(map(str, items, _LATIN1))  # a C loop: no Python frame per string
 
 
 def _strings(items: list[str | bytes]) -> list[str]:
