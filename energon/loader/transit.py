@@ -5,12 +5,13 @@ writes a ``str`` as UTF-8: for text that is not pure ASCII (accents are enough) 
 encodes every string to UTF-8 (and CPython keeps that copy with the string), and the main process
 decodes it again, both a character at a time. Most such text is stored by CPython one byte per
 character (Latin-1), and for that storage ``encode("latin-1")`` and ``decode("latin-1")`` are plain
-copies. On the text workload this took the workers' feeder threads from ~210 to ~110 us per batch
+copies. On the text workload this took the workers' feeder threads from ~190 to ~145 us per batch
 (measured in ``docs/benchmarks.md``, "Text with workers").
 
-:func:`pack_strings` marks the lists of strings of a batch (a dataclass's fields, or a dict's values) in the
-worker right before it is sent; what the main process unpickles is the same plain ``list`` of the
-same ``str`` values. Only the worker's copy of the batch is changed, and nothing reads it after.
+:func:`pack_strings` marks the lists of strings of a batch (a dataclass's fields, or a dict's
+values) in the worker right before it is sent; what the main process unpickles is the same plain
+``list`` of the same ``str`` values. Only the worker's copy of the batch is changed, and nothing
+reads it after.
 """
 
 from __future__ import annotations
