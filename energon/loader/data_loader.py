@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import fcntl
 import functools
 import itertools
 import json
@@ -35,13 +36,14 @@ from energon.loader.blend_report import BlendReport, BlendTracker, source_names,
 from energon.loader.error_report import ErrorReport
 from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
+from energon.loader.transit import pack_strings
 from energon.memory.batch_arena import BatchArena, arena_supported
 from energon.observe import probe
 from energon.observe.stats import LoaderMonitor
 from energon.pipeline import snapshot
 from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, as_key, attach_restore_key, parse_stream_key
-from energon.pipeline.snapshot import StreamSnapshot
+from energon.pipeline.snapshot import PackedSnapshot, StreamSnapshot
 from energon.pipeline.spec import check_blend_streams
 from energon.pipeline.stage import Value
 from energon.plan.edits import PlanEdits, edits_from_json
@@ -68,6 +70,8 @@ MAX_WORKERS = 1024
 # message: see _grouped.
 GROUP_SECONDS = 0.01
 GROUP_MAX_ITEMS = 8
+# Pipe capacity asked for the workers' messages to the main process (see _widen_result_pipe).
+RESULT_PIPE_BYTES = 1 << 20
 
 
 def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Value, ItemMeta]:
@@ -131,11 +135,29 @@ def _grouped(worker: int, items: Iterator[tuple[Value, ItemMeta]]) -> Iterator[l
 
 
 def _collate_group(arena: BatchArena | None, group: list[Any]) -> list[Any]:
-    """``_collate`` for every item of a worker's group (in place)."""
+    """``_collate`` for every item of a worker's group (in place), its strings ready to travel
+    (:func:`pack_strings`)."""
     for i in range(1, len(group)):
         if not isinstance(group[i], ExceptionWrapper):
             group[i] = _collate(arena, group[i])
+            pack_strings(group[i][0])
     return group
+
+
+def _widen_result_pipe(iterator: Any) -> None:
+    """Let the pipe that carries the workers' groups to the main process hold a whole group
+    (``RESULT_PIPE_BYTES``) where the system allows it. With Linux's default 64 KiB a group of
+    text batches (~600 KB) is written in many rounds, each a wake-up of the reading main process
+    and of the blocked writer. Best effort: a smaller pipe is only slower."""
+    queue = getattr(iterator, "_worker_result_queue", None)
+    reader = getattr(queue, "_reader", None)
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if reader is None or set_size is None:
+        return
+    try:
+        fcntl.fcntl(reader.fileno(), set_size, RESULT_PIPE_BYTES)
+    except OSError:
+        pass  # above the system's limit for this user (/proc/sys/fs/pipe-max-size)
 
 
 class _WorkerResults:
@@ -236,7 +258,7 @@ class Loader:
         self._pass_offset = 0
         self._yielded = 0
         self._worker_yields: dict[int, int] = {}
-        self._snapshots: dict[int, StreamSnapshot] = {}
+        self._snapshots = {}  # see the property: plain snapshots, and packed ones to unpack
         self._source: Iterator[tuple[Value, ItemMeta]] | None = None
         self._source_ended = False
         self._fillers: Fillers | None = None
@@ -359,8 +381,8 @@ class Loader:
                 raise
             if not meta.ended:
                 return value, meta
-            self._snapshots[meta.stream] = meta.snapshot
-            self._errors.observe(meta.stream, meta.snapshot, self._snapshots)
+            self._keep_snapshot(meta.stream, meta.snapshot)
+            self._errors.observe(meta.stream, meta.snapshot, self._all_snapshots)
         return None
 
     def _filler(self, stream: int) -> Value:
@@ -412,14 +434,40 @@ class Loader:
 
     def _record(self, meta: ItemMeta) -> None:
         wc = self.worker_config
-        self._snapshots[meta.stream] = meta.snapshot
+        self._keep_snapshot(meta.stream, meta.snapshot)
         if meta.others:
             self._snapshots.update(meta.others)  # a balanced step advanced several streams
         if self._blend_tracker is not None:
-            self._blend_tracker.observe(meta.stream, meta.snapshot)
+            self._blend_tracker.observe(meta.stream, self._snapshots[meta.stream])
         self._consumed = (meta.position - self._origin - wc.rank) // wc.world_size + 1
         self._pass_offset += 1
-        self._errors.observe(meta.stream, meta.snapshot, self._snapshots)
+        self._errors.observe(meta.stream, meta.snapshot, self._all_snapshots)
+
+    @property
+    def _snapshots(self) -> dict[int, StreamSnapshot]:
+        """The latest snapshot of every stream this pass. Those that came packed from workers
+        (:class:`PackedSnapshot`) are unpacked here, when first read: most never are."""
+        packed = self._packed_snapshots
+        if packed:
+            for stream, snap in packed.items():
+                self._plain_snapshots[stream] = snap.unpack()
+            packed.clear()
+        return self._plain_snapshots
+
+    @_snapshots.setter
+    def _snapshots(self, snapshots: dict[int, StreamSnapshot]) -> None:
+        self._plain_snapshots = snapshots
+        self._packed_snapshots: dict[int, PackedSnapshot] = {}
+
+    def _all_snapshots(self) -> dict[int, StreamSnapshot]:
+        return self._snapshots
+
+    def _keep_snapshot(self, stream: int, snap: StreamSnapshot | PackedSnapshot) -> None:
+        """Record a stream's latest snapshot; a packed one stays packed until it is read."""
+        if isinstance(snap, PackedSnapshot):
+            self._packed_snapshots[stream] = snap
+        else:
+            self._snapshots[stream] = snap  # unpacks what is pending first: the newest wins
 
     def start_journal(self, directory: str) -> None:
         """Record the position and restore key of every micro-batch this loader delivers from now
@@ -473,7 +521,9 @@ class Loader:
             pin_memory=torch.cuda.is_available(),
             generator=generator,
         )
-        return _WorkerResults(iter(loader), wc.num_workers)
+        iterator = iter(loader)
+        _widen_result_pipe(iterator)
+        return _WorkerResults(iterator, wc.num_workers)
 
     def _next_position(self) -> int:
         """The global micro-batch position this rank yields next."""

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from energon.errors import ErrorBudget, ErrorBudgetExceeded, StateError
 from energon.pipeline import snapshot as snapshots_
 from energon.pipeline.error_account import add_failures, copy_totals, empty_totals
-from energon.pipeline.snapshot import StreamSnapshot
+from energon.pipeline.snapshot import PackedSnapshot, StreamSnapshot
 
 logger = logging.getLogger("energon")
 
@@ -34,14 +34,21 @@ class ErrorReport:
         self._logged = 0
         self._last_log: float | None = None
 
-    def observe(self, stream: int, snapshot: StreamSnapshot, streams: Mapping[int, Any]) -> None:
-        """After an item of ``stream``: check the count budgets and log when failures grew."""
+    def observe(
+        self,
+        stream: int,
+        snapshot: StreamSnapshot | PackedSnapshot,
+        streams: Callable[[], Mapping[int, StreamSnapshot]],
+    ) -> None:
+        """After an item of ``stream``: check the count budgets and log when failures grew.
+        ``streams`` gives every stream's latest snapshot; it is called only then (it may have to
+        unpack snapshots that came from workers)."""
         errors = snapshots_.error_state(snapshot)
         failed = errors["failed"] if errors else 0
         if failed == self._seen.get(stream, 0):
             return
         self._seen[stream] = failed
-        totals = self.totals(streams)
+        totals = self.totals(streams())
         self._check_counts(totals)
         self._log(totals)
 

@@ -28,7 +28,7 @@ from energon.errors import FatalSampleError
 from energon.observe import probe as _probe
 from energon.observe.probe import PLAN, WAIT
 from energon.pipeline.keys import Key, attach_restore_key, stream_key
-from energon.pipeline.snapshot import StreamSnapshot
+from energon.pipeline.snapshot import PackedSnapshot, StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Value
 from energon.pipeline.stream import Stream, build_stream
@@ -45,7 +45,7 @@ class ItemMeta:
 
     position: int
     stream: int
-    snapshot: StreamSnapshot
+    snapshot: StreamSnapshot | PackedSnapshot  # packed once it crossed from a worker
     arena: bool = False
     worker: int = 0  # the rank's worker that made it (debug logs)
     key: Key | None = None  # the item's restore key, when the loader keeps a journal
@@ -55,11 +55,15 @@ class ItemMeta:
     others: dict[int, StreamSnapshot] | None = None
 
     def __reduce__(self) -> tuple:
-        # positional arguments: smaller and faster to pickle than the slots' name -> value mapping
+        # positional arguments: smaller and faster to pickle than the slots' name -> value mapping;
+        # the snapshot travels packed (the main process unpacks only those it reads)
+        snapshot = self.snapshot
+        if isinstance(snapshot, dict):
+            snapshot = PackedSnapshot.pack(snapshot)
         return ItemMeta, (
             self.position,
             self.stream,
-            self.snapshot,
+            snapshot,
             self.arena,
             self.worker,
             self.key,
