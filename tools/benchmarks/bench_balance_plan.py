@@ -1,0 +1,87 @@
+"""CPU cost of planning balanced windows (``BalancedExecutor._window``), per pointer.
+
+Plans ``--windows`` consecutive windows of one rank's executor (0 workers) of the VLM mix of
+``bench_balance.py`` (batch 16, shuffle buffer 64, ``Balance(8192, window=8)``) for each rank count
+of ``--ranks``, and reports the process CPU time (``time.process_time``) per pointer planned: the
+pointer simulation of every rank's micro-batches, the costs from the index, the composition.
+The fast paths (the ledger's C pointer stepper) can be switched off in the same run
+(``ENERGON_NO_NATIVE=1``: "python" rows) to compare; both must plan the same windows (checked).
+``--profile`` prints a cProfile of the last configuration's planning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import time
+
+from bench_balance import dataset_root
+
+from energon import WorkerConfig, get_train_dataset
+from energon.balance import Balance
+from energon.demo.vlm import VlmTaskEncoder
+
+
+def executor(path: str, ranks: int, batch: int):
+    dataset = get_train_dataset(
+        path,
+        worker_config=WorkerConfig(rank=0, world_size=ranks, num_workers=0),
+        batch_size=batch,
+        shuffle_buffer_size=64,
+        max_samples_per_sequence=32,
+        task_encoder=VlmTaskEncoder(),
+        balance=Balance(8192, window=8),
+    )
+    return dataset.executor(0)
+
+
+def plan(path: str, ranks: int, batch: int, windows: int, native: bool):
+    """(CPU seconds per pointer, the planned windows' pools and plans)."""
+    if native:
+        os.environ.pop("ENERGON_NO_NATIVE", None)
+    else:
+        os.environ["ENERGON_NO_NATIVE"] = "1"
+    ex = executor(path, ranks, batch)
+    ex._window(0)  # warm: opens the index, builds the native library
+    start = time.process_time()
+    planned = [ex._window(i) for i in range(1, windows + 1)]
+    spent = time.process_time() - start
+    pointers = sum(len(w.pool) for w in planned)
+    return spent / pointers, [(w.pool, w.costs, w.plan, w.end) for w in planned]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--root", default="/tmp/energon-bench")
+    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--ranks", default="8,64")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--windows", type=int, default=20)
+    parser.add_argument("--python-only", action="store_true", help="only the Python path")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    path = dataset_root(args.root, args.samples, progress=True)
+    print("| ranks | path | µs per pointer planned |")
+    print("| --: | --- | --: |")
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        slow, slow_windows = plan(path, ranks, args.batch, args.windows, native=False)
+        print(f"| {ranks} | python | {slow * 1e6:.1f} |")
+        if not args.python_only:
+            fast, fast_windows = plan(path, ranks, args.batch, args.windows, native=True)
+            assert fast_windows == slow_windows, "the fast path planned other windows"
+            print(f"| {ranks} | fast | {fast * 1e6:.1f} |")
+    if args.profile:
+        ex = executor(path, ranks, args.batch)
+        ex._window(0)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for i in range(1, args.windows + 1):
+            ex._window(i)
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
