@@ -1,12 +1,14 @@
 """CPU cost of planning balanced windows (``BalancedExecutor._window``), per pointer.
 
 Plans ``--windows`` consecutive windows of one rank's executor (0 workers) of the VLM mix of
-``bench_balance.py`` (batch 16, shuffle buffer 64, ``Balance(8192, window=8)``) for each rank count
-of ``--ranks``, and reports the process CPU time (``time.process_time``) per pointer planned: the
+``bench_balance.py`` (batch 16, shuffle buffer 64, ``Balance(16384, window=8)``) for each rank
+count of ``--ranks``, and reports the process CPU time (``time.process_time``) per pointer planned: the
 pointer simulation of every rank's micro-batches, the costs from the index, the composition.
 The fast paths (the ledger's C pointer stepper) can be switched off in the same run
 (``ENERGON_NO_NATIVE=1``: "python" rows) to compare; both must plan the same windows (checked).
-``--profile`` prints a cProfile of the last configuration's planning.
+``--profile`` prints a cProfile of the last configuration's planning. ``--loader-share R``:
+planning's share of R balanced loaders' CPU (0 workers, cProfile of ``--steps`` steps through the
+public API after a warm window: loading, decoding, packing included).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import os
 import pstats
 import time
 
-from bench_balance import dataset_root
+from bench_balance import dataset_root, make_loaders
 
 from energon import WorkerConfig, get_train_dataset
 from energon.balance import Balance
 from energon.demo.vlm import VlmTaskEncoder
+
+MAX_LENGTH = 16384
 
 
 def executor(path: str, ranks: int, batch: int):
@@ -32,7 +36,7 @@ def executor(path: str, ranks: int, batch: int):
         shuffle_buffer_size=64,
         max_samples_per_sequence=32,
         task_encoder=VlmTaskEncoder(),
-        balance=Balance(8192, window=8),
+        balance=Balance(MAX_LENGTH, window=8),
     )
     return dataset.executor(0)
 
@@ -52,17 +56,40 @@ def plan(path: str, ranks: int, batch: int, windows: int, native: bool):
     return spent / pointers, [(w.pool, w.costs, w.plan, w.end) for w in planned]
 
 
+def loader_share(path: str, ranks: int, batch: int, steps: int) -> float:
+    """The fraction of ``ranks`` balanced loaders' profiled time spent in ``_window``."""
+    loaders = make_loaders(path, ranks, batch, Balance(MAX_LENGTH, window=8))
+    its = [iter(loader) for loader in loaders]
+    for _ in range(8):  # the first window: start-up
+        for it in its:
+            next(it)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        for it in its:
+            next(it)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    planning = sum(entry[3] for (_, _, name), entry in stats.stats.items() if name == "_window")  # type: ignore[attr-defined]
+    return planning / stats.total_tt  # type: ignore[attr-defined]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--root", default="/tmp/energon-bench")
-    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--samples", type=int, default=4000)
     parser.add_argument("--ranks", default="8,64")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--windows", type=int, default=20)
     parser.add_argument("--python-only", action="store_true", help="only the Python path")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--loader-share", type=int, default=0, help="ranks (0: skip)")
+    parser.add_argument("--steps", type=int, default=16, help="steps of --loader-share")
     args = parser.parse_args()
     path = dataset_root(args.root, args.samples, progress=True)
+    if args.loader_share:
+        share = loader_share(path, args.loader_share, args.batch, args.steps)
+        print(f"planning: {share:.1%} of {args.loader_share} balanced loaders' profiled time")
     print("| ranks | path | µs per pointer planned |")
     print("| --: | --- | --: |")
     for ranks in [int(r) for r in args.ranks.split(",")]:
