@@ -74,10 +74,12 @@ class PointerBatches:
         self._source = first if isinstance(first, PointerSource) and first.item_clock else None
         self._kinds = first.kinds if isinstance(first, PointerSource) else []
         self._orders: OrdersCache = {}  # slice orders of the C stepper, kept between windows
+        self._fast: NativePointers | None = None  # the C copy, while in step with the stages
         self.emitted = 0
 
     def next_batch(self) -> list[Key] | None:
         """The pointers of the stream's next micro-batch (None once a finite stream ended)."""
+        self._fast = None  # the stages move on without it
         if self._source is not None:
             self._source.begin_item(self.emitted)
         keys: list[Key] = []
@@ -109,12 +111,13 @@ class PointerBatches:
         """Micro-batches ``first ... first + count - 1`` (``first >= emitted``), None for those
         after the end of a finite stream. Stepped in C where the ledger's stepper reproduces the
         stages exactly (fixed weights, endless readers), else by :meth:`batch_at`."""
-        fast = NativePointers.attach(self.stages, self._orders) if self._source is None else None
+        fast = self._fast or self._attach()
         if fast is None or first < self.emitted:
             return [self.batch_at(first + i) for i in range(count)]
         skipped = (first - self.emitted) * self.batch_size
         sources, indices = fast.advance(skipped + count * self.batch_size, keep_from=skipped)
         fast.write_back()
+        self._fast = fast  # the stages now hold its state: the next window goes on from it
         self.emitted = first + count
         kinds = self._kinds
         keys = [
@@ -123,10 +126,16 @@ class PointerBatches:
         size = self.batch_size
         return [keys[b * size : (b + 1) * size] for b in range(count)]
 
+    def _attach(self) -> NativePointers | None:
+        """A C copy of the pointer stages where it reproduces them (not with weights that change
+        at item boundaries: :meth:`next_batch` tells the schedule each item)."""
+        return NativePointers.attach(self.stages, self._orders) if self._source is None else None
+
     def state(self) -> StreamSnapshot:
         return make_snapshot(self.emitted, [stage.state() for stage in self.stages])
 
     def restore(self, snapshot: StreamSnapshot) -> None:
+        self._fast = None
         for stage, state in zip(self.stages, stage_states(snapshot)):
             stage.restore(state)
         self.emitted = emitted(snapshot)
