@@ -7,8 +7,9 @@ pointer simulation of every rank's micro-batches, the costs from the index, the 
 The fast paths (the ledger's C pointer stepper) can be switched off in the same run
 (``ENERGON_NO_NATIVE=1``: "python" rows) to compare; both must plan the same windows (checked).
 ``--profile`` prints a cProfile of the last configuration's planning. ``--loader-share R``:
-planning's share of R balanced loaders' CPU (0 workers, cProfile of ``--steps`` steps through the
-public API after a warm window: loading, decoding, packing included).
+planning's share of R balanced loaders' CPU (0 workers, ``--steps`` steps through the public API
+after a warm window: loading, decoding, packing included; planning: the CPU time of the thread
+that runs each window's ``BalancedExecutor._plan``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bench_balance import dataset_root, make_loaders
 
 from energon import WorkerConfig, get_train_dataset
 from energon.balance import Balance
+from energon.balance.executor import BalancedExecutor
 from energon.demo.vlm import VlmTaskEncoder
 
 MAX_LENGTH = 16384
@@ -56,22 +58,35 @@ def plan(path: str, ranks: int, batch: int, windows: int, native: bool):
     return spent / pointers, [(w.pool, w.costs, w.plan, w.end) for w in planned]
 
 
-def loader_share(path: str, ranks: int, batch: int, steps: int) -> float:
-    """The fraction of ``ranks`` balanced loaders' profiled time spent in ``_window``."""
+def loader_share(path: str, ranks: int, batch: int, steps: int) -> tuple[float, float]:
+    """(CPU ms per sample of ``ranks`` balanced loaders, the fraction of it spent planning):
+    ``steps`` steps after a warm window, process CPU time, planning timed around each
+    ``BalancedExecutor._plan``."""
+    planning = [0.0]
+    plan_window = BalancedExecutor._plan
+
+    def timed(self, *args):
+        start = time.thread_time()  # the planning thread only (decoding threads run meanwhile)
+        try:
+            return plan_window(self, *args)
+        finally:
+            planning[0] += time.thread_time() - start
+
     loaders = make_loaders(path, ranks, batch, Balance(MAX_LENGTH, window=8))
     its = [iter(loader) for loader in loaders]
     for _ in range(8):  # the first window: start-up
         for it in its:
             next(it)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(steps):
-        for it in its:
-            next(it)
-    profiler.disable()
-    stats = pstats.Stats(profiler)
-    planning = sum(entry[3] for (_, _, name), entry in stats.stats.items() if name == "_window")  # type: ignore[attr-defined]
-    return planning / stats.total_tt  # type: ignore[attr-defined]
+    BalancedExecutor._plan = timed  # type: ignore[method-assign]
+    try:
+        start, samples = time.process_time(), 0
+        for _ in range(steps):
+            for it in its:
+                samples += len(next(it).samples)
+        spent = time.process_time() - start
+    finally:
+        BalancedExecutor._plan = plan_window  # type: ignore[method-assign]
+    return spent / samples * 1e3, planning[0] / spent
 
 
 def main() -> None:
@@ -88,8 +103,11 @@ def main() -> None:
     args = parser.parse_args()
     path = dataset_root(args.root, args.samples, progress=True)
     if args.loader_share:
-        share = loader_share(path, args.loader_share, args.batch, args.steps)
-        print(f"planning: {share:.1%} of {args.loader_share} balanced loaders' profiled time")
+        per_sample, share = loader_share(path, args.loader_share, args.batch, args.steps)
+        print(
+            f"{args.loader_share} balanced loaders: {per_sample:.2f} CPU ms per sample, "
+            f"planning {share:.1%} of it"
+        )
     print("| ranks | path | µs per pointer planned |")
     print("| --: | --- | --: |")
     for ranks in [int(r) for r in args.ranks.split(",")]:
