@@ -2,7 +2,8 @@
 
 Plans ``--windows`` consecutive windows of one rank's executor (0 workers) of the VLM mix of
 ``bench_balance.py`` (batch 16, shuffle buffer 64, ``Balance(16384, window=8)``) for each rank
-count of ``--ranks``, and reports the process CPU time (``time.process_time``) per pointer planned: the
+count of ``--ranks``, and reports the CPU time (``time.thread_time``, median over the windows) per
+pointer planned: the
 pointer simulation of every rank's micro-batches, the costs from the index, the composition.
 The fast paths (the ledger's C pointer stepper) can be switched off in the same run
 (``ENERGON_NO_NATIVE=1``: "python" rows) to compare; both must plan the same windows (checked).
@@ -18,6 +19,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import statistics
 import time
 
 from bench_balance import dataset_root, make_loaders
@@ -44,18 +46,23 @@ def executor(path: str, ranks: int, batch: int):
 
 
 def plan(path: str, ranks: int, batch: int, windows: int, native: bool):
-    """(CPU seconds per pointer, the planned windows' pools and plans)."""
+    """(CPU seconds per pointer: the median over the windows, the planned windows' pools and plans). Timed on windows that are
+    dropped once planned, as the loader drops them (kept ones would make the garbage collector's
+    scans grow); the windows compared are planned again by another executor."""
     if native:
         os.environ.pop("ENERGON_NO_NATIVE", None)
     else:
         os.environ["ENERGON_NO_NATIVE"] = "1"
     ex = executor(path, ranks, batch)
     ex._window(0)  # warm: opens the index, builds the native library
-    start = time.process_time()
-    planned = [ex._window(i) for i in range(1, windows + 1)]
-    spent = time.process_time() - start
-    pointers = sum(len(w.pool) for w in planned)
-    return spent / pointers, [(w.pool, w.costs, w.plan, w.end) for w in planned]
+    per_pointer = []
+    for i in range(1, windows + 1):
+        start = time.thread_time()
+        pointers = len(ex._window(i).pool)
+        per_pointer.append((time.thread_time() - start) / pointers)
+    again = executor(path, ranks, batch)
+    planned = [again._window(i) for i in range(windows + 1)]
+    return statistics.median(per_pointer), [(w.pool, w.costs, w.plan, w.end) for w in planned]
 
 
 def loader_share(path: str, ranks: int, batch: int, steps: int) -> tuple[float, float]:
