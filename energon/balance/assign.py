@@ -53,22 +53,23 @@ def compose_steps(costs: Sequence[float], num_ranks: int, num_steps: int) -> lis
     if num_ranks < 1 or num_steps < 1:
         raise ValueError(f"need num_ranks >= 1 and num_steps >= 1, got {num_ranks}, {num_steps}")
     values = np.asarray(costs, dtype=np.float64)
-    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    floats = values.tolist()  # the same float64 values, read without numpy's per-item cost
+    order = sorted(range(len(floats)), key=lambda i: (-floats[i], i))
     bins = num_steps * num_ranks
     even = float(values.sum()) / bins if len(values) else 0.0
-    anchors = [i for i in order if values[i] > even]
+    anchors = [i for i in order if floats[i] > even]
     members: list[list[int]] = [[] for _ in range(bins)]
     loads = [0.0] * bins
     for n, i in enumerate(anchors):
         members[n].append(i)
-        loads[n] = float(values[i])
+        loads[n] = floats[i]
     levels = _step_levels(float(values.sum()), loads, num_ranks, num_steps)
     heap = [(-(levels[b // num_ranks] - loads[b]), b) for b in range(bins)]
     heapq.heapify(heap)
     for i in order[len(anchors) :]:
         _, b = heapq.heappop(heap)
         members[b].append(i)
-        loads[b] += float(values[i])
+        loads[b] += floats[i]
         heapq.heappush(heap, (-(levels[b // num_ranks] - loads[b]), b))
     steps = []
     for s in range(num_steps):

@@ -39,6 +39,7 @@ from energon.errors import (
     StateError,
     log_exception,
 )
+from energon.ledger.native import NativePointers, OrdersCache
 from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, pointer_target
@@ -71,10 +72,14 @@ class PointerBatches:
         self.stages = build_pointer_stages(spec, stream_id)
         first = self.stages[0]
         self._source = first if isinstance(first, PointerSource) and first.item_clock else None
+        self._kinds = first.kinds if isinstance(first, PointerSource) else []
+        self._orders: OrdersCache = {}  # slice orders of the C stepper, kept between windows
+        self._fast: NativePointers | None = None  # the C copy, while in step with the stages
         self.emitted = 0
 
     def next_batch(self) -> list[Key] | None:
         """The pointers of the stream's next micro-batch (None once a finite stream ended)."""
+        self._fast = None  # the stages move on without it
         if self._source is not None:
             self._source.begin_item(self.emitted)
         keys: list[Key] = []
@@ -102,10 +107,35 @@ class PointerBatches:
             return None
         return self.next_batch()
 
+    def batches(self, first: int, count: int) -> list[list[Key] | None]:
+        """Micro-batches ``first ... first + count - 1`` (``first >= emitted``), None for those
+        after the end of a finite stream. Stepped in C where the ledger's stepper reproduces the
+        stages exactly (fixed weights, endless readers), else by :meth:`batch_at`."""
+        fast = self._fast or self._attach()
+        if fast is None or first < self.emitted:
+            return [self.batch_at(first + i) for i in range(count)]
+        skipped = (first - self.emitted) * self.batch_size
+        sources, indices = fast.advance(skipped + count * self.batch_size, keep_from=skipped)
+        fast.write_back()
+        self._fast = fast  # the stages now hold its state: the next window goes on from it
+        self.emitted = first + count
+        kinds = self._kinds
+        keys = [
+            (kinds[s], s, i) for s, i in zip(sources.tolist(), indices.tolist())
+        ]  # pointer_key, inlined: it runs for every pointer of every rank
+        size = self.batch_size
+        return [keys[b * size : (b + 1) * size] for b in range(count)]
+
+    def _attach(self) -> NativePointers | None:
+        """A C copy of the pointer stages where it reproduces them (not with weights that change
+        at item boundaries: :meth:`next_batch` tells the schedule each item)."""
+        return NativePointers.attach(self.stages, self._orders) if self._source is None else None
+
     def state(self) -> StreamSnapshot:
         return make_snapshot(self.emitted, [stage.state() for stage in self.stages])
 
     def restore(self, snapshot: StreamSnapshot) -> None:
+        self._fast = None
         for stage, state in zip(self.stages, stage_states(snapshot)):
             stage.restore(state)
         self.emitted = emitted(snapshot)
@@ -198,7 +228,7 @@ class BalancedExecutor:
                 )
         self._current: Window | None = None
         self.streams: dict[int, PointerBatches] = {}
-        self.costs = CostTable(spec.leaves, spec.balance.cost)
+        self.costs = CostTable(spec.leaves, spec.balance.cost, spec.balance.planned_cost)
         handler = spec.error_handler or log_exception
         self.failures = RankFailures(spec)
         tolerance = spec.failure_tolerance
@@ -309,17 +339,34 @@ class BalancedExecutor:
         before = {s: self._stream_at(s, start) for s in range(num_streams)}
         pool: list[tuple[int, int, Key]] = []
         last_step = -1
+        batches = self._stream_batches(start, stop)
         for position in range(start, stop):
-            keys = self.stream(position % num_streams).batch_at(position // num_streams)
+            keys = batches[position % num_streams][position // num_streams]
             if keys is None:
                 continue  # a finite stream ended
             pool.extend((position, j, key) for j, key in enumerate(keys))
             last_step = (position - start) // ranks
         after = {s: self.stream(s).state() for s in range(num_streams)}
-        costs = [self.balance.planned_cost(self.costs.cost(*pointer_target(k))) for *_, k in pool]
+        targets = [pointer_target(key) for *_, key in pool]
+        costs = self.costs.planned_costs([s for s, _ in targets], [i for _, i in targets])
         steps = last_step + 1
         plan = compose_steps(costs, ranks, steps) if steps else []
         return Window(index, steps, pool, costs, plan, before, after)
+
+    def _stream_batches(self, start: int, stop: int) -> dict[int, dict[int, list[Key] | None]]:
+        """Per stream, its micro-batches of the global positions ``start ... stop - 1`` by index
+        (streams are independent, so each is stepped through its own run of batches at once)."""
+        num_streams = self.spec.num_streams
+        batches: dict[int, dict[int, list[Key] | None]] = {}
+        for stream_id in range(num_streams):
+            first = max(0, -(-(start - stream_id) // num_streams))
+            end = -(-(stop - stream_id) // num_streams) if stop > stream_id else 0
+            if end <= first:
+                batches[stream_id] = {}
+                continue
+            run = self.stream(stream_id).batches(first, end - first)
+            batches[stream_id] = dict(zip(range(first, end), run))
+        return batches
 
     def _stream_at(self, stream_id: int, position: int) -> StreamSnapshot:
         """Stream ``stream_id`` advanced to its first micro-batch at or after ``position`` (no

@@ -303,6 +303,8 @@ int energon_pointers_advance(Stepper *c, int64_t n, int32_t *out_src, int64_t *o
 
 OK, NEED_ORDER, UNSUPPORTED = 0, 1, 2
 ORDERS_PER_BLOCK = 1 << 16  # slice-order entries handed to a reader at once
+#: per reader number: the first epoch and the slice orders of consecutive epochs from it on
+OrdersCache = dict[int, tuple[int, np.ndarray]]
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
@@ -388,9 +390,12 @@ def _int64(values: Any) -> np.ndarray:
 class NativePointers:
     """A C copy of one stream's pointer stages (see the module docstring)."""
 
-    def __init__(self, lib: Any, stages: Sequence[Stage]) -> None:
+    def __init__(
+        self, lib: Any, stages: Sequence[Stage], orders: OrdersCache | None = None
+    ) -> None:
         self.lib = lib
         self.stages = list(stages)
+        self._cache = orders if orders is not None else {}
         self.source: PointerSource = stages[0]  # type: ignore[assignment]
         self.buffer = next((s for s in stages if isinstance(s, ShuffleBuffer)), None)
         self.filter = next((s for s in stages if isinstance(s, ExcludeFilter)), None)
@@ -399,12 +404,18 @@ class NativePointers:
         self._build()
 
     @classmethod
-    def attach(cls, stages: Sequence[Stage]) -> NativePointers | None:
-        """A C copy of these pointer stages, or None where the C loop would not be exact."""
+    def attach(
+        cls, stages: Sequence[Stage], orders: OrdersCache | None = None
+    ) -> NativePointers | None:
+        """A C copy of these pointer stages, or None where the C loop would not be exact.
+
+        ``orders``: a dict kept by a caller that attaches to the same stages again and again (the
+        balanced executor, every window): the slice orders computed for them, reused while they
+        cover the readers' epochs instead of recomputed at every attach."""
         lib = library()
         if lib is None or not _supported(stages):
             return None
-        return cls(lib, stages)
+        return cls(lib, stages, orders)
 
     # -- building the C state --------------------------------------------------------------------
     def _build(self) -> None:
@@ -500,13 +511,19 @@ class NativePointers:
         in the ``remaining`` pointers (a block at a time: each pause costs Python time)."""
         reader = self.source.readers[reader_number]
         slot = self._readers[reader_number]
-        reachable = remaining // max(reader.num_samples, 1) + 2
-        count = max(2, min(reachable, ORDERS_PER_BLOCK // max(reader.num_slices, 1)))
-        orders = _int64(reader.slice_orders(int(slot.epoch), count))
+        epoch = int(slot.epoch)
+        cached = self._cache.get(reader_number)
+        if cached is not None and cached[0] <= epoch and epoch + 2 <= cached[0] + len(cached[1]):
+            first, orders = cached
+        else:
+            reachable = remaining // max(reader.num_samples, 1) + 2
+            count = max(2, min(reachable, ORDERS_PER_BLOCK // max(reader.num_slices, 1)))
+            first, orders = epoch, _int64(reader.slice_orders(epoch, count))
+            self._cache[reader_number] = (first, orders)
         self._orders[reader_number] = orders
         slot.orders = _ptr(orders)
-        slot.orders_first = int(slot.epoch)
-        slot.orders_count = count
+        slot.orders_first = first
+        slot.orders_count = len(orders)
 
     # -- stepping ----------------------------------------------------------------------------------
     def advance(
@@ -583,7 +600,7 @@ class NativePointers:
                     self._buf_src[: c.buf_n].tolist(), self._buf_idx[: c.buf_n].tolist()
                 )
             ]
-            self.buffer.restore({**self.buffer.state(), "buffer": keys, "rng": int(c.buf_rng)})
+            self.buffer.put_back(keys, int(c.buf_rng))
         if self.filter is not None:
             self.filter.restore({**self.filter.state(), "dropped": int(c.dropped)})
 

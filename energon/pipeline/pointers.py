@@ -264,6 +264,16 @@ class ShuffleBuffer(Stage):
         self.rng.counter = fields.int_field(state, "rng", where)
         self._exhausted = fields.bool_field(state, "exhausted", where)
 
+    def put_back(self, keys: list[Key], counter: int) -> None:
+        """Take the contents and rng counter of a copy of this buffer that was stepped elsewhere
+        (the ledger's C stepper), unchecked: its keys came from this stream's own readers, and
+        checking them as :meth:`restore` checks a saved state's would cost more than the copy
+        saved (the balanced executor hands its buffers back every window)."""
+        if len(keys) > self.size:
+            raise ValueError(f"{len(keys)} keys do not fit a shuffle buffer of {self.size}")
+        self._buffer = keys
+        self.rng.counter = counter
+
     def rebuild(self, key: Key) -> Value:
         return self.upstream.rebuild(key)
 

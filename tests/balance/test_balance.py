@@ -23,6 +23,7 @@ from energon.balance import Balance, MultimodalCost, balance_costs
 from energon.balance.assign import compose_steps, straggler_ratio
 from energon.balance.table import CostTable
 from energon.demo.vlm import VlmTaskEncoder, write_vlm_shards
+from energon.ledger.native import library as native_pointers
 from energon.samples.padding import is_padding
 from energon.source.meta import SampleMeta, meta_reader
 from energon.state import redistribute_states
@@ -199,6 +200,47 @@ def test_same_steps_with_and_without_workers(vlm):
     plain = run_steps([iter(lo) for lo in loaders(vlm, 2, 0)], 6)
     workers = run_steps([iter(lo) for lo in loaders(vlm, 2, 2)], 6)
     assert plain == workers
+
+
+def _planned_windows(path, world_size, windows, **kw):
+    """What rank 0 plans for ``windows`` windows: pools, costs, steps, streams' snapshots."""
+    executor = loaders(path, world_size, **kw)[0].dataset.executor(0)
+    planned = [executor._window(i) for i in range(windows)]
+    return [(w.pool, w.costs, w.plan, w.start, w.end) for w in planned]
+
+
+@pytest.mark.skipif(native_pointers() is None, reason="no C compiler: only the Python path")
+@pytest.mark.parametrize("blend", [False, True])
+def test_windows_planned_in_c_equal_the_python_stages(vlm, tmp_path, monkeypatch, blend):
+    """Planning steps the pointer stages in C (the ledger's stepper) where it reproduces them:
+    the same pointers, costs, steps and snapshots as the Python stages, over many epochs."""
+    path = vlm
+    if blend:
+        other = tmp_path / "other"
+        write_vlm_shards(other, num_samples=60, num_shards=2, seed=5)
+        path = tmp_path / "blend.yaml"
+        path.write_text(
+            "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n"
+            f"    blend:\n      - weight: 3\n        path: {vlm}\n"
+            f"      - weight: 1\n        path: {other}\n"
+        )
+    fast = _planned_windows(path, 3, 12)
+    monkeypatch.setenv("ENERGON_NO_NATIVE", "1")
+    slow = _planned_windows(path, 3, 12)
+    assert fast == slow
+
+
+def test_planned_costs_at_once_equal_one_by_one(vlm):
+    """CostTable.planned_costs (a shard at a time, numpy) gives each sample's own value."""
+    balance = Balance(max_length=300, over_length="split")
+    spec = loaders(vlm, 1, balance=balance)[0].dataset.spec
+    table = CostTable(spec.leaves, balance.cost, balance.planned_cost)
+    rng = random.Random(4)
+    indices = [rng.randrange(NUM_SAMPLES) for _ in range(500)]
+    one_by_one = [balance.planned_cost(table.cost(0, i)) for i in indices]
+    assert table.planned_costs([0] * len(indices), indices) == one_by_one
+    with pytest.raises(IndexError, match="out of range"):
+        table.planned_costs([0], [NUM_SAMPLES])
 
 
 def test_balancing_beats_the_plain_split(vlm):
