@@ -21,6 +21,7 @@ import itertools
 import json
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -279,7 +280,7 @@ class Loader:
         self._monitor = LoaderMonitor(
             self.worker_config.num_workers,
             self.worker_config.rank,
-            self._describe_sample,
+            _weakly(self._describe_sample),
             watchdog_timeout=watchdog_timeout_seconds,
             watchdog_initial_timeout=watchdog_initial_timeout_seconds,
             fail_on_timeout=fail_on_timeout,
@@ -1059,6 +1060,19 @@ _UNUSED_OPTIONS = {
     "checkpoint_every_min_n_samples": (None, "every batch carries its exact state"),
     "n_checkpoints": (None, "every batch carries its exact state"),
 }
+
+
+def _weakly(method: Any) -> Any:
+    """``method`` through a weak reference to its object: the watchdog's thread runs as long as
+    the watchdog, and a strong reference from it would keep a loader that its user dropped, and
+    that loader's worker processes, alive for good. Once the loader is gone it describes nothing."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        target = ref()
+        return {} if target is None else target(*args)
+
+    return call
 
 
 def _warn_unused_options(**given: Any) -> None:

@@ -209,3 +209,41 @@ def test_every_worker_config_field_is_used(text_ds, tmp_path):
     records = [json.loads(line) for line in log.getvalue().splitlines()]
     assert any(r["t"].endswith(".yield") for r in records)
     assert not list(tmp_path.iterdir()), "the given file replaces the path for this process"
+
+
+@pytest.mark.parametrize("watchdog", [60, None])
+def test_a_dropped_loader_ends_its_workers(text_ds, watchdog):
+    """A loader its user drops mid-pass (an evaluation loader made per eval, say) must not keep
+    its worker processes: the watchdog's thread outlives the loader and must not hold it."""
+    import gc
+    import os
+    import threading
+    import time
+
+    threads_before = threading.active_count()
+    dataset = get_train_dataset(
+        text_ds,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=2),
+        batch_size=4,
+        shuffle_buffer_size=4,
+        max_samples_per_sequence=5,
+    )
+    loader = get_savable_loader(dataset, watchdog_timeout_seconds=watchdog)
+    it = iter(loader)
+    next(it)
+    pids = [w["pid"] for w in loader.stats()["workers"]]
+    assert len(pids) == 2 and all(pid > 0 and pid != os.getpid() for pid in pids)
+    del it, loader, dataset
+    gc.collect()
+    alive = pids
+    for _ in range(600):  # torch joins its workers on shutdown; allow 60 s on a busy machine
+        alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}")]
+        if not alive:
+            break
+        time.sleep(0.1)
+    assert alive == [], "the dropped loader's workers are still running"
+    for _ in range(600):  # the watchdog's thread ends with its loader
+        if threading.active_count() <= threads_before:
+            break
+        time.sleep(0.1)
+    assert threading.active_count() <= threads_before
