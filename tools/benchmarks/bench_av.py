@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +25,9 @@ from collections.abc import Callable
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_common import write_docs_section  # noqa: E402
 
 from energon import DefaultTaskEncoder, WorkerConfig, get_loader, get_val_dataset  # noqa: E402
 from energon.av import AVDecoder, get_clips_uniform, get_single_frames_uniform  # noqa: E402
@@ -232,19 +234,6 @@ def bench_workloads(workdir: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def write_docs(text: str) -> None:
-    path = os.path.join(_REPO_ROOT, "docs", "benchmarks.md")
-    current = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    section = f"## {SECTION}\n\n{text.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: section + "\n", current).rstrip() + "\n"
-    else:
-        updated = current.rstrip() + "\n\n" + section
-    with open(path, "w") as f:
-        f.write(updated)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", default=os.path.join("bench_data", "av"))
@@ -282,7 +271,7 @@ def main() -> None:
     text = out.getvalue()
     print(text)
     if args.write_docs:
-        write_docs(text)
+        write_docs_section(SECTION, text)
 
 
 if __name__ == "__main__":

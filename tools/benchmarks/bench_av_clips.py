@@ -26,7 +26,6 @@ import argparse
 import io
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,9 @@ from collections.abc import Callable
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_common import write_docs_section  # noqa: E402
 
 SECTION = "Audio and video clips"
 COMMAND = "python tools/benchmarks/bench_av_clips.py --write-docs"
@@ -433,19 +435,6 @@ def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(text: str) -> None:
-    path = os.path.join(_REPO_ROOT, "docs", "benchmarks.md")
-    current = open(path).read()
-    section = f"## {SECTION}\n\n{text.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: section + "\n", current).rstrip() + "\n"
-    else:
-        updated = current.rstrip() + "\n\n" + section
-    with open(path, "w") as f:
-        f.write(updated)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", default=os.path.join("bench_data", "av_demo"))
@@ -504,7 +493,7 @@ def main() -> None:
     text = "\n\n".join(parts) + "\n"
     print(text)
     if args.write_docs:
-        write_docs(text)
+        write_docs_section(SECTION, text)
 
 
 if __name__ == "__main__":
