@@ -114,7 +114,10 @@ def _grouped(worker: int, items: Iterator[tuple[Value, ItemMeta]]) -> Iterator[l
     feeder thread and a pipe write in the worker, a read and the bookkeeping of torch's iterator
     in the main process) that is as large as the work of a small batch, so a worker gathers the
     items it makes within ``GROUP_SECONDS`` (at most ``GROUP_MAX_ITEMS``); a slow item (an image
-    batch) travels alone as before. ``last`` marks the worker's final group. An exception of the
+    batch) travels alone as before. The price: an item is not sent before the next one of its
+    group is made, so an item that stalls (a hung read, a slow hook) holds back the few items
+    made in the ``GROUP_SECONDS`` before it; the watchdog still names the stalled item. ``last``
+    marks the worker's final group. An exception of the
     worker's pipeline travels in its place in the group, so the main process raises it exactly
     where the item would have been."""
     while True:

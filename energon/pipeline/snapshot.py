@@ -14,7 +14,7 @@ the pipeline reads snapshots only through the functions here.
 
 from __future__ import annotations
 
-import pickle
+import marshal
 from typing import Any, NotRequired, TypedDict
 
 from energon.plan.mixing import ScheduleState
@@ -37,9 +37,10 @@ class StreamSnapshot(TypedDict):
 
 
 class PackedSnapshot:
-    """A snapshot on its way from a loader worker to the main process: its pickled bytes, unpacked
-    only when the main process reads it (a state is saved, statistics are asked for), plus its
-    error account, which the main process checks after every item.
+    """A snapshot on its way from a loader worker to the main process: its bytes (``marshal``: plain
+    data only, so nothing in them can name a class or run code), unpacked only when the main
+    process reads it (a state is saved, statistics are asked for), plus its error account, which
+    the main process checks after every item.
 
     The main process keeps the latest snapshot per stream but reads few of them: rebuilding each
     one (the shuffle buffer's pointers alone are ~100 tuples) cost ~20 us per batch there. The
@@ -53,10 +54,10 @@ class PackedSnapshot:
 
     @classmethod
     def pack(cls, snapshot: StreamSnapshot) -> PackedSnapshot:
-        return cls(pickle.dumps(snapshot, pickle.HIGHEST_PROTOCOL), snapshot.get("errors"))
+        return cls(marshal.dumps(snapshot), snapshot.get("errors"))
 
     def unpack(self) -> StreamSnapshot:
-        return pickle.loads(self.data)
+        return marshal.loads(self.data)
 
     def __reduce__(self) -> tuple:
         return PackedSnapshot, (self.data, self.errors)
