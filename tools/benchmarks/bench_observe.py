@@ -46,15 +46,19 @@ from energon.observe.measure import measure  # noqa: E402
 from energon.observe.simulate import SimulationSettings  # noqa: E402
 
 
-def loader_rate(path: str, *, stats: bool, batches: int, batch_size: int, workers: int) -> float:
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
-    ds = get_train_dataset(
+def _dataset(path: str, workers: int, batch_size: int):
+    """The benchmark's training dataset: shuffle buffer and slices of 100, one rank."""
+    return get_train_dataset(
         path,
-        worker_config=wc,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
         batch_size=batch_size,
         shuffle_buffer_size=100,
         max_samples_per_sequence=100,
     )
+
+
+def loader_rate(path: str, *, stats: bool, batches: int, batch_size: int, workers: int) -> float:
+    ds = _dataset(path, workers, batch_size)
     loader = get_savable_loader(ds, watchdog_timeout_seconds=None if not stats else 60)
     loader.collect_stats = stats
     it = iter(loader)
@@ -71,14 +75,7 @@ CONFIGS = ("off", "stats", "default")  # stats and watchdog off / stats only / b
 
 
 def open_loader(path: str, config: str, workers: int, batch_size: int):
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
-    ds = get_train_dataset(
-        path,
-        worker_config=wc,
-        batch_size=batch_size,
-        shuffle_buffer_size=100,
-        max_samples_per_sequence=100,
-    )
+    ds = _dataset(path, workers, batch_size)
     loader = get_loader(ds, watchdog_timeout_seconds=60 if config == "default" else None)
     loader.collect_stats = config != "off"
     it = iter(loader)
@@ -307,14 +304,7 @@ def main() -> None:
     # time per sample of a real worker
     rows_hot = hot_path_cost(path, args.batch_size, batches=args.batches)
     total = sum(calls * ns for _, calls, ns in rows_hot)
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=1)
-    ds = get_train_dataset(
-        path,
-        worker_config=wc,
-        batch_size=args.batch_size,
-        shuffle_buffer_size=100,
-        max_samples_per_sequence=100,
-    )
+    ds = _dataset(path, 1, args.batch_size)
     loader = get_savable_loader(ds)
     for _ in zip(range(args.batches), loader):
         pass
