@@ -38,7 +38,7 @@ from energon.loader.error_report import ErrorReport
 from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.loader.transit import pack_strings
-from energon.memory.batch_arena import BatchArena, arena_supported
+from energon.memory.batch_arena import ANY_WORKER, NO_WORKER, BatchArena, arena_supported
 from energon.observe import probe
 from energon.observe.stats import LoaderMonitor
 from energon.pipeline import snapshot
@@ -105,7 +105,10 @@ class _WorkerItems(torch.utils.data.IterableDataset):
         if self.arena is not None:
             self.arena.activate(worker)
         debug_log.activate(self.dataset.worker_config)
-        return _grouped(worker, iter(self.dataset.executor(worker, self.resume)))
+        groups = _grouped(worker, iter(self.dataset.executor(worker, self.resume)))
+        if self.arena is None:
+            return groups
+        return self.arena.count_groups(groups)
 
 
 def _grouped(worker: int, items: Iterator[tuple[Value, ItemMeta]]) -> Iterator[list[Any]]:
@@ -172,8 +175,10 @@ class _WorkerResults:
     wraps every call in a profiler ``record_function`` (two calls into torch's op dispatcher) and
     counts for a length check that never applies here (the iterable has no length)."""
 
-    def __init__(self, iterator: Any, num_workers: int) -> None:
+    def __init__(self, iterator: Any, num_workers: int, arena: BatchArena | None) -> None:
         self._iterator = iterator
+        self._arena = arena
+        self._groups_received = [0] * num_workers
         self._pending: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
         self._over = [False] * num_workers
         self._turn = 0
@@ -198,15 +203,36 @@ class _WorkerResults:
     def _receive(self) -> None:
         """The next group from torch (in its round-robin order over the workers, which may run
         ahead of ours: groups differ in size), queued under its worker."""
+        arena = self._arena
+        if arena is not None:
+            awaited = self._awaited_worker()
+            if awaited >= 0:
+                arena.main_waits_for(awaited, self._groups_received[awaited])
+            else:
+                arena.main_waits_for(awaited)
         try:
             group = self._iterator._next_data()
         except StopIteration:
             self._over = [True] * len(self._over)
             return
+        finally:
+            if arena is not None:
+                arena.main_waits_for(NO_WORKER)
         worker, last = group[0]
+        self._groups_received[worker] += 1
         self._pending[worker].extend(itertools.islice(group, 1, None))
         if last:
             self._over[worker] = True
+
+    def _awaited_worker(self) -> int:
+        """The worker whose group torch hands out next (its task bookkeeping), or ANY_WORKER."""
+        iterator = self._iterator
+        task_info = getattr(iterator, "_task_info", None)
+        received = getattr(iterator, "_rcvd_idx", None)
+        info = task_info.get(received) if task_info is not None else None
+        if not info or len(info) != 1:
+            return ANY_WORKER  # already here (then no wait), or bookkeeping unknown
+        return info[0]
 
     def _shutdown_workers(self) -> None:
         self._iterator._shutdown_workers()
@@ -527,7 +553,7 @@ class Loader:
         )
         iterator = iter(loader)
         _widen_result_pipe(iterator)
-        return _WorkerResults(iterator, wc.num_workers)
+        return _WorkerResults(iterator, wc.num_workers, self._arena)
 
     def _next_position(self) -> int:
         """The global micro-batch position this rank yields next."""

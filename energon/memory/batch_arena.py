@@ -10,8 +10,19 @@ instead of through torch's per-tensor shared memory, and the main process hands 
 mapping of the same block. (Without workers, batches come from :mod:`energon.memory.buffer_pool`.)
 
 A block is free again when the last tensor viewing it is garbage-collected (a finalizer on the numpy
-view under the handed-out tensor), so batches the user keeps are never overwritten. When no block is
-free the arena falls back to ordinary allocation: correct, just not faster.
+view under the handed-out tensor), so batches the user keeps are never overwritten.
+
+**Memory budget.** Without a bound, every batch in flight is a block: with torch's default
+``prefetch_factor=2`` each worker would keep two finished batches queued, one being made and one the
+training loop holds, 6 x 150 MB for two workers on a default image batch. The arena instead gives
+each worker at most ``ARENA_BYTES_PER_WORKER`` of blocks (never fewer than the loop needs to run:
+one block per worker, two with a single worker, where the loop holds batch n while batch n + 1 is
+made): a worker whose blocks are all in use waits before writing its next batch until the main
+process frees one. Decoding runs ahead of that point, only the write into the batch waits, so the
+workers stay busy as long as making a batch's samples takes longer than writing the batch. A worker
+never waits while the main process is waiting for that very worker's batch (the loop keeps
+batches, or the workers' order changed): it then takes another block rather than stall the loader.
+When even that is impossible the arena falls back to ordinary allocation: correct, just not faster.
 """
 
 from __future__ import annotations
@@ -21,8 +32,10 @@ import mmap
 import multiprocessing
 import multiprocessing.util
 import os
+import time
 import uuid
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,6 +46,11 @@ from energon.memory.buffer_pool import numpy_dtype
 SHM_DIR = "/dev/shm"
 BLOCKS_PER_WORKER = 8
 MIN_BYTES = 1 << 20  # small tensors are not worth pooling
+# a worker's blocks, beyond the minimum the loop needs (ENERGON_ARENA_MIB_PER_WORKER overrides)
+ARENA_BYTES_PER_WORKER = 256 << 20
+WAIT_SECONDS = 0.0005  # how often a worker over its budget looks for a freed block
+NO_WORKER = -1  # the main process is not waiting for a batch
+ANY_WORKER = -2  # the main process waits, for a worker it cannot name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +115,16 @@ class BatchArena:
         self.prefix = f"energon-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         # 1 = in use; written by whichever process holds the last reference.
         self.flags = multiprocessing.RawArray("b", max(1, num_workers) * BLOCKS_PER_WORKER)
+        # the worker whose batch the main process is blocked on (NO_WORKER, ANY_WORKER)
+        self.awaited = multiprocessing.RawValue("i", NO_WORKER)
+        # ... and which of that worker's groups (counted from 0)
+        self.awaited_group = multiprocessing.RawValue("q", 0)
+        self.group = 0  # in a worker: the group it is making
+        # the fewest blocks per worker that keep the loop running (see the module docstring)
+        self.min_blocks = 2 if num_workers <= 1 else 1
+        self.budget_bytes = _budget_bytes()
+        # 1 = the worker made its last batch (torch then skips it: nobody may wait for it)
+        self.ended = multiprocessing.RawArray("b", max(1, num_workers))
         self.worker = 0
         self._blocks: dict[int, _Block] = {}
         self._attached: dict[str, np.ndarray] = {}
@@ -130,28 +158,64 @@ class BatchArena:
         return torch.from_numpy(view)
 
     def _claim(self, nbytes: int) -> _Block | None:
-        """The smallest free block that fits; else a new one that replaces a free block too small
-        (so the worker's blocks stay as many as its batches in flight), else one in an empty slot.
-        Capacity beyond what batches wrote is never touched, so it costs no memory."""
+        """A block within the worker's budget, waiting for the main process to free one while
+        the main process is not waiting for this worker; past the budget when it is."""
+        while True:
+            block = self._claim_block(nbytes, within_budget=True)
+            if block is not None:
+                return block
+            if self._main_waits_for_me():
+                return self._claim_block(nbytes, within_budget=False)
+            time.sleep(WAIT_SECONDS)
+
+    def _main_waits_for_me(self) -> bool:
+        """Whether the main process waits for the group this worker is making (not for one it
+        already sent: that is on its way)."""
+        awaited = self.awaited.value
+        if awaited == NO_WORKER:
+            return False
+        if awaited == self.worker:
+            return self.awaited_group.value == self.group
+        return awaited == ANY_WORKER or bool(self.ended[awaited])
+
+    def count_groups(self, groups: Iterator[Any]) -> Iterator[Any]:
+        """The worker's groups, counted (see _main_waits_for_me); then marks the worker ended
+        (torch moves past an ended worker inside one wait of the main process, which then waits
+        for a worker it did not name)."""
+        for group in groups:
+            yield group
+            self.group += 1
+        self.ended[self.worker] = 1
+
+    def main_waits_for(self, worker: int, group: int = 0) -> None:
+        """Main process: say whose group it is blocked on (NO_WORKER when it is not)."""
+        self.awaited_group.value = group  # first: a worker reads the worker first
+        self.awaited.value = worker
+
+    def _claim_block(self, nbytes: int, within_budget: bool) -> _Block | None:
+        """The smallest free block that fits; else a new one that replaces a free block too
+        small (so the worker's blocks stay as many as its batches in flight), else one in an
+        empty slot; None when there is no slot, or when the new block would take the worker's
+        blocks past its budget (``within_budget``) while it has its minimum in use. Capacity
+        beyond what batches wrote is never touched, so it costs no memory."""
         base = self.worker * BLOCKS_PER_WORKER
-        fitting: _Block | None = None
-        too_small = empty = None
-        for index in range(base, base + BLOCKS_PER_WORKER):
-            if self.flags[index]:
-                continue
-            block = self._blocks.get(index)
-            if block is None:
-                empty = index if empty is None else empty
-            elif block.capacity >= nbytes:
-                if fitting is None or block.capacity < fitting.capacity:
-                    fitting = block
-            elif too_small is None:
-                too_small = index
-        if fitting is not None:
-            return self._mark_used(fitting)
-        slot = too_small if too_small is not None else empty
-        if slot is None:
-            return None
+        blocks = [self._blocks.get(i) for i in range(base, base + BLOCKS_PER_WORKER)]
+        free = [b for b in blocks if b is not None and not self.flags[b.index]]
+        fitting = [b for b in free if b.capacity >= nbytes]
+        if fitting:
+            return self._mark_used(min(fitting, key=lambda b: b.capacity))
+        replaced = free[0] if free else None  # every free block is too small
+        if replaced is not None:
+            slot = replaced.index
+        else:
+            slot = next((base + i for i, b in enumerate(blocks) if b is None), None)
+            if slot is None:
+                return None
+        if within_budget:
+            in_use = sum(1 for b in blocks if b is not None and self.flags[b.index])
+            kept = sum(b.capacity for b in blocks if b is not None and b is not replaced)
+            if in_use >= self.min_blocks and kept + _capacity(nbytes) > self.budget_bytes:
+                return None
         return self._mark_used(self._new_block(slot, nbytes))
 
     def _mark_used(self, block: _Block) -> _Block:
@@ -164,7 +228,7 @@ class BatchArena:
         old = self._blocks.pop(index, None)
         if old is not None:
             self._forget_address(old)
-        capacity = max(nbytes, int(nbytes * 1.25))
+        capacity = _capacity(nbytes)
         name = f"{self.prefix}-{index}-{uuid.uuid4().hex[:6]}"
         array = _map_file(os.path.join(SHM_DIR, name), capacity, create=True)
         if old is not None:
@@ -229,6 +293,26 @@ class BatchArena:
     def close(self) -> None:
         """Remove this arena's files (mappings stay valid while tensors use them)."""
         self._remove_files()
+
+
+def _capacity(nbytes: int) -> int:
+    """A new block's size: room for somewhat larger batches, so that it is not replaced at once."""
+    return max(nbytes, int(nbytes * 1.25))
+
+
+def _budget_bytes() -> int:
+    mib = os.environ.get("ENERGON_ARENA_MIB_PER_WORKER")
+    if not mib:
+        return ARENA_BYTES_PER_WORKER
+    try:
+        value = int(mib)
+    except ValueError:
+        raise ValueError(
+            f"ENERGON_ARENA_MIB_PER_WORKER must be a number of MiB, got {mib!r}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"ENERGON_ARENA_MIB_PER_WORKER must be >= 0, got {value}")
+    return value << 20
 
 
 def _remove_prefixed(prefix: str, owner: int) -> None:

@@ -11,11 +11,12 @@ import torch
 from energon import WorkerConfig, get_loader, get_train_dataset
 from energon.memory.buffer_pool import BufferPool
 
+# A wait that outlives this ends the test with WatchdogTimeout instead of hanging it (a batch of
+# the test set takes milliseconds).
+STALL_SECONDS = 120
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_kept_batches_and_views_stay_intact(captioning_ds, num_workers, monkeypatch):
-    monkeypatch.setattr("energon.memory.buffer_pool.MIN_BYTES", 1024)
-    monkeypatch.setattr("energon.memory.batch_arena.MIN_BYTES", 1024)
+
+def _small_batches(captioning_ds, num_workers: int):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
     ds = get_train_dataset(
         captioning_ds,
@@ -24,7 +25,22 @@ def test_kept_batches_and_views_stay_intact(captioning_ds, num_workers, monkeypa
         shuffle_buffer_size=5,
         max_samples_per_sequence=5,
     )
-    it = iter(get_loader(ds))
+    return get_loader(
+        ds,
+        watchdog_timeout_seconds=STALL_SECONDS,
+        watchdog_initial_timeout_seconds=STALL_SECONDS,
+        fail_on_timeout=True,
+    )
+
+
+@pytest.mark.parametrize(("num_workers", "arena_mib"), [(0, "256"), (2, "256"), (1, "0"), (2, "0")])
+def test_kept_batches_and_views_stay_intact(captioning_ds, num_workers, arena_mib, monkeypatch):
+    """Also with an arena budget of 0 (each worker keeps only the blocks the loop needs): a loop
+    that keeps batches must not wait forever for a worker waiting for a block it holds."""
+    monkeypatch.setattr("energon.memory.buffer_pool.MIN_BYTES", 1024)
+    monkeypatch.setattr("energon.memory.batch_arena.MIN_BYTES", 1024)
+    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", arena_mib)
+    it = iter(_small_batches(captioning_ds, num_workers))
     kept, kept_sums = [], []
     views, view_sums = [], []
     for i in range(30):
@@ -45,6 +61,44 @@ def test_kept_batches_and_views_stay_intact(captioning_ds, num_workers, monkeypa
         assert torch.equal(batch.image, expected)
     for view, expected in zip(views, view_sums):
         assert torch.equal(view, expected)
+
+
+def test_workers_keep_only_the_blocks_their_budget_allows(captioning_ds, monkeypatch):
+    """With a budget of 0 and a loop that drops each batch, every worker writes all its batches
+    into one block: a worker whose block is still in use waits for the main process to free it
+    instead of opening another one (torch's prefetch would otherwise keep three per worker)."""
+    from energon.memory import batch_arena
+
+    monkeypatch.setattr(batch_arena, "MIN_BYTES", 1024)
+    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)  # one batch a message
+    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
+    blocks: list[int] = []
+    import_ref = batch_arena.BatchArena._import_ref
+
+    def recording_import(self, ref):
+        blocks.append(ref.block)
+        return import_ref(self, ref)
+
+    monkeypatch.setattr(batch_arena.BatchArena, "_import_ref", recording_import)
+    images = []
+    for i, batch in enumerate(_small_batches(captioning_ds, 2)):
+        images.append(batch.image.clone())
+        if i == 29:
+            break
+    assert len(blocks) == 30
+    assert set(blocks) == {0, batch_arena.BLOCKS_PER_WORKER}
+    # the same batches as without a budget
+    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "256")
+    for i, batch in enumerate(_small_batches(captioning_ds, 2)):
+        assert torch.equal(batch.image, images[i])
+        if i == 29:
+            break
+
+
+def test_arena_budget_must_be_a_number(captioning_ds, monkeypatch):
+    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "lots")
+    with pytest.raises(ValueError, match="ENERGON_ARENA_MIB_PER_WORKER.*'lots'"):
+        next(iter(_small_batches(captioning_ds, 1)))
 
 
 def test_pool_reuses_freed_buffers_and_respects_its_bound():
