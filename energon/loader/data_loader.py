@@ -578,6 +578,8 @@ class Loader:
             self._monitor.close_source()
         shutdown = getattr(source, "_shutdown_workers", None)
         if shutdown is not None:
+            if self._arena is not None:
+                self._arena.release_workers()
             shutdown()
         if self._arena is not None:
             self._arena.close()

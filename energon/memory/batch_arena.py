@@ -120,6 +120,7 @@ class BatchArena:
         # ... and which of that worker's groups (counted from 0)
         self.awaited_group = multiprocessing.RawValue("q", 0)
         self.group = 0  # in a worker: the group it is making
+        self.closing = multiprocessing.RawValue("b", 0)  # 1 = the workers are being shut down
         # the fewest blocks per worker that keep the loop running (see the module docstring)
         self.min_blocks = 2 if num_workers <= 1 else 1
         self.budget_bytes = _budget_bytes()
@@ -161,6 +162,8 @@ class BatchArena:
         """A block within the worker's budget, waiting for the main process to free one while
         the main process is not waiting for this worker; past the budget when it is."""
         while True:
+            if self.closing.value:
+                return None  # the batch will never be read; do not hold up the shutdown
             block = self._claim_block(nbytes, within_budget=True)
             if block is not None:
                 return block
@@ -289,6 +292,12 @@ class BatchArena:
         view = _view(array, ref.offset, ref.shape, ref.stride, dtype)
         weakref.finalize(view, self.flags.__setitem__, ref.block, 0)
         return torch.from_numpy(view)
+
+    def release_workers(self) -> None:
+        """Main process, before it shuts the workers down: a worker waiting for a block stops
+        waiting (so it can see the shutdown at once instead of being killed after torch's join
+        timeout)."""
+        self.closing.value = 1
 
     def close(self) -> None:
         """Remove this arena's files (mappings stay valid while tensors use them)."""

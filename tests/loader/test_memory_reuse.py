@@ -95,6 +95,34 @@ def test_workers_keep_only_the_blocks_their_budget_allows(captioning_ds, monkeyp
             break
 
 
+def test_workers_waiting_for_a_block_end_when_the_loader_is_dropped(captioning_ds, monkeypatch):
+    """The loop holds every batch and the workers wait for blocks; dropping the loader must let
+    them end on their own, not leave torch to kill them after its join timeout (5 s each)."""
+    import multiprocessing.process
+
+    monkeypatch.setattr("energon.memory.batch_arena.MIN_BYTES", 1024)
+    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)
+    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
+    terminated = []
+    terminate = multiprocessing.process.BaseProcess.terminate
+
+    def recording_terminate(process):
+        terminated.append(process.pid)
+        terminate(process)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "terminate", recording_terminate)
+    loader = _small_batches(captioning_ds, 2)
+    it = iter(loader)
+    kept = [next(it) for _ in range(4)]
+    workers = list(loader._source._iterator._workers)
+    assert len(workers) == 2
+    del it, loader
+    gc.collect()
+    assert not any(worker.is_alive() for worker in workers)
+    assert terminated == [], "torch had to kill workers that waited for a block"
+    assert len(kept) == 4
+
+
 def test_arena_budget_must_be_a_number(captioning_ds, monkeypatch):
     monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "lots")
     with pytest.raises(ValueError, match="ENERGON_ARENA_MIB_PER_WORKER.*'lots'"):
