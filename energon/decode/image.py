@@ -75,6 +75,7 @@ IMAGE_MODES: dict[str, ImageMode] = {
 
 
 _FLOAT_RGB = IMAGE_MODES["torchrgb"]
+_UINT8_RGB = IMAGE_MODES["torchrgb8"]
 
 
 def open_image(data: bytes | memoryview, pil_mode: str) -> Image.Image:
@@ -137,8 +138,8 @@ _deferral = _Deferral()
 
 @contextmanager
 def float_images_deferred() -> Iterator[None]:
-    """Within this block (on this thread), float RGB torch images that the fast JPEG path decodes
-    come back as :class:`~energon.decode.pending.PendingImage` for the batch to convert. Only the
+    """Within this block (on this thread), RGB torch images (float or uint8) that the fast JPEG
+    path decodes come back as :class:`~energon.decode.pending.PendingImage` for the batch to convert. Only the
     pipeline's load stage uses it, where the library's own batching is all that sees samples."""
     previous = _deferral.active
     _deferral.active = True
@@ -171,12 +172,14 @@ def _from_pixels(pixels: np.ndarray, mode: ImageMode) -> Any:
 def decode_image(data: bytes | memoryview, mode: ImageMode) -> Any:
     """Decode one encoded image into the container, value type and colour mode of ``mode``."""
     if mode.container != "pil":
-        deferred = _deferral.active and mode == _FLOAT_RGB
+        deferred = _deferral.active and (mode == _FLOAT_RGB or mode == _UINT8_RGB)
         pixels = decode_jpeg(
             data, mode.pil_mode, _pooled_pixels if mode.container == "torch" else None
         )
         if pixels is not None:
-            return PendingImage(pixels) if deferred else _from_pixels(pixels, mode)
+            if deferred:
+                return PendingImage(pixels, torch.uint8 if mode == _UINT8_RGB else torch.float32)
+            return _from_pixels(pixels, mode)
     image = open_image(data, mode.pil_mode)
     if mode.container == "pil":
         # a plain Image, as the reference's convert() gives (not the file's PngImageFile, ...)

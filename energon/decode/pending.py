@@ -1,12 +1,13 @@
-"""Float images whose uint8 -> float conversion is left to the batch (decode into batch memory).
+"""Torch RGB images whose planar copy is left to the batch (decode into batch memory).
 
 A default ``torchrgb`` image is float32 (3, H, W): four bytes per subpixel, written once per
-sample and read again when the batch is pad-stacked. When nothing but the library's own batching
+sample and read again when the batch is pad-stacked (a ``torchrgb8`` image likewise, one byte per
+subpixel). When nothing but the library's own batching
 sees the decoded samples (no ``encode_sample`` of the user's, no packing or grouping, the default
 ``batch``: see ``energon.pipeline.stream``), the load stage lets the image decoder return a
 :class:`PendingImage` instead: the decoder's uint8 (H, W, 3) pixels in a pooled buffer. The batch
-(``energon.samples.collate.batch_pad_stack``) then writes each image as ``v / 255`` straight
-into its padded slot of the batch tensor (in a worker, in the shared-memory arena), zeroing the
+(``energon.samples.collate.batch_pad_stack``) then writes each image (as ``v / 255`` for
+float) straight into its padded slot of the batch tensor (in a worker, in the shared-memory arena), zeroing the
 padding in the same pass. The batch's values are exactly those of the per-sample path.
 
 A PendingImage never reaches the user: the batch stage turns any that a batch still holds into
@@ -28,14 +29,17 @@ __all__ = ["PendingImage", "materialize_pending"]
 
 
 class PendingImage:
-    """uint8 (H, W, C) pixels standing for the float32 (C, H, W) tensor ``pixels / 255``."""
+    """uint8 (H, W, C) pixels standing for the (C, H, W) tensor of ``dtype``: float32
+    ``pixels / 255`` or uint8 ``pixels``."""
 
-    __slots__ = ("pixels",)
-    dtype = torch.float32
+    __slots__ = ("pixels", "dtype")
     device = torch.device("cpu")
 
-    def __init__(self, pixels: np.ndarray) -> None:
+    def __init__(self, pixels: np.ndarray, dtype: torch.dtype = torch.float32) -> None:
+        if dtype not in (torch.float32, torch.uint8):
+            raise ValueError(f"a PendingImage stands for a float32 or uint8 tensor, not {dtype}")
         self.pixels = pixels
+        self.dtype = dtype
 
     @property
     def shape(self) -> torch.Size:
@@ -46,13 +50,14 @@ class PendingImage:
         return 3
 
     def materialize(self) -> torch.Tensor:
-        """The float tensor the decoder returns without deferral."""
+        """The tensor the decoder returns without deferral."""
         height, width, channels = self.pixels.shape
-        out = pooled_empty((channels, height, width), np.float32)
+        dtype = np.float32 if self.dtype == torch.float32 else np.uint8
+        out = pooled_empty((channels, height, width), dtype)
         return torch.from_numpy(to_planar(self.pixels, out))
 
     def write_padded(self, slot: np.ndarray) -> None:
-        """Write the float image into the corner of ``slot`` (C, h, w) and zero the rest."""
+        """Write the image into the corner of ``slot`` (C, h, w) of its dtype; zero the rest."""
         to_padded_planar(self.pixels, slot)
 
     def __repr__(self) -> str:

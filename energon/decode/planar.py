@@ -63,6 +63,32 @@ void planar_f32_slot(const uint8_t *src, int64_t h, int64_t w, int64_t channels,
             memset(dst + c * plane + h * slot_w, 0, (size_t)((slot_h - h) * slot_w) * sizeof(float));
 }
 
+/* planar_f32_slot for uint8 slots: the pixels de-interleaved into the corner, zeros elsewhere. */
+void planar_u8_slot(const uint8_t *src, int64_t h, int64_t w, int64_t channels, uint8_t *dst,
+                    int64_t slot_h, int64_t slot_w) {
+    int64_t plane = slot_h * slot_w;
+    for (int64_t y = 0; y < h; y++) {
+        const uint8_t *s = src + y * w * channels;
+        uint8_t *row = dst + y * slot_w;
+        if (channels == 3) {
+            uint8_t *r0 = row, *r1 = row + plane, *r2 = row + 2 * plane;
+            for (int64_t x = 0; x < w; x++) {
+                r0[x] = s[3 * x];
+                r1[x] = s[3 * x + 1];
+                r2[x] = s[3 * x + 2];
+            }
+        } else {
+            for (int64_t c = 0; c < channels; c++)
+                for (int64_t x = 0; x < w; x++) row[c * plane + x] = s[x * channels + c];
+        }
+        if (slot_w > w)
+            for (int64_t c = 0; c < channels; c++) memset(row + c * plane + w, 0, (size_t)(slot_w - w));
+    }
+    if (slot_h > h)
+        for (int64_t c = 0; c < channels; c++)
+            memset(dst + c * plane + h * slot_w, 0, (size_t)((slot_h - h) * slot_w));
+}
+
 void planar_u8(const uint8_t *src, int64_t pixels, int64_t channels, uint8_t *dst) {
     for (int64_t c = 0; c < channels; c++) {
         uint8_t *plane = dst + c * pixels;
@@ -88,6 +114,8 @@ def _native() -> ctypes.CDLL | None:
             library.planar_f32_slot.argtypes = [pointer, count, count, count, pointer, pointer]
             library.planar_f32_slot.argtypes += [count, count]
             library.planar_f32_slot.restype = None
+            library.planar_u8_slot.argtypes = [pointer, count, count, count, pointer, count, count]
+            library.planar_u8_slot.restype = None
         _library = library
     return _library  # type: ignore[return-value]
 
@@ -124,13 +152,14 @@ def to_planar(pixels: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def to_padded_planar(pixels: np.ndarray, slot: np.ndarray) -> None:
-    """Write (H, W, C) uint8 ``pixels`` as float32 ``v / 255`` into the top-left corner of the
-    (C, slot_h, slot_w) float32 ``slot`` and zero the rest of it (a padded batch slot)."""
+    """Write (H, W, C) uint8 ``pixels`` into the top-left corner of the (C, slot_h, slot_w)
+    ``slot`` and zero the rest of it (a padded batch slot): as float32 ``v / 255`` into a float32
+    slot, as they are into a uint8 slot."""
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     height, width, channels = pixels.shape
     slot_channels, slot_height, slot_width = slot.shape
-    if slot.dtype != np.float32 or slot_channels != channels:
+    if slot.dtype not in (np.float32, np.uint8) or slot_channels != channels:
         raise ValueError(
             f"cannot write {pixels.shape} pixels into a {slot.shape} {slot.dtype} slot"
         )
@@ -138,6 +167,17 @@ def to_padded_planar(pixels: np.ndarray, slot: np.ndarray) -> None:
         raise ValueError(f"a {slot.shape} slot is too small for {pixels.shape} pixels")
     library = _native()
     if library is not None and pixels.flags.c_contiguous and slot.flags.c_contiguous:
+        if slot.dtype == np.uint8:
+            library.planar_u8_slot(
+                pixels.ctypes.data,
+                height,
+                width,
+                channels,
+                slot.ctypes.data,
+                slot_height,
+                slot_width,
+            )
+            return
         library.planar_f32_slot(
             pixels.ctypes.data,
             height,
@@ -150,6 +190,9 @@ def to_padded_planar(pixels: np.ndarray, slot: np.ndarray) -> None:
         )
         return
     for channel in range(channels):
-        np.divide(pixels[:, :, channel], _UINT8_MAX, out=slot[channel, :height, :width])
+        if slot.dtype == np.uint8:
+            slot[channel, :height, :width] = pixels[:, :, channel]
+        else:
+            np.divide(pixels[:, :, channel], _UINT8_MAX, out=slot[channel, :height, :width])
     slot[:, :height, width:] = 0
     slot[:, height:, :] = 0

@@ -123,17 +123,20 @@ def batch_pad_stack(batch: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def _pad_stack_pending(images: list[Any]) -> torch.Tensor:
-    """``batch_pad_stack`` of float images some of which are :class:`PendingImage`: each pending
-    one is converted from uint8 straight into its padded slot (padding zeroed in the same pass),
-    the others are copied as usual."""
-    if any(not isinstance(t, PendingImage) and t.dtype != torch.float32 for t in images):
+    """``batch_pad_stack`` of images some of which are :class:`PendingImage`: each pending one is
+    written from its uint8 pixels straight into its padded slot (padding zeroed in the same
+    pass), the others are copied as usual."""
+    dtype = images[0].dtype
+    if any(t.dtype != dtype for t in images) or (
+        not isinstance(images[0], PendingImage) and images[0].device.type != "cpu"
+    ):
         images = [t.materialize() if isinstance(t, PendingImage) else t for t in images]
         return batch_pad_stack(images)
     shapes = [tuple(image.shape) for image in images]
     if any(len(shape) != 3 for shape in shapes):
         raise ValueError(f"Cannot batch tensors of different ranks: shapes {shapes}")
     max_shape = [max(sizes) for sizes in zip(*shapes)]
-    out = _new_batch_tensor(torch.empty(0, dtype=torch.float32), (len(images), *max_shape))
+    out = _new_batch_tensor(torch.empty(0, dtype=dtype), (len(images), *max_shape))
     out_array = out.numpy()
     for slot, image in zip(out_array, images):
         if isinstance(image, PendingImage):

@@ -121,13 +121,17 @@ def test_planar_kernel_equals_numpy(channels, dtype, monkeypatch):
     assert np.array_equal(out_numpy, expected)
 
 
-def test_padded_slot_kernel_equals_numpy(monkeypatch):
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_padded_slot_kernel_equals_numpy(dtype, monkeypatch):
     pixels = np.random.default_rng(9).integers(0, 256, (21, 34, 3), dtype=np.uint8)
-    native_slot = np.full((3, 30, 40), 7.0, dtype=np.float32)  # stale values must be overwritten
+    native_slot = np.full((3, 30, 40), 7, dtype=dtype)  # stale values must be overwritten
     planar.to_padded_planar(pixels, native_slot)
     monkeypatch.setattr(planar, "_library", None)  # the numpy fallback
-    numpy_slot = np.full((3, 30, 40), 7.0, dtype=np.float32)
+    numpy_slot = np.full((3, 30, 40), 7, dtype=dtype)
     planar.to_padded_planar(pixels, numpy_slot)
-    expected = np.zeros((3, 30, 40), dtype=np.float32)
-    expected[:, :21, :34] = np.divide(pixels.transpose(2, 0, 1), np.float32(255), dtype=np.float32)
+    expected = np.zeros((3, 30, 40), dtype=dtype)
+    if dtype == np.float32:
+        expected[:, :21, :34] = np.divide(pixels.transpose(2, 0, 1), np.float32(255), dtype=dtype)
+    else:
+        expected[:, :21, :34] = pixels.transpose(2, 0, 1)
     assert np.array_equal(native_slot, expected) and np.array_equal(numpy_slot, expected)

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from energon import DefaultTaskEncoder, WorkerConfig, get_loader, get_train_dataset
+from energon import (
+    DefaultTaskEncoder,
+    SampleDecoder,
+    WorkerConfig,
+    get_loader,
+    get_train_dataset,
+)
 from energon.decode.pending import PendingImage, materialize_pending
 from energon.samples.collate import batch_pad_stack
 from tests.helpers.datasets import make_captioning_dataset
@@ -34,15 +40,28 @@ def _batches(path, num_workers: int, count: int, task_encoder=None, batch_size: 
     return out
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_batches_equal_the_pillow_path_bit_for_bit(captioning_ds, num_workers, monkeypatch):
+def _decoding(image_decode: str) -> DefaultTaskEncoder:
+    encoder = DefaultTaskEncoder()
+    encoder.decoder = SampleDecoder(image_decode=image_decode)
+    return encoder
+
+
+@pytest.mark.parametrize(
+    ("num_workers", "image_decode", "dtype"),
+    [(0, "torchrgb", torch.float32), (2, "torchrgb", torch.float32), (0, "torchrgb8", torch.uint8)]
+    + [(2, "torchrgb8", torch.uint8)],
+)
+def test_batches_equal_the_pillow_path_bit_for_bit(
+    captioning_ds, num_workers, image_decode, dtype, monkeypatch
+):
     monkeypatch.setattr("energon.memory.buffer_pool.MIN_BYTES", 1024)  # pool the small test images
-    fast = _batches(captioning_ds, num_workers, 12)
+    monkeypatch.setattr("energon.memory.batch_arena.MIN_BYTES", 1024)
+    fast = _batches(captioning_ds, num_workers, 12, _decoding(image_decode))
     monkeypatch.setenv("ENERGON_NO_FAST_JPEG", "1")
-    slow = _batches(captioning_ds, num_workers, 12)
+    slow = _batches(captioning_ds, num_workers, 12, _decoding(image_decode))
     assert [keys for keys, _ in fast] == [keys for keys, _ in slow]
     for (_, a), (_, b) in zip(fast, slow):
-        assert a.dtype == b.dtype == torch.float32 and a.shape == b.shape
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape
         assert torch.equal(a, b)
     padded = [image for _, image in fast if (image == 0).any()]
     assert padded, "the test images differ in size, so some slots are padded"
@@ -98,6 +117,21 @@ def test_pad_stack_of_pending_and_ordinary_images_equals_the_float_path():
     reference = torch.from_numpy(items[0].pixels).permute(2, 0, 1).float() / 255
     assert torch.equal(mixed[0, :, :5, :7], reference)
     assert not mixed[0, :, 5:, :].any() and not mixed[0, :, :, 7:].any()
+
+
+def test_pad_stack_of_uint8_pending_images_equals_the_uint8_path():
+    rng = np.random.default_rng(5)
+    pixels = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(5, 7), (9, 3), (2, 8)]]
+    pending = [PendingImage(p, torch.uint8) for p in pixels]
+    stacked = batch_pad_stack(pending)
+    assert stacked.dtype == torch.uint8 and stacked.shape == (3, 3, 9, 8)
+    expected = batch_pad_stack([torch.from_numpy(p).permute(2, 0, 1).contiguous() for p in pixels])
+    assert torch.equal(stacked, expected)
+    assert torch.equal(pending[1].materialize(), expected[1, :, :9, :3])
+    # mixed with a float image: as if every image had been its own tensor (the first's dtype)
+    other = torch.rand(3, 2, 2) * 255
+    mixed = batch_pad_stack([*pending, other])
+    assert torch.equal(mixed, batch_pad_stack([*(p.materialize() for p in pending), other]))
 
 
 def test_materialize_pending_reaches_into_containers():

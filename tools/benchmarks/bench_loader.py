@@ -175,16 +175,17 @@ def describe_batch(batch: Any, kind: str) -> str:
     return f"text list[{len(batch.text)}]"
 
 
-def check_first_batch(batch: Any, kind: str) -> None:
+def check_first_batch(batch: Any, kind: str, image_decode: str = "torchrgb") -> None:
     """Fail loudly if the loader returns something other than what the raw limit computes."""
     if kind != "captioning":
         return
     import torch
 
+    expected = torch.uint8 if image_decode.endswith("8") else torch.float32
     image = batch.image
-    if not isinstance(image, torch.Tensor) or image.dtype != torch.float32 or image.ndim != 4:
+    if not isinstance(image, torch.Tensor) or image.dtype != expected or image.ndim != 4:
         raise TypeError(
-            f"expected batch.image float32 [B,3,H,W], got {describe_batch(batch, kind)}"
+            f"expected batch.image {expected} [B,3,H,W], got {describe_batch(batch, kind)}"
         )
 
 
@@ -213,6 +214,7 @@ def run_loader(
     samples: int,
     warmup: int = WARMUP_SAMPLES,
     consume: str = "none",
+    image_decode: str = "torchrgb",
 ) -> LoaderResult:
     """Iterate the loader like a training loop: ``warmup`` samples untimed, then ``samples``
     samples timed (in this process). Memory peaks cover the whole run, warm-up included. With
@@ -234,11 +236,12 @@ def run_loader(
                 shuffle_buffer_size=SHUFFLE_BUFFER_SIZE,
                 max_samples_per_sequence=MAX_SAMPLES_PER_SEQUENCE,
                 worker_config=worker_config,
+                image_decode=image_decode,
             )
             iterator = iter(get_loader(dataset))
             first = next(iterator)
         result.time_to_first_batch = since_start.seconds
-        check_first_batch(first, workload.kind)
+        check_first_batch(first, workload.kind, image_decode)
         result.first_batch = describe_batch(first, workload.kind)
         result.samples = count_batch_samples(first, workload.kind)
         result.batches = 1
@@ -297,11 +300,15 @@ def disable_error_accounting() -> None:
 
 
 def run_loader_safely(
-    workload: Workload, workers: int, samples: int, consume: str = "none"
+    workload: Workload,
+    workers: int,
+    samples: int,
+    consume: str = "none",
+    image_decode: str = "torchrgb",
 ) -> LoaderResult:
     """Like :func:`run_loader`, but an exception becomes the result's ``error``."""
     try:
-        return run_loader(workload, workers, samples, consume=consume)
+        return run_loader(workload, workers, samples, consume=consume, image_decode=image_decode)
     except Exception as error:  # one broken configuration must not end the run
         traceback.print_exc()
         return LoaderResult(workload.name, workers, error=f"{type(error).__name__}: {error}")
@@ -316,6 +323,7 @@ def run_loader_in_subprocess(
     torch_threads: int | None = None,
     error_accounting: bool = True,
     consume: str = "none",
+    image_decode: str = "torchrgb",
 ) -> LoaderResult:
     """Run one configuration in a fresh interpreter; it reports back one JSON line on stdout."""
     command = [
@@ -337,6 +345,8 @@ def run_loader_in_subprocess(
         command.append("--no-error-accounting")
     if consume != "none":
         command += ["--consume", consume]
+    if image_decode != "torchrgb":
+        command += ["--image-decode", image_decode]
     try:
         completed = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False
@@ -523,6 +533,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "tensor once as a copy to the accelerator would",
     )
     parser.add_argument(
+        "--image-decode",
+        default="torchrgb",
+        help="the datasets' image_decode (default torchrgb: float32 in [0, 1]; torchrgb8: uint8)",
+    )
+    parser.add_argument(
         "--prepare", action="store_true", help="prepare the workload even if it has an index"
     )
     parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="rounds (median reported)")
@@ -565,7 +580,11 @@ def run_one(args: argparse.Namespace) -> None:
     if args.no_error_accounting:
         disable_error_accounting()
     result = run_loader_safely(
-        workload, int(args.workers), timed_samples(args, workload.kind), args.consume
+        workload,
+        int(args.workers),
+        timed_samples(args, workload.kind),
+        args.consume,
+        args.image_decode,
     )
     # A fresh process's own high-water mark is exact, and catches peaks the probe samples miss.
     own_max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -584,7 +603,9 @@ def benchmark_round(
     for workers in worker_counts:
         print(f"# {workload.name}: {workers} workers, {samples} samples ...", flush=True)
         if args.in_process:
-            results.append(run_loader_safely(workload, workers, samples, args.consume))
+            results.append(
+                run_loader_safely(workload, workers, samples, args.consume, args.image_decode)
+            )
         else:
             results.append(
                 run_loader_in_subprocess(
@@ -595,6 +616,7 @@ def benchmark_round(
                     args.timeout,
                     args.torch_threads,
                     consume=args.consume,
+                    image_decode=args.image_decode,
                 )
             )
         print(f"#   {results[-1].steady_samples_per_second:,.0f} samples/s {results[-1].error}")
