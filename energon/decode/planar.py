@@ -35,59 +35,42 @@ void planar_f32(const uint8_t *src, int64_t pixels, int64_t channels, const floa
     }
 }
 
-/* One padded batch slot (channels, slot_h, slot_w) from (h, w, channels) pixels: the image in
-   the top-left corner as table[v], zeros elsewhere; every float written once, pixels read once. */
-void planar_f32_slot(const uint8_t *src, int64_t h, int64_t w, int64_t channels,
-                     const float *table, float *dst, int64_t slot_h, int64_t slot_w) {
-    int64_t plane = slot_h * slot_w;
-    for (int64_t y = 0; y < h; y++) {
-        const uint8_t *s = src + y * w * channels;
-        float *row = dst + y * slot_w;
-        if (channels == 3) {
-            float *r0 = row, *r1 = row + plane, *r2 = row + 2 * plane;
-            for (int64_t x = 0; x < w; x++) {
-                r0[x] = table[s[3 * x]];
-                r1[x] = table[s[3 * x + 1]];
-                r2[x] = table[s[3 * x + 2]];
-            }
-        } else {
-            for (int64_t c = 0; c < channels; c++)
-                for (int64_t x = 0; x < w; x++) row[c * plane + x] = table[s[x * channels + c]];
-        }
-        if (slot_w > w)
-            for (int64_t c = 0; c < channels; c++)
-                memset(row + c * plane + w, 0, (size_t)(slot_w - w) * sizeof(float));
+/* One padded batch slot (channels, slot_h, slot_w) of TYPE from (h, w, channels) pixels: the
+   image in the top-left corner as CONVERT(v), zeros elsewhere; every value written once, pixels
+   read once. Defined for float slots (table[v], the table of v / 255) and uint8 slots (v). */
+#define AS_FLOAT(v) table[v]
+#define AS_BYTE(v) ((void)table, (v))
+#define PADDED_SLOT(NAME, TYPE, CONVERT)                                                          \
+    void NAME(const uint8_t *src, int64_t h, int64_t w, int64_t channels, const float *table,   \
+              TYPE *dst, int64_t slot_h, int64_t slot_w) {                                      \
+        int64_t plane = slot_h * slot_w;                                                        \
+        for (int64_t y = 0; y < h; y++) {                                                       \
+            const uint8_t *s = src + y * w * channels;                                          \
+            TYPE *row = dst + y * slot_w;                                                       \
+            if (channels == 3) {                                                                \
+                TYPE *r0 = row, *r1 = row + plane, *r2 = row + 2 * plane;                       \
+                for (int64_t x = 0; x < w; x++) {                                               \
+                    r0[x] = CONVERT(s[3 * x]);                                                  \
+                    r1[x] = CONVERT(s[3 * x + 1]);                                              \
+                    r2[x] = CONVERT(s[3 * x + 2]);                                              \
+                }                                                                               \
+            } else {                                                                            \
+                for (int64_t c = 0; c < channels; c++)                                          \
+                    for (int64_t x = 0; x < w; x++)                                             \
+                        row[c * plane + x] = CONVERT(s[x * channels + c]);                      \
+            }                                                                                   \
+            if (slot_w > w)                                                                     \
+                for (int64_t c = 0; c < channels; c++)                                          \
+                    memset(row + c * plane + w, 0, (size_t)(slot_w - w) * sizeof(TYPE));        \
+        }                                                                                       \
+        if (slot_h > h)                                                                         \
+            for (int64_t c = 0; c < channels; c++)                                              \
+                memset(dst + c * plane + h * slot_w, 0,                                         \
+                       (size_t)((slot_h - h) * slot_w) * sizeof(TYPE));                         \
     }
-    if (slot_h > h)
-        for (int64_t c = 0; c < channels; c++)
-            memset(dst + c * plane + h * slot_w, 0, (size_t)((slot_h - h) * slot_w) * sizeof(float));
-}
 
-/* planar_f32_slot for uint8 slots: the pixels de-interleaved into the corner, zeros elsewhere. */
-void planar_u8_slot(const uint8_t *src, int64_t h, int64_t w, int64_t channels, uint8_t *dst,
-                    int64_t slot_h, int64_t slot_w) {
-    int64_t plane = slot_h * slot_w;
-    for (int64_t y = 0; y < h; y++) {
-        const uint8_t *s = src + y * w * channels;
-        uint8_t *row = dst + y * slot_w;
-        if (channels == 3) {
-            uint8_t *r0 = row, *r1 = row + plane, *r2 = row + 2 * plane;
-            for (int64_t x = 0; x < w; x++) {
-                r0[x] = s[3 * x];
-                r1[x] = s[3 * x + 1];
-                r2[x] = s[3 * x + 2];
-            }
-        } else {
-            for (int64_t c = 0; c < channels; c++)
-                for (int64_t x = 0; x < w; x++) row[c * plane + x] = s[x * channels + c];
-        }
-        if (slot_w > w)
-            for (int64_t c = 0; c < channels; c++) memset(row + c * plane + w, 0, (size_t)(slot_w - w));
-    }
-    if (slot_h > h)
-        for (int64_t c = 0; c < channels; c++)
-            memset(dst + c * plane + h * slot_w, 0, (size_t)((slot_h - h) * slot_w));
-}
+PADDED_SLOT(planar_f32_slot, float, AS_FLOAT)
+PADDED_SLOT(planar_u8_slot, uint8_t, AS_BYTE)
 
 void planar_u8(const uint8_t *src, int64_t pixels, int64_t channels, uint8_t *dst) {
     for (int64_t c = 0; c < channels; c++) {
@@ -114,7 +97,7 @@ def _native() -> ctypes.CDLL | None:
             library.planar_f32_slot.argtypes = [pointer, count, count, count, pointer, pointer]
             library.planar_f32_slot.argtypes += [count, count]
             library.planar_f32_slot.restype = None
-            library.planar_u8_slot.argtypes = [pointer, count, count, count, pointer, count, count]
+            library.planar_u8_slot.argtypes = library.planar_f32_slot.argtypes
             library.planar_u8_slot.restype = None
         _library = library
     return _library  # type: ignore[return-value]
@@ -167,18 +150,8 @@ def to_padded_planar(pixels: np.ndarray, slot: np.ndarray) -> None:
         raise ValueError(f"a {slot.shape} slot is too small for {pixels.shape} pixels")
     library = _native()
     if library is not None and pixels.flags.c_contiguous and slot.flags.c_contiguous:
-        if slot.dtype == np.uint8:
-            library.planar_u8_slot(
-                pixels.ctypes.data,
-                height,
-                width,
-                channels,
-                slot.ctypes.data,
-                slot_height,
-                slot_width,
-            )
-            return
-        library.planar_f32_slot(
+        write_slot = library.planar_u8_slot if slot.dtype == np.uint8 else library.planar_f32_slot
+        write_slot(
             pixels.ctypes.data,
             height,
             width,
