@@ -136,6 +136,14 @@ class _Deferral(threading.local):
 _deferral = _Deferral()
 
 
+def set_images_deferred(active: bool) -> bool:
+    """Switch the deferral of :func:`float_images_deferred` on or off for this thread; returns
+    the previous setting (the load stage's per-sample form, without a context manager)."""
+    previous = _deferral.active
+    _deferral.active = active
+    return previous
+
+
 @contextmanager
 def float_images_deferred() -> Iterator[None]:
     """Within this block (on this thread), RGB torch images (float or uint8) that the fast JPEG

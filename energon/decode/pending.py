@@ -17,6 +17,7 @@ the float tensor the decoder would have returned (:func:`materialize_pending`).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import numpy as np
@@ -25,14 +26,18 @@ import torch
 from energon.decode.planar import to_padded_planar, to_planar
 from energon.memory.buffer_pool import pooled_empty
 
-__all__ = ["PendingImage", "materialize_pending"]
+__all__ = ["PendingImage", "any_pending", "materialize_pending"]
+
+# Every PendingImage of this process that is still alive: while there is none (text, or images
+# the fast path does not take), the batch stage need not look through its batches for them.
+_alive: weakref.WeakSet[PendingImage] = weakref.WeakSet()
 
 
 class PendingImage:
     """uint8 (H, W, C) pixels standing for the (C, H, W) tensor of ``dtype``: float32
     ``pixels / 255`` or uint8 ``pixels``."""
 
-    __slots__ = ("pixels", "dtype")
+    __slots__ = ("pixels", "dtype", "__weakref__")
     device = torch.device("cpu")
 
     def __init__(self, pixels: np.ndarray, dtype: torch.dtype = torch.float32) -> None:
@@ -40,6 +45,7 @@ class PendingImage:
             raise ValueError(f"a PendingImage stands for a float32 or uint8 tensor, not {dtype}")
         self.pixels = pixels
         self.dtype = dtype
+        _alive.add(self)
 
     @property
     def shape(self) -> torch.Size:
@@ -62,6 +68,11 @@ class PendingImage:
 
     def __repr__(self) -> str:
         return f"PendingImage(shape={tuple(self.shape)})"
+
+
+def any_pending() -> bool:
+    """Whether a PendingImage exists in this process (one may then be inside a batch)."""
+    return bool(_alive)
 
 
 def materialize_pending(value: Any) -> Any:

@@ -225,14 +225,19 @@ class _WorkerResults:
             self._over[worker] = True
 
     def _awaited_worker(self) -> int:
-        """The worker whose group torch hands out next (its task bookkeeping), or ANY_WORKER."""
+        """The worker whose group torch hands out next (its task bookkeeping): NO_WORKER when
+        that group is already here (no wait), ANY_WORKER when torch will move past an ended
+        worker or its bookkeeping is unknown."""
         iterator = self._iterator
         task_info = getattr(iterator, "_task_info", None)
         received = getattr(iterator, "_rcvd_idx", None)
+        status = getattr(iterator, "_workers_status", None)
         info = task_info.get(received) if task_info is not None else None
-        if not info or len(info) != 1:
-            return ANY_WORKER  # already here (then no wait), or bookkeeping unknown
-        return info[0]
+        if not info or status is None:
+            return ANY_WORKER
+        if len(info) == 2:
+            return NO_WORKER  # received out of order earlier: handed out without a wait
+        return info[0] if status[info[0]] else ANY_WORKER
 
     def _shutdown_workers(self) -> None:
         self._iterator._shutdown_workers()

@@ -16,8 +16,8 @@ from typing import Any
 
 from energon import debug_log
 from energon import state_fields as fields
-from energon.decode.image import float_images_deferred
-from energon.decode.pending import materialize_pending
+from energon.decode.image import set_images_deferred
+from energon.decode.pending import any_pending, materialize_pending
 from energon.decode.sample_decoder import SampleDecoder
 from energon.errors import ErrorPolicy, SampleException, SkipSample, StateError
 from energon.observe import probe as _probe
@@ -82,8 +82,11 @@ class LoadStage(Stage):
                 _probe.ACTIVE.switched(previous)
             try:
                 if self.defer_images:
-                    with float_images_deferred():
+                    previous_deferral = set_images_deferred(True)
+                    try:
                         sample = self._load(key, source, index)
+                    finally:
+                        set_images_deferred(previous_deferral)
                 else:
                     sample = self._load(key, source, index)
             except SampleException as e:
@@ -422,10 +425,10 @@ class BatchStage(Stage):
             self._batches += 1
             try:
                 batch = call_hook(self.batcher, hook_index, values, stage=BATCH)
-                if self.deferred_images:
+                if self.deferred_images and any_pending():
                     batch = materialize_pending(batch)
             except Exception as e:
-                if self.deferred_images:
+                if self.deferred_images and any_pending():
                     values = materialize_pending(values)
                 self.policy.failed(e, values, keys=keys)
                 continue

@@ -178,3 +178,32 @@ def test_a_sample_loader_sees_float_tensors(tmp_path):
     )
     batches = _batches(root, 0, 3)
     assert len(batches) == 3 and all(image.dtype == torch.float32 for _, image in batches)
+
+
+def test_batches_are_searched_for_pending_images_only_while_some_exist(
+    captioning_ds, text_ds, monkeypatch
+):
+    """Looking through every batch for PendingImages costs text batches (nested restore keys,
+    lists of strings) a third of their making; it happens only while a PendingImage exists."""
+    from energon.pipeline import stages
+
+    searched = []
+    search = stages.materialize_pending
+
+    def counting(value):
+        searched.append(type(value).__name__)
+        return search(value)
+
+    monkeypatch.setattr(stages, "materialize_pending", counting)
+    gc.collect()
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    for path, expect_search in ((text_ds, False), (captioning_ds, True)):
+        searched.clear()
+        ds = get_train_dataset(
+            path, worker_config=wc, batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=5
+        )
+        batches = [batch for _, batch in zip(range(5), get_loader(ds))]
+        assert len(batches) == 5
+        assert bool(searched) == expect_search, (path, searched)
+        if expect_search:
+            assert all(batch.image.dtype == torch.float32 for batch in batches)
