@@ -327,6 +327,7 @@ def main() -> None:
                 "requests",
                 "retries",
                 "throttled",
+                "hedged",
                 "bytes read",
                 "bytes written",
                 "wait s",
