@@ -67,12 +67,13 @@ class ArenaRef:
 
 
 class _Block:
-    __slots__ = ("index", "name", "capacity", "array", "exported", "generation")
+    __slots__ = ("index", "name", "capacity", "used", "array", "exported", "generation")
 
     def __init__(self, index: int, name: str, capacity: int, array: np.ndarray) -> None:
         self.index = index
         self.name = name
         self.capacity = capacity
+        self.used = 0  # the most bytes a batch wrote: the block's resident memory
         self.array = array
         self.exported = False
         self.generation = 0
@@ -196,17 +197,21 @@ class BatchArena:
         self.awaited.value = worker
 
     def _claim_block(self, nbytes: int, within_budget: bool) -> _Block | None:
-        """The smallest free block that fits; else a new one that replaces a free block too
-        small (so the worker's blocks stay as many as its batches in flight), else one in an
-        empty slot; None when there is no slot, or when the new block would take the worker's
-        blocks past its budget (``within_budget``) while it has its minimum in use. Capacity
-        beyond what batches wrote is never touched, so it costs no memory."""
+        """A free block that fits (the one with the most memory already resident); else a new
+        one that replaces a free block too small (so the worker's blocks stay as many as its
+        batches in flight), else one in an empty slot; None when there is no slot, or when the
+        new block would take the resident memory of the worker's blocks past its budget
+        (``within_budget``) while it has its minimum in use. A block's capacity beyond what
+        batches wrote is never touched, so it costs no memory; blocks are made roomy (see
+        _capacity) so that a larger batch seldom needs a new one."""
         base = self.worker * BLOCKS_PER_WORKER
         blocks = [self._blocks.get(i) for i in range(base, base + BLOCKS_PER_WORKER)]
-        free = [b for b in blocks if b is not None and not self.flags[b.index]]
+        # one reading of the flags: the main process frees blocks meanwhile
+        busy = {b.index for b in blocks if b is not None and self.flags[b.index]}
+        free = [b for b in blocks if b is not None and b.index not in busy]
         fitting = [b for b in free if b.capacity >= nbytes]
         if fitting:
-            return self._mark_used(min(fitting, key=lambda b: b.capacity))
+            return self._mark_used(max(fitting, key=lambda b: b.used), nbytes)
         replaced = free[0] if free else None  # every free block is too small
         if replaced is not None:
             slot = replaced.index
@@ -215,14 +220,15 @@ class BatchArena:
             if slot is None:
                 return None
         if within_budget:
-            in_use = sum(1 for b in blocks if b is not None and self.flags[b.index])
-            kept = sum(b.capacity for b in blocks if b is not None and b is not replaced)
-            if in_use >= self.min_blocks and kept + _capacity(nbytes) > self.budget_bytes:
+            in_use = len(busy)
+            kept = sum(b.used for b in blocks if b is not None and b is not replaced)
+            if in_use >= self.min_blocks and kept + nbytes > self.budget_bytes:
                 return None
-        return self._mark_used(self._new_block(slot, nbytes))
+        return self._mark_used(self._new_block(slot, nbytes), nbytes)
 
-    def _mark_used(self, block: _Block) -> _Block:
+    def _mark_used(self, block: _Block, nbytes: int) -> _Block:
         self.flags[block.index] = 1
+        block.used = max(block.used, nbytes)
         block.exported = False
         block.generation += 1
         return block
@@ -231,7 +237,7 @@ class BatchArena:
         old = self._blocks.pop(index, None)
         if old is not None:
             self._forget_address(old)
-        capacity = _capacity(nbytes)
+        capacity = _capacity(nbytes, self.budget_bytes)
         name = f"{self.prefix}-{index}-{uuid.uuid4().hex[:6]}"
         array = _map_file(os.path.join(SHM_DIR, name), capacity, create=True)
         if old is not None:
@@ -304,9 +310,11 @@ class BatchArena:
         self._remove_files()
 
 
-def _capacity(nbytes: int) -> int:
-    """A new block's size: room for somewhat larger batches, so that it is not replaced at once."""
-    return max(nbytes, int(nbytes * 1.25))
+def _capacity(nbytes: int, budget_bytes: int) -> int:
+    """A new block's size: room for larger batches (twice this one, at least the budget), so
+    that a batch of a larger shape seldom replaces it. Only written pages take memory; a
+    replacement would hold both blocks until the main process lets go of the old one."""
+    return max(2 * nbytes, budget_bytes)
 
 
 def _budget_bytes() -> int:
