@@ -9,8 +9,8 @@ that it never binds alternating round by round. Two loops:
   0..2x ``--step-ms``; a sleep leaves the CPUs to the workers, as a GPU step does). With bounded
   prefetch the question is whether a long step followed by short ones starves the loop.
 
-Reported per budget: batches/s (median of the rounds), the loop's time spent waiting for data
-(``step`` only) and peak PSS of main + workers (sampled from ``/proc`` every 0.25 s).
+Reported per budget: batches/s (median of the rounds), the share of the loop's time spent waiting
+for data and peak PSS of main + workers (sampled from ``/proc`` every 0.25 s).
 
     python tools/benchmarks/bench_arena.py [--root bench_data] [--rounds 3] [--batches 120]
                                            [--step-ms 60] [--write-docs]
