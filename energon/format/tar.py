@@ -138,7 +138,8 @@ def _checksum_ok(header: bytes | memoryview) -> bool:
     stored = _stored_checksum(bytes(header[148:156]))
     if stored is None:
         return False
-    unsigned = sum(header[:148]) + sum(header[156:]) + _CHECKSUM_BLANK
+    # one pass over the whole block, then the checksum field's own 8 bytes taken out again
+    unsigned = sum(header) - sum(header[148:156]) + _CHECKSUM_BLANK
     if stored == unsigned:
         return True
     signed = unsigned - 2 * sum(b for b in bytes(header[:148]) + bytes(header[156:]) if b >= 128)

@@ -15,7 +15,8 @@ view under the handed-out tensor), so batches the user keeps are never overwritt
 **Memory budget.** Without a bound, every batch in flight is a block: with torch's default
 ``prefetch_factor=2`` each worker would keep two finished batches queued, one being made and one the
 training loop holds, 6 x 150 MB for two workers on a default image batch. The arena instead gives
-each worker at most ``ARENA_BYTES_PER_WORKER`` of blocks (never fewer than the loop needs to run:
+each worker at most ``ARENA_BYTES_PER_WORKER`` (``ENERGON_ARENA_MIB_PER_WORKER``) of written
+block memory (never fewer blocks than the loop needs to run:
 one block per worker, two with a single worker, where the loop holds batch n while batch n + 1 is
 made): a worker whose blocks are all in use waits before writing its next batch until the main
 process frees one. Decoding runs ahead of that point, only the write into the batch waits, so the
