@@ -180,3 +180,30 @@ def test_pool_buffers_are_private_to_a_forked_worker():
     child.join(timeout=60)
     assert child.exitcode == 0
     assert (array == 1).all()
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_a_finite_pass_that_keeps_its_batches_ends(captioning_ds, num_workers, monkeypatch):
+    """A validation pass whose loop keeps every batch, with a budget of 0: when a worker's data
+    ends, torch moves past it inside one wait of the main process; the other workers must then
+    not wait for blocks that only the loop could free."""
+    from energon import get_val_dataset
+
+    monkeypatch.setattr("energon.memory.batch_arena.MIN_BYTES", 1024)
+    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)
+    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+    ds = get_val_dataset(captioning_ds, worker_config=wc, batch_size=4, split_part="train")
+    loader = get_loader(
+        ds,
+        watchdog_timeout_seconds=STALL_SECONDS,
+        watchdog_initial_timeout_seconds=STALL_SECONDS,
+        fail_on_timeout=True,
+    )
+    kept = list(loader)
+    keys = [key for batch in kept for key in batch.__key__]
+    assert len(keys) == len(set(keys)) == 60  # every sample of the set, once
+    copies = [batch.image.clone() for batch in kept]
+    again = list(loader)  # the next pass reuses blocks: the kept batches must not change
+    assert len(again) == len(kept)
+    assert all(torch.equal(batch.image, copy) for batch, copy in zip(kept, copies))
