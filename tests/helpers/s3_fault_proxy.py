@@ -34,6 +34,7 @@ class FaultProxy(BaseHTTPRequestHandler):
     ranged = 0
     faults: dict[str, int] = {"drop": 0, "slowdown": 0, "stall": 0}
     stall_s = 1.5
+    stalls_ended = 0  # stalled requests whose stall is over (they then go on to the server)
     inject_faults = True
     latency_s = 0.0  # before the first byte of every response
     bandwidth = 0.0  # bytes/s of the emulated link, shared by all connections (0: unlimited)
@@ -93,6 +94,8 @@ class FaultProxy(BaseHTTPRequestHandler):
         if fault == "stall":
             self._count(fault)
             time.sleep(self.stall_s)
+            with type(self).lock:
+                type(self).stalls_ended += 1
         conn = http.client.HTTPConnection(*self.upstream, timeout=10)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
         conn.request(self.command, self.path, body=body, headers=headers)
@@ -146,6 +149,7 @@ def start_fault_proxy(
     host, upstream_port = upstream_url.rsplit("/", 1)[1].split(":")
     handler = type("Proxy", (FaultProxy,), {"upstream": (host, int(upstream_port)), "ranged": 0})
     handler.faults = {"drop": 0, "slowdown": 0, "stall": 0}
+    handler.stalls_ended = 0
     handler.lock = threading.Lock()
     handler.inject_faults = faults
     if schedule is not None:

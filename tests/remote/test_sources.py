@@ -380,11 +380,9 @@ def test_a_slow_request_is_hedged_and_the_first_answer_wins(blob, monkeypatch):
         while handler.faults["stall"] == 0:  # the fetch thread's request reached the proxy
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        began = time.monotonic()
         assert cache.read(url, 1024, 2048, offsets) == data[1024:2048]
-        # the hedge (after 0.3 s) answered, not the stalled request: this bound is half the stall
-        # and dozens of times what the hedge takes
-        assert time.monotonic() - began < STALL_S * 0.9  # a stalled request takes STALL_S
+        # the hedge (after 0.3 s) answered, not the stalled request (its stall lasts STALL_S)
+        assert handler.stalls_ended == 0
         assert remote_stats().hedged == 1 and remote_stats().retries == 0
     finally:
         stop()
@@ -421,10 +419,9 @@ def test_the_first_answer_wins_even_when_the_hedge_is_the_slow_one(blob, monkeyp
             chunk.future.set_result(data[chunk.start : chunk.end])
 
         threading.Thread(target=first_request_answers, daemon=True).start()
-        began = time.monotonic()
         assert cache.read(url, 1024, 2048, offsets) == data[1024:2048]
-        # the first answer (after 1 s), not the stalled hedge: half the stall is 12x that
-        assert time.monotonic() - began < STALL_S * 0.9  # a stalled request takes STALL_S
+        # the first answer (after 1 s), not the stalled hedge (its stall lasts STALL_S)
+        assert handler.stalls_ended == 0
         assert remote_stats().hedged >= 1
     finally:
         stop()
