@@ -16,9 +16,9 @@ view under the handed-out tensor), so batches the user keeps are never overwritt
 ``prefetch_factor=2`` each worker would keep two finished batches queued, one being made and one the
 training loop holds, 6 x 150 MB for two workers on a default image batch. The arena instead gives
 each worker at most ``ARENA_BYTES_PER_WORKER`` (``ENERGON_ARENA_MIB_PER_WORKER``) of written
-block memory (never fewer blocks than the loop needs to run:
-one block per worker, two with a single worker, where the loop holds batch n while batch n + 1 is
-made): a worker whose blocks are all in use waits before writing its next batch until the main
+block memory (never fewer than the loop needs to run: the blocks of one earlier batch per
+worker, of two with a single worker, where the loop holds batch n while batch n + 1 is made; the
+batch being made may take a block for each of its large tensors): a worker whose blocks are all in use waits before writing its next batch until the main
 process frees one. Decoding runs ahead of that point, only the write into the batch waits, so the
 workers stay busy as long as making a batch's samples takes longer than writing the batch. A worker
 never waits while the main process is waiting for that very worker's batch (the loop keeps
@@ -68,13 +68,14 @@ class ArenaRef:
 
 
 class _Block:
-    __slots__ = ("index", "name", "capacity", "used", "array", "exported", "generation")
+    __slots__ = ("index", "name", "capacity", "used", "group", "array", "exported", "generation")
 
     def __init__(self, index: int, name: str, capacity: int, array: np.ndarray) -> None:
         self.index = index
         self.name = name
         self.capacity = capacity
         self.used = 0  # the most bytes a batch wrote: the block's resident memory
+        self.group = -1  # the group whose batch was last written into it
         self.array = array
         self.exported = False
         self.generation = 0
@@ -123,8 +124,9 @@ class BatchArena:
         self.awaited_group = multiprocessing.RawValue("q", 0)
         self.group = 0  # in a worker: the group it is making
         self.closing = multiprocessing.RawValue("b", 0)  # 1 = the workers are being shut down
-        # the fewest blocks per worker that keep the loop running (see the module docstring)
-        self.min_blocks = 2 if num_workers <= 1 else 1
+        # the earlier batches a worker may always keep in blocks: what the loop holds while it
+        # waits for the batch being made (see the module docstring)
+        self.min_batches = 2 if num_workers <= 1 else 1
         self.budget_bytes = _budget_bytes()
         # 1 = the worker made its last batch (torch then skips it: nobody may wait for it)
         self.ended = multiprocessing.RawArray("b", max(1, num_workers))
@@ -221,15 +223,19 @@ class BatchArena:
             if slot is None:
                 return None
         if within_budget:
-            in_use = len(busy)
+            # earlier batches still in blocks (a batch with several large tensors, two images
+            # say, takes a block for each: the batch being made is never held back)
+            earlier = {b.group for b in blocks if b is not None and b.index in busy}
+            earlier.discard(self.group)
             kept = sum(b.used for b in blocks if b is not None and b is not replaced)
-            if in_use >= self.min_blocks and kept + nbytes > self.budget_bytes:
+            if len(earlier) >= self.min_batches and kept + nbytes > self.budget_bytes:
                 return None
         return self._mark_used(self._new_block(slot, nbytes), nbytes)
 
     def _mark_used(self, block: _Block, nbytes: int) -> _Block:
         self.flags[block.index] = 1
         block.used = max(block.used, nbytes)
+        block.group = self.group
         block.exported = False
         block.generation += 1
         return block

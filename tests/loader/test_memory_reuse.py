@@ -207,3 +207,56 @@ def test_a_finite_pass_that_keeps_its_batches_ends(captioning_ds, num_workers, m
     again = list(loader)  # the next pass reuses blocks: the kept batches must not change
     assert len(again) == len(kept)
     assert all(torch.equal(batch.image, copy) for batch, copy in zip(kept, copies))
+
+
+def test_a_batch_with_two_large_tensors_is_never_held_back(captioning_ds, tmp_path, monkeypatch):
+    """A batch with two large tensors takes a block for each, also under a budget of 0: the
+    budget holds back only what earlier batches keep (no block is ever taken past the budget,
+    which would mean the worker waited for the main process to ask for its batch)."""
+    from energon import DefaultTaskEncoder
+    from energon.memory import batch_arena
+    from energon.samples.collate import batch_pad_stack
+
+    class TwoImages(DefaultTaskEncoder):
+        def batch(self, samples):
+            images = [sample.image for sample in samples]
+            return {"a": batch_pad_stack(images), "b": batch_pad_stack(images)}
+
+    monkeypatch.setattr(batch_arena, "MIN_BYTES", 1024)
+    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)
+    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
+    past_budget = tmp_path / "past_budget"
+    claim_block = batch_arena.BatchArena._claim_block
+
+    def recording_claim(self, nbytes, within_budget):
+        if not within_budget:  # runs in the workers: record in a file
+            with open(past_budget, "a") as f:
+                f.write(f"{self.worker}\n")
+        return claim_block(self, nbytes, within_budget)
+
+    monkeypatch.setattr(batch_arena.BatchArena, "_claim_block", recording_claim)
+    blocks: list[int] = []
+    import_ref = batch_arena.BatchArena._import_ref
+
+    def recording_import(self, ref):
+        blocks.append(ref.block)
+        return import_ref(self, ref)
+
+    monkeypatch.setattr(batch_arena.BatchArena, "_import_ref", recording_import)
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=2)
+    ds = get_train_dataset(
+        captioning_ds,
+        worker_config=wc,
+        batch_size=4,
+        shuffle_buffer_size=5,
+        max_samples_per_sequence=5,
+        task_encoder=TwoImages(),
+    )
+    for i, batch in enumerate(get_loader(ds)):
+        assert torch.equal(batch["a"], batch["b"])
+        if i == 19:
+            break
+    assert len(blocks) == 40
+    per_worker = batch_arena.BLOCKS_PER_WORKER
+    assert set(blocks) == {0, 1, per_worker, per_worker + 1}
+    assert not past_budget.exists(), past_budget.read_text()
