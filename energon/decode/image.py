@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,24 +135,13 @@ _deferral = _Deferral()
 
 
 def set_images_deferred(active: bool) -> bool:
-    """Switch the deferral of :func:`float_images_deferred` on or off for this thread; returns
-    the previous setting (the load stage's per-sample form, without a context manager)."""
+    """While on (on this thread), RGB torch images (float or uint8) that the fast JPEG path
+    decodes come back as :class:`~energon.decode.pending.PendingImage` for the batch to convert.
+    Only the pipeline's load stage switches it on, where the library's own batching is all that
+    sees samples. Returns the previous setting, for the caller to restore."""
     previous = _deferral.active
     _deferral.active = active
     return previous
-
-
-@contextmanager
-def float_images_deferred() -> Iterator[None]:
-    """Within this block (on this thread), RGB torch images (float or uint8) that the fast JPEG
-    path decodes come back as :class:`~energon.decode.pending.PendingImage` for the batch to convert. Only the
-    pipeline's load stage uses it, where the library's own batching is all that sees samples."""
-    previous = _deferral.active
-    _deferral.active = True
-    try:
-        yield
-    finally:
-        _deferral.active = previous
 
 
 def _pooled_pixels(shape: tuple[int, ...]) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from energon.decode.planar import to_padded_planar, to_planar
-from energon.memory.buffer_pool import pooled_empty
+from energon.memory.buffer_pool import numpy_dtype, pooled_empty
 
 __all__ = ["PendingImage", "any_pending", "materialize_pending"]
 
@@ -58,8 +58,7 @@ class PendingImage:
     def materialize(self) -> torch.Tensor:
         """The tensor the decoder returns without deferral."""
         height, width, channels = self.pixels.shape
-        dtype = np.float32 if self.dtype == torch.float32 else np.uint8
-        out = pooled_empty((channels, height, width), dtype)
+        out = pooled_empty((channels, height, width), numpy_dtype(self.dtype))
         return torch.from_numpy(to_planar(self.pixels, out))
 
     def write_padded(self, slot: np.ndarray) -> None:

@@ -206,10 +206,7 @@ class _WorkerResults:
         arena = self._arena
         if arena is not None:
             awaited = self._awaited_worker()
-            if awaited >= 0:
-                arena.main_waits_for(awaited, self._groups_received[awaited])
-            else:
-                arena.main_waits_for(awaited)
+            arena.main_waits_for(awaited, self._groups_received[awaited] if awaited >= 0 else 0)
         try:
             group = self._iterator._next_data()
         except StopIteration:

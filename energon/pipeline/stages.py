@@ -81,14 +81,11 @@ class LoadStage(Stage):
             if _probe.TIMING:
                 _probe.ACTIVE.switched(previous)
             try:
-                if self.defer_images:
-                    previous_deferral = set_images_deferred(True)
-                    try:
-                        sample = self._load(key, source, index)
-                    finally:
-                        set_images_deferred(previous_deferral)
-                else:
+                previous_deferral = set_images_deferred(self.defer_images)
+                try:
                     sample = self._load(key, source, index)
+                finally:
+                    set_images_deferred(previous_deferral)
             except SampleException as e:
                 _probe.back(previous, READ)
                 self.policy.failed(e, keys=(key,))

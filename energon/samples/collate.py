@@ -132,10 +132,7 @@ def _pad_stack_pending(images: list[Any]) -> torch.Tensor:
     ):
         images = [t.materialize() if isinstance(t, PendingImage) else t for t in images]
         return batch_pad_stack(images)
-    shapes = [tuple(image.shape) for image in images]
-    if any(len(shape) != 3 for shape in shapes):
-        raise ValueError(f"Cannot batch tensors of different ranks: shapes {shapes}")
-    max_shape = [max(sizes) for sizes in zip(*shapes)]
+    max_shape = _max_shape(images)
     out = _new_batch_tensor(torch.empty(0, dtype=dtype), (len(images), *max_shape))
     out_array = out.numpy()
     for slot, image in zip(out_array, images):

@@ -146,16 +146,18 @@ def test_materialize_pending_reaches_into_containers():
 def test_pending_pixels_stay_valid_until_batched(monkeypatch):
     """The pooled pixel buffer of a PendingImage is not handed out again while it is alive."""
     monkeypatch.setattr("energon.memory.buffer_pool.MIN_BYTES", 1024)
-    from energon.decode.image import IMAGE_MODES, decode_image, float_images_deferred
+    from energon.decode.image import IMAGE_MODES, decode_image, set_images_deferred
     from tests.decode.test_jpeg import _jpeg, _photo_like
 
     data = [_jpeg(_photo_like(40, 30, seed=s)) for s in range(6)]
-    with float_images_deferred():
+    previous = set_images_deferred(True)
+    try:
         pending = [decode_image(d, IMAGE_MODES["torchrgb"]) for d in data]
-    assert all(isinstance(p, PendingImage) for p in pending)
-    gc.collect()
-    with float_images_deferred():
+        assert all(isinstance(p, PendingImage) for p in pending)
+        gc.collect()
         again = [decode_image(d, IMAGE_MODES["torchrgb"]) for d in data]  # may reuse free buffers
+    finally:
+        set_images_deferred(previous)
     for a, b in zip(pending, again):
         assert a.pixels.ctypes.data != b.pixels.ctypes.data
         assert np.array_equal(a.pixels, b.pixels)

@@ -16,7 +16,16 @@ from energon.memory.buffer_pool import BufferPool
 STALL_SECONDS = 120
 
 
-def _small_batches(captioning_ds, num_workers: int):
+def _guarded_loader(dataset):
+    return get_loader(
+        dataset,
+        watchdog_timeout_seconds=STALL_SECONDS,
+        watchdog_initial_timeout_seconds=STALL_SECONDS,
+        fail_on_timeout=True,
+    )
+
+
+def _small_batches(captioning_ds, num_workers: int, **dataset_options):
     wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
     ds = get_train_dataset(
         captioning_ds,
@@ -24,13 +33,31 @@ def _small_batches(captioning_ds, num_workers: int):
         batch_size=4,
         shuffle_buffer_size=5,
         max_samples_per_sequence=5,
+        **dataset_options,
     )
-    return get_loader(
-        ds,
-        watchdog_timeout_seconds=STALL_SECONDS,
-        watchdog_initial_timeout_seconds=STALL_SECONDS,
-        fail_on_timeout=True,
-    )
+    return _guarded_loader(ds)
+
+
+def _tight_arena(monkeypatch) -> None:
+    """Arena blocks even for the test set's small batches, one batch per message, budget 0."""
+    monkeypatch.setattr("energon.memory.batch_arena.MIN_BYTES", 1024)
+    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)
+    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
+
+
+def _record_imported_blocks(monkeypatch) -> list[int]:
+    """The arena block of every batch tensor the main process receives, in order."""
+    from energon.memory import batch_arena
+
+    blocks: list[int] = []
+    import_ref = batch_arena.BatchArena._import_ref
+
+    def recording_import(self, ref):
+        blocks.append(ref.block)
+        return import_ref(self, ref)
+
+    monkeypatch.setattr(batch_arena.BatchArena, "_import_ref", recording_import)
+    return blocks
 
 
 @pytest.mark.parametrize(("num_workers", "arena_mib"), [(0, "256"), (2, "256"), (1, "0"), (2, "0")])
@@ -69,17 +96,8 @@ def test_workers_keep_only_the_blocks_their_budget_allows(captioning_ds, monkeyp
     instead of opening another one (torch's prefetch would otherwise keep three per worker)."""
     from energon.memory import batch_arena
 
-    monkeypatch.setattr(batch_arena, "MIN_BYTES", 1024)
-    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)  # one batch a message
-    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
-    blocks: list[int] = []
-    import_ref = batch_arena.BatchArena._import_ref
-
-    def recording_import(self, ref):
-        blocks.append(ref.block)
-        return import_ref(self, ref)
-
-    monkeypatch.setattr(batch_arena.BatchArena, "_import_ref", recording_import)
+    _tight_arena(monkeypatch)
+    blocks = _record_imported_blocks(monkeypatch)
     images = []
     for i, batch in enumerate(_small_batches(captioning_ds, 2)):
         images.append(batch.image.clone())
@@ -100,9 +118,7 @@ def test_workers_waiting_for_a_block_end_when_the_loader_is_dropped(captioning_d
     them end on their own, not leave torch to kill them after its join timeout (5 s each)."""
     import multiprocessing.process
 
-    monkeypatch.setattr("energon.memory.batch_arena.MIN_BYTES", 1024)
-    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)
-    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
+    _tight_arena(monkeypatch)
     terminated = []
     terminate = multiprocessing.process.BaseProcess.terminate
 
@@ -189,17 +205,10 @@ def test_a_finite_pass_that_keeps_its_batches_ends(captioning_ds, num_workers, m
     not wait for blocks that only the loop could free."""
     from energon import get_val_dataset
 
-    monkeypatch.setattr("energon.memory.batch_arena.MIN_BYTES", 1024)
-    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)
-    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
+    _tight_arena(monkeypatch)
     wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
     ds = get_val_dataset(captioning_ds, worker_config=wc, batch_size=4, split_part="train")
-    loader = get_loader(
-        ds,
-        watchdog_timeout_seconds=STALL_SECONDS,
-        watchdog_initial_timeout_seconds=STALL_SECONDS,
-        fail_on_timeout=True,
-    )
+    loader = _guarded_loader(ds)
     kept = list(loader)
     keys = [key for batch in kept for key in batch.__key__]
     assert len(keys) == len(set(keys)) == 60  # every sample of the set, once
@@ -222,9 +231,7 @@ def test_a_batch_with_two_large_tensors_is_never_held_back(captioning_ds, tmp_pa
             images = [sample.image for sample in samples]
             return {"a": batch_pad_stack(images), "b": batch_pad_stack(images)}
 
-    monkeypatch.setattr(batch_arena, "MIN_BYTES", 1024)
-    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)
-    monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
+    _tight_arena(monkeypatch)
     past_budget = tmp_path / "past_budget"
     claim_block = batch_arena.BatchArena._claim_block
 
@@ -235,24 +242,8 @@ def test_a_batch_with_two_large_tensors_is_never_held_back(captioning_ds, tmp_pa
         return claim_block(self, nbytes, within_budget)
 
     monkeypatch.setattr(batch_arena.BatchArena, "_claim_block", recording_claim)
-    blocks: list[int] = []
-    import_ref = batch_arena.BatchArena._import_ref
-
-    def recording_import(self, ref):
-        blocks.append(ref.block)
-        return import_ref(self, ref)
-
-    monkeypatch.setattr(batch_arena.BatchArena, "_import_ref", recording_import)
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=2)
-    ds = get_train_dataset(
-        captioning_ds,
-        worker_config=wc,
-        batch_size=4,
-        shuffle_buffer_size=5,
-        max_samples_per_sequence=5,
-        task_encoder=TwoImages(),
-    )
-    for i, batch in enumerate(get_loader(ds)):
+    blocks = _record_imported_blocks(monkeypatch)
+    for i, batch in enumerate(_small_batches(captioning_ds, 2, task_encoder=TwoImages())):
         assert torch.equal(batch["a"], batch["b"])
         if i == 19:
             break
