@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -51,6 +52,7 @@ _NO_PAYLOAD_TYPES = frozenset(b"123456")
 _POSIX_MAGIC = b"ustar\x00"
 _CHECKSUM_BLANK = 8 * 32  # the checksum field counts as 8 spaces
 _ZERO_BLOCK = bytes(BLOCK_SIZE)
+_adler32 = zlib.adler32
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
@@ -108,7 +110,7 @@ def _parse_number(field_bytes: bytes) -> int:
         if first == 0xFF:  # negative base-256 (never valid for sizes; kept for completeness)
             value -= 1 << (8 * (len(field_bytes) - 1))
         return value
-    digits = field_bytes.split(b"\x00", 1)[0]
+    digits = field_bytes.partition(b"\x00")[0]
     return int(digits, 8) if digits.strip() else 0
 
 
@@ -133,26 +135,40 @@ def _check_utf8(name: str, path: str, offset: int) -> None:
         ) from None
 
 
+# Adler-32 keeps ``1 + (sum of the bytes) mod 65521`` in its low 16 bits. Over a piece of at most
+# 256 bytes the sum cannot reach 65521, so zlib's C loop gives the exact byte sum: three calls
+# cost about a third of ``sum()`` over 512 Python ints, on every sample's header at load time.
+
+
+def _unsigned_sum(header: bytes | memoryview) -> int:
+    """The header's byte sum with its checksum field (bytes 148-155) counted as 8 spaces."""
+    return (
+        (_adler32(header[:148]) & 0xFFFF)
+        + (_adler32(header[156:404]) & 0xFFFF)
+        + (_adler32(header[404:BLOCK_SIZE]) & 0xFFFF)
+        + _CHECKSUM_BLANK
+        - 3  # the three Adler-32 starting values
+    )
+
+
 def _checksum_ok(header: bytes | memoryview) -> bool:
     """Validate the header checksum; like tarfile, both unsigned and signed sums are accepted."""
     stored = _stored_checksum(bytes(header[148:156]))
     if stored is None:
         return False
-    # one pass over the whole block, then the checksum field's own 8 bytes taken out again
-    unsigned = sum(header) - sum(header[148:156]) + _CHECKSUM_BLANK
+    unsigned = _unsigned_sum(header)
     if stored == unsigned:
         return True
-    signed = unsigned - 2 * sum(b for b in bytes(header[:148]) + bytes(header[156:]) if b >= 128)
-    return stored == signed
+    # old writers summed signed chars: every byte >= 128 counts 256 less
+    high_bytes = sum(1 for b in bytes(header[:148]) + bytes(header[156:BLOCK_SIZE]) if b >= 128)
+    return stored == unsigned - 256 * high_bytes
 
 
 def _header_name(header: bytes) -> str:
     """The member name stored in a plain header: ustar prefix + '/' + name, or just name."""
-    name = _cut_at_nul(header[0:100])
-    if header[257:263] == _POSIX_MAGIC:
-        prefix = _cut_at_nul(header[345:500])
-        if prefix:
-            name = prefix + b"/" + name
+    name = header[0:100].partition(b"\x00")[0]
+    if header[345] and header[257:263] == _POSIX_MAGIC:  # a prefix that is not empty
+        name = header[345:500].partition(b"\x00")[0] + b"/" + name
     return _decode_name(name)
 
 

@@ -27,7 +27,7 @@ class SourceInfo:
         # Positional rebuild: every batch carries one per sample across process boundaries, and
         # the dataclass default (``__setstate__`` per field) is several times slower.
         return (
-            _rebuild_source_info,
+            make_source_info,
             (self.dataset_path, self.index, self.shard_name, self.file_names),
         )
 
@@ -39,12 +39,12 @@ _set_shard = SourceInfo.shard_name.__set__  # type: ignore[attr-defined]
 _set_names = SourceInfo.file_names.__set__  # type: ignore[attr-defined]
 
 
-def _rebuild_source_info(
+def make_source_info(
     dataset_path: Any, index: str | int, shard_name: str, file_names: tuple[str, ...]
 ) -> SourceInfo:
-    """An unpickled SourceInfo, its slots set directly: faster than the frozen dataclass's
-    ``__init__`` (one ``object.__setattr__`` per field), which the main process pays per sample
-    of every batch from a worker."""
+    """A SourceInfo with its slots set directly: faster than the frozen dataclass's ``__init__``
+    (one ``object.__setattr__`` per field). Every sample read makes one, and the main process
+    rebuilds one per sample of every batch from a worker (``__reduce__``)."""
     info = _new_object(SourceInfo)
     _set_path(info, dataset_path)
     _set_index(info, index)

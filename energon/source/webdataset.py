@@ -34,7 +34,7 @@ from energon.format.layout import (
 from energon.format.split import read_split, warn_unmatched_exclude
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.format.tar_index import TarIndex, tar_index_path
-from energon.samples import SourceInfo
+from energon.samples.source_info import make_source_info
 from energon.source.dataset_config import SampleBuilder, load_sample_builder
 from energon.source.shard_reader import cumulative_starts, shard_reader
 
@@ -224,11 +224,8 @@ class WebdatasetLeaf:
                 "__restore_key__": restore_key,
                 "__subflavors__": dict(self.subflavors),
                 "__sources__": (
-                    SourceInfo(
-                        dataset_path=self.root,
-                        index=index,
-                        shard_name=shard_name,
-                        file_names=tuple(name for name, _ in members),
+                    make_source_info(
+                        self.root, index, shard_name, tuple([name for name, _ in members])
                     ),
                 ),
             }

@@ -8,10 +8,13 @@ import os
 import tarfile
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from energon.format.tar import (
     DuplicateKeyInShardError,
     TarFormatError,
+    _checksum_ok,
     iter_tar_members,
     scan_tar,
     split_member_name,
@@ -262,6 +265,48 @@ def test_split_sample_bytes_detects_stale_range(tmp_path):
     shifted = data[512:1536]  # starts inside a payload: not a header
     with pytest.raises(TarFormatError, match="checksum"):
         split_sample_bytes(shifted, base_offset=512, path="s.tar")
+
+
+def _with_checksum(header: bytes, value: int) -> bytes:
+    return header[:148] + b"%06o\x00 " % value + header[156:]
+
+
+def _plain_sums(header: bytes) -> tuple[int, int]:
+    """The unsigned and signed header sums, spelled out byte by byte (the checksum field as spaces)."""
+    body = header[:148] + b" " * 8 + header[156:]
+    return sum(body), sum(b - 256 if b >= 128 else b for b in body)
+
+
+@given(st.binary(min_size=512, max_size=512), st.sampled_from(["unsigned", "signed", "wrapped"]))
+def test_header_checksum_is_exact(header, which):
+    unsigned, signed = _plain_sums(header)
+    stored = {"unsigned": unsigned, "signed": signed, "wrapped": unsigned + 65521}[which]
+    if stored < 0:
+        return  # a negative sum cannot be written as octal
+    header = _with_checksum(header, stored)
+    assert _checksum_ok(header) == (stored in (unsigned, signed))
+    assert _checksum_ok(header) != (which == "wrapped")
+
+
+def test_header_checksum_of_the_largest_sums():
+    # every byte 0xff: each piece summed by zlib is at its largest; a sum off by one is refused
+    header = bytes([0xFF]) * 512
+    unsigned, signed = _plain_sums(header)
+    assert _checksum_ok(_with_checksum(header, unsigned))
+    assert not _checksum_ok(_with_checksum(header, unsigned - 1))
+    assert not _checksum_ok(_with_checksum(header, unsigned + 1))
+
+
+def test_split_sample_bytes_reads_ustar_prefixes_and_refuses_a_damaged_header(tmp_path):
+    name = "sub/" * 30 + "000001.txt"
+    path = write_tar(tmp_path / "u.tar", [(name, b"abc")], fmt=tarfile.USTAR_FORMAT)
+    data = path.read_bytes()
+    assert [(n, bytes(v)) for n, v in split_sample_bytes(data)] == [(name, b"abc")]
+    damaged = bytearray(data)
+    damaged[400] ^= 0x01  # inside the prefix: the sum is off by one
+    with pytest.raises(TarFormatError, match="checksum") as err:
+        split_sample_bytes(bytes(damaged), base_offset=2048, path="u.tar")
+    assert err.value.offset == 2048
 
 
 def test_tar_format_error_survives_pickling():
