@@ -52,7 +52,8 @@ class CounterRng:
 
     def randbelow(self, n: int) -> int:
         """Uniform integer in ``[0, n)`` (multiply-shift; bias below 2**-40 for n < 2**24)."""
-        return (self.next_u64() * n) >> 64
+        self.counter += 1  # next_u64, inlined: twice per sample in a shuffled stream
+        return (_mix64((self.key + self.counter * _GOLDEN) & _MASK) * n) >> 64
 
     def random(self) -> float:
         """Uniform float in ``[0, 1)`` with 53 bits of precision."""
