@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import shutil
+import subprocess
 import tarfile
 
 import pytest
@@ -335,3 +337,33 @@ def test_prepare_reads_only_headers(tmp_path, monkeypatch):
     assert reads
     for n, offset in reads:
         assert n <= 512 and offset in header_offsets
+
+
+@pytest.mark.parametrize("fmt", ["v7", "oldgnu", "gnu", "ustar", "posix"])
+def test_gnu_tar_archives_split_like_tarfile(tmp_path, fmt):
+    """Archives written by GNU tar itself (not Python's tarfile) in each of its formats: the
+    indexed samples split into the members and payloads tarfile reads."""
+    if shutil.which("tar") is None:
+        pytest.skip("GNU tar is not installed")
+    src = tmp_path / "src"
+    names = ["000000.txt", "000000.json", "000001.txt", "0000ü2.txt"]
+    if fmt != "v7":  # v7 stores at most 99 characters and no prefix
+        names.append("sub/" * 30 + "000003.txt")  # ustar prefix, GNU longname or PAX path
+    for i, name in enumerate(names):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(bytes([i]) * (100 + 300 * i))
+    archive = tmp_path / f"{fmt}.tar"
+    subprocess.run(
+        ["tar", f"--format={fmt}", "--sort=name", "-cf", str(archive), "-C", str(src), *names],
+        check=True,
+        capture_output=True,
+    )
+    with tarfile.open(archive) as tf:
+        expected = {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isreg()}
+    data = archive.read_bytes()
+    offsets = scan_tar(archive).sample_offsets()
+    got = {}
+    for start, end in zip(offsets, offsets[1:]):
+        for name, payload in split_sample_bytes(data[start:end], base_offset=start):
+            got[name] = bytes(payload)
+    assert got == expected and len(got) == len(names)
