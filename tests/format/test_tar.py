@@ -367,3 +367,25 @@ def test_gnu_tar_archives_split_like_tarfile(tmp_path, fmt):
         for name, payload in split_sample_bytes(data[start:end], base_offset=start):
             got[name] = bytes(payload)
     assert got == expected and len(got) == len(names)
+
+
+def test_headers_with_signed_checksums_are_read(tmp_path):
+    """Some old writers summed the header as signed chars; tarfile reads such archives, so do we
+    (in prepare's scan and in the load-time split)."""
+    path = write_tar(tmp_path / "s.tar", [("000000.txt", b"abc"), ("000001.txt", b"de")])
+    data = bytearray(path.read_bytes())
+    for header in (0, 1024):
+        # high bytes after the name's NUL: not part of the name, but part of the sum
+        data[header + 20 : header + 24] = "éèêë".encode("latin-1")
+        _, signed = _plain_sums(bytes(data[header : header + 512]))
+        data[header + 148 : header + 156] = b"%06o\x00 " % signed
+    path.write_bytes(bytes(data))
+    with tarfile.open(path) as tf:
+        expected = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]
+    offsets = scan_tar(path).sample_offsets()
+    got = [
+        (name, bytes(payload))
+        for start, end in zip(offsets, offsets[1:])
+        for name, payload in split_sample_bytes(bytes(data[start:end]))
+    ]
+    assert got == expected == [("000000.txt", b"abc"), ("000001.txt", b"de")]
