@@ -135,13 +135,13 @@ def _check_utf8(name: str, path: str, offset: int) -> None:
         ) from None
 
 
-# Adler-32 keeps ``1 + (sum of the bytes) mod 65521`` in its low 16 bits. Over a piece of at most
-# 256 bytes the sum cannot reach 65521, so zlib's C loop gives the exact byte sum: three calls
-# cost about a third of ``sum()`` over 512 Python ints, on every sample's header at load time.
-
-
 def _unsigned_sum(header: bytes | memoryview) -> int:
-    """The header's byte sum with its checksum field (bytes 148-155) counted as 8 spaces."""
+    """The header's byte sum with its checksum field (bytes 148-155) counted as 8 spaces.
+
+    Every sample's headers are checked at load time, and ``sum()`` over 512 Python ints is slow.
+    Adler-32 keeps ``1 + (sum of the bytes) mod 65521`` in its low 16 bits; over a piece of at
+    most 256 bytes the sum cannot reach 65521, so zlib's C loop gives the exact sum of each piece.
+    """
     return (
         (_adler32(header[:148]) & 0xFFFF)
         + (_adler32(header[156:404]) & 0xFFFF)
