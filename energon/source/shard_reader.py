@@ -81,6 +81,17 @@ def _close_sized(entry: tuple[int, int]) -> None:
     os.close(entry[0])
 
 
+_forks = 0  # forks this process descends from (os.register_at_fork below)
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
+
 class ShardReader:
     """Reads byte ranges of data files (local: pread; remote: ranged GETs of prefetched or
     on-demand chunks, see :mod:`energon.source.prefetch`); one per process."""
@@ -89,15 +100,17 @@ class ShardReader:
         self._fds = _Lru(max_open, _close_sized)
         self._indices = _Lru(max_open, lambda index: None)
         self._remote = RemoteChunkCache()
-        self._pid = os.getpid()
+        self._forks = _forks
 
     def _check_fork(self) -> None:
-        # File offsets are not shared by pread, but be safe and reopen after a fork.
-        if os.getpid() != self._pid:
+        """After a fork the child starts over: pread shares no file offset, but the remote
+        cache's threads did not survive, and a clean slate is the safe choice for the rest.
+        Two calls per sample read: a counter compare, not a ``getpid`` system call."""
+        if self._forks != _forks:
             self._fds = _Lru(self._fds.capacity, _close_sized)
             self._indices = _Lru(self._indices.capacity, lambda index: None)
             self._remote = RemoteChunkCache()
-            self._pid = os.getpid()
+            self._forks = _forks
 
     def byte_range(self, path: str, record: int, open_index: IndexOpener) -> tuple[int, int]:
         """(start, end) of record ``record`` of ``path``, from its byte index."""
