@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 from energon.errors import DecodeTimeoutError
@@ -89,15 +89,23 @@ def remaining_time() -> float | None:
     return stack[-1].expires_at - time.monotonic()
 
 
-@contextmanager
-def deadline(seconds: float | None, what: str = "operation") -> Iterator[None]:
+_UNBOUNDED = nullcontext()  # stateless: one shared instance serves every unbounded block
+
+
+def deadline(seconds: float | None, what: str = "operation") -> AbstractContextManager[None]:
     """Bound the time of the enclosed block; see the module docstring for how it is enforced.
 
     ``what`` names the work in the error message (e.g. ``"decode of part 'mp4' of sample 'x'"``).
+    Without a bound (the default of decoding, which enters one for every part) it is a shared
+    no-op context: no generator is made and nothing is armed.
     """
     if seconds is None or seconds <= 0:
-        yield
-        return
+        return _UNBOUNDED
+    return _armed(seconds, what)
+
+
+@contextmanager
+def _armed(seconds: float, what: str) -> Iterator[None]:
     stack = _stack()
     own_expires_at = time.monotonic() + seconds
     expires_at = own_expires_at

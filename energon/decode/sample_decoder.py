@@ -66,11 +66,6 @@ _UNSUPPORTED = {
 }
 
 
-def _label(key: str | None, part_name: str) -> str:
-    """How messages name a part: ``<sample key>.<part>``."""
-    return f"{key}.{part_name}" if key is not None else part_name
-
-
 def _decode_text(data: bytes | memoryview) -> str:
     return str(data, "utf-8")
 
@@ -211,16 +206,25 @@ class SampleDecoder:
         ``dataset.yaml`` switch. Raises ``DecodeError`` naming the part (and ``key``, the sample
         key, when given), with the original exception as its cause.
         """
+        name = part_name
+        label = f"{key}.{part_name}" if key is not None else part_name
         hot = _probe.HOT  # probe.switch / probe.back inlined: this runs for every part
         previous_stage = hot[STAGE]
         hot[STAGE] = DECODE
         if _probe.TIMING:
             _probe.ACTIVE.switched(previous_stage)
         try:
-            if self.decode_timeout is None:  # the default: no deadline to arm for each part
-                return self._decode(part_name, data, key, dataset, dataset_allows_pickle)
-            with deadline(self.decode_timeout, f"decoding {_label(key, part_name)}"):
-                return self._decode(part_name, data, key, dataset, dataset_allows_pickle)
+            with deadline(self.decode_timeout, f"decoding {label}"):
+                if name.endswith(".gz") or name == "gz":
+                    data = gzip.decompress(data)
+                    name = name[:-3]
+                extension = name.rpartition(".")[2]
+                if self.guess_content:
+                    extension = guess_extension(data) or extension
+                if extension in _PICKLE_EXTENSIONS or extension == "pth":
+                    allowed = self.pickle_allowed(dataset_allows_pickle)
+                    return self._decode_pickled(extension, data, allowed, dataset)
+                return self._dispatch(extension, data, label)
         except (*SYSTEM_EXCEPTIONS, DecodeTimeoutError):
             raise
         except Exception as exc:
@@ -230,29 +234,7 @@ class SampleDecoder:
             if _probe.TIMING:
                 _probe.ACTIVE.switched(DECODE)
 
-    def _decode(
-        self,
-        part_name: str,
-        data: bytes | memoryview,
-        key: str | None,
-        dataset: str | None,
-        dataset_allows_pickle: bool,
-    ) -> Any:
-        name = part_name
-        if name.endswith(".gz") or name == "gz":
-            data = gzip.decompress(data)
-            name = name[:-3]
-        extension = name.rpartition(".")[2]
-        if self.guess_content:
-            extension = guess_extension(data) or extension
-        if extension in _PICKLE_EXTENSIONS or extension == "pth":
-            allowed = self.pickle_allowed(dataset_allows_pickle)
-            return self._decode_pickled(extension, data, allowed, dataset)
-        return self._dispatch(extension, data, key, part_name)
-
-    def _dispatch(
-        self, extension: str, data: bytes | memoryview, key: str | None, part_name: str
-    ) -> Any:
+    def _dispatch(self, extension: str, data: bytes | memoryview, label: str) -> Any:
         handler = self._basic.get(extension)  # text, numbers, JSON, numpy: never media names
         if handler is not None:
             return handler(data)
@@ -260,7 +242,7 @@ class SampleDecoder:
         if lowered in IMAGE_EXTENSIONS:
             return decode_image(data, self._image_mode)
         if lowered in AV_EXTENSIONS:
-            return self.decode_av(lowered, data, _label(key, part_name))
+            return self.decode_av(lowered, data, label)
         if extension in _UNSUPPORTED:
             raise ValueError(
                 f"{_UNSUPPORTED[extension]} parts ('.{extension}') are not supported; decode them "

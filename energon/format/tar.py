@@ -110,13 +110,12 @@ def _parse_number(field_bytes: bytes) -> int:
         if first == 0xFF:  # negative base-256 (never valid for sizes; kept for completeness)
             value -= 1 << (8 * (len(field_bytes) - 1))
         return value
-    digits = field_bytes.partition(b"\x00")[0]
+    digits = _cut_at_nul(field_bytes)
     return int(digits, 8) if digits.strip() else 0
 
 
 def _cut_at_nul(raw: bytes) -> bytes:
-    end = raw.find(b"\x00")
-    return raw if end < 0 else raw[:end]
+    return raw.partition(b"\x00")[0]
 
 
 def _decode_name(raw: bytes) -> str:
@@ -166,9 +165,9 @@ def _checksum_ok(header: bytes | memoryview) -> bool:
 
 def _header_name(header: bytes) -> str:
     """The member name stored in a plain header: ustar prefix + '/' + name, or just name."""
-    name = header[0:100].partition(b"\x00")[0]
+    name = _cut_at_nul(header[0:100])
     if header[345] and header[257:263] == _POSIX_MAGIC:  # a prefix that is not empty
-        name = header[345:500].partition(b"\x00")[0] + b"/" + name
+        name = _cut_at_nul(header[345:500]) + b"/" + name
     return _decode_name(name)
 
 
