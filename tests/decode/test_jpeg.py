@@ -9,7 +9,6 @@ import pytest
 import torch
 from PIL import Image
 
-import energon.decode.planar as planar
 from energon.decode import IMAGE_MODES, decode_image
 from energon.decode.image import open_image
 from energon.decode.jpeg import decode_jpeg, fast_jpeg_available
@@ -105,33 +104,3 @@ def test_switch_off_with_environment(monkeypatch):
     monkeypatch.setenv("ENERGON_NO_FAST_JPEG", "1")
     assert not fast_jpeg_available()
     assert decode_jpeg(_jpeg(_photo_like(8, 8, seed=1)), "RGB") is None
-
-
-@pytest.mark.parametrize("channels", [1, 3, 4])
-@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
-def test_planar_kernel_equals_numpy(channels, dtype, monkeypatch):
-    pixels = np.random.default_rng(channels).integers(0, 256, (37, 53, channels), dtype=np.uint8)
-    out_native = planar.to_planar(pixels, np.empty((channels, 37, 53), dtype))
-    monkeypatch.setattr(planar, "_library", None)  # the numpy fallback
-    out_numpy = planar.to_planar(pixels, np.empty((channels, 37, 53), dtype))
-    assert np.array_equal(out_native, out_numpy)
-    expected = pixels.transpose(2, 0, 1)
-    if dtype == np.float32:
-        expected = np.divide(expected, np.float32(255), dtype=np.float32)
-    assert np.array_equal(out_numpy, expected)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
-def test_padded_slot_kernel_equals_numpy(dtype, monkeypatch):
-    pixels = np.random.default_rng(9).integers(0, 256, (21, 34, 3), dtype=np.uint8)
-    native_slot = np.full((3, 30, 40), 7, dtype=dtype)  # stale values must be overwritten
-    planar.to_padded_planar(pixels, native_slot)
-    monkeypatch.setattr(planar, "_library", None)  # the numpy fallback
-    numpy_slot = np.full((3, 30, 40), 7, dtype=dtype)
-    planar.to_padded_planar(pixels, numpy_slot)
-    expected = np.zeros((3, 30, 40), dtype=dtype)
-    if dtype == np.float32:
-        expected[:, :21, :34] = np.divide(pixels.transpose(2, 0, 1), np.float32(255), dtype=dtype)
-    else:
-        expected[:, :21, :34] = pixels.transpose(2, 0, 1)
-    assert np.array_equal(native_slot, expected) and np.array_equal(numpy_slot, expected)
