@@ -16,6 +16,7 @@ views at the memory's owner), so the pool's arrays never leave energon unwrapped
 from __future__ import annotations
 
 import bisect
+import math
 import mmap
 import os
 import threading
@@ -89,7 +90,7 @@ class BufferPool:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         """An uninitialised C-contiguous array, or None when it is small or the pool is full."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(map(int, shape)) * dtype.itemsize  # np.prod: ~5 us per image
         if nbytes < MIN_BYTES:
             return None
         buffer = self._take(size_class(nbytes))
