@@ -3,9 +3,10 @@
 A fast decoder (:mod:`energon.decode.jpeg`) yields interleaved pixels, while ``torch*`` image modes
 are planar. Converting with a transposed numpy view reads the source with a stride of C bytes per
 channel and costs about as much as the decode; a small C loop (built on first use by
-:mod:`energon.native`) reads every pixel once and writes all planes at the same time. A float value is the float32
-division ``v / 255``, so it is bit for bit what the numpy fallback (``np.divide(plane, 255)``) and
-Pillow's path give; written as that division (not a table lookup) the loop vectorizes.
+:mod:`energon.native`) reads every pixel once and writes all planes at the same time. A float
+value is the float32 division ``v / 255``, so it is bit for bit what the numpy fallback
+(``np.divide(plane, 255)``) and Pillow's path give; written as that division (not a table lookup)
+the loop vectorizes.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import tarfile
 import time
 from collections.abc import Sequence
 
@@ -34,6 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_common import DEFAULT_ROOT, ensure_workload, machine_summary  # noqa: E402
+from bench_raw import iter_payloads, plan_tasks  # noqa: E402
 
 from energon.decode import planar  # noqa: E402
 from energon.decode.jpeg import decode_jpeg  # noqa: E402
@@ -43,20 +43,13 @@ BATCH = 32
 
 def decoded_images(root: str, count: int) -> list[np.ndarray]:
     """The first ``count`` JPEGs of the captioning set in shard order, decoded to RGB uint8."""
-    parts = os.path.join(ensure_workload("captioning", root).path, "parts")
     images: list[np.ndarray] = []
-    for name in sorted(os.listdir(parts)):
-        if not name.endswith(".tar"):
-            continue
-        with tarfile.open(os.path.join(parts, name)) as archive:
-            for member in archive:
-                if member.name.endswith(".jpg"):
-                    pixels = decode_jpeg(archive.extractfile(member).read(), "RGB")
-                    if pixels is None:
-                        raise SystemExit("needs simplejpeg (pip install -e '.[fast]')")
-                    images.append(pixels)
-                if len(images) == count:
-                    return images
+    for task in plan_tasks(ensure_workload("captioning", root), count):
+        for payload in iter_payloads(task, "jpg"):
+            pixels = decode_jpeg(payload, "RGB")
+            if pixels is None:
+                raise SystemExit("needs simplejpeg (pip install -e '.[fast]')")
+            images.append(pixels)
     return images
 
 
