@@ -367,8 +367,15 @@ ErrorHandler = Callable[..., None]
 class FailureAccount(Protocol):
     """Where a stream counts its lost samples (:class:`energon.pipeline.error_account.ErrorAccount`)."""
 
-    def failed(self, keys: Sequence[Any], exc: BaseException, sample: Any) -> None:
-        """``keys`` (restore keys) name the samples lost to ``exc``; may raise ErrorBudgetExceeded."""
+    def failed(
+        self,
+        keys: Sequence[Any],
+        exc: BaseException,
+        sample: Any,
+        reads: Sequence[int] | None = None,
+    ) -> None:
+        """``keys`` (restore keys) name the samples lost to ``exc``; may raise ErrorBudgetExceeded.
+        ``reads``: samples read per source when the lost one was read, if that was earlier."""
 
 
 class ErrorPolicy:
@@ -404,12 +411,14 @@ class ErrorPolicy:
         sample: Any = None,
         sources: Sequence | None = None,
         keys: Sequence[Any] = (),
+        reads: Sequence[int] | None = None,
     ) -> None:
         """Handle one failure: raise fatal errors, otherwise call the handler and count the skip.
 
         The exception gets a note naming the hook, the sample key and where the sample came from,
         so both a logged and a re-raised error say which sample broke which hook. ``keys`` are the
-        restore keys of the samples lost (for the per-source budget).
+        restore keys of the samples lost (for the per-source budget); ``reads`` the samples read
+        per source when they were read, where the stage reports the failure later (read-ahead).
         """
         if sources is None:
             sources = _sources_of(sample)
@@ -422,7 +431,7 @@ class ErrorPolicy:
         self.skipped += 1
         self.consecutive += 1
         if self.account is not None and keys:
-            self.account.failed(keys, exc, sample)
+            self.account.failed(keys, exc, sample, reads)
         if self.tolerance and self.consecutive >= self.tolerance:
             raise FatalSampleError(
                 f"{self.name} failed {self.consecutive} times in a row; likely the code or the "

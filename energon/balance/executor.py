@@ -170,8 +170,14 @@ class RankFailures:
         self.account(self.current)
         self._loaded[self.current][pointer_target(key)[0]] += 1
 
-    def failed(self, keys: Sequence[Any], exc: BaseException, sample: Any) -> None:
-        self.account(self.current).failed(keys, exc, sample)
+    def failed(
+        self,
+        keys: Sequence[Any],
+        exc: BaseException,
+        sample: Any,
+        reads: Sequence[int] | None = None,
+    ) -> None:
+        self.account(self.current).failed(keys, exc, sample, reads)
 
     def with_errors(self, stream_id: int, snapshot: StreamSnapshot) -> StreamSnapshot:
         """``snapshot`` (pointer stages) with this rank's account of the stream."""

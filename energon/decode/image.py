@@ -23,9 +23,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from energon.decode.jpeg import decode_jpeg
+from energon.decode.jpeg import JPEG_SOI, decode_jpeg, fast_jpeg_available
 from energon.decode.pending import PendingImage
 from energon.decode.planar import to_planar
+from energon.decode.threads import DecodeWindow, current_window
 from energon.memory.buffer_pool import pooled_empty
 
 __all__ = ["IMAGE_EXTENSIONS", "IMAGE_MODES", "ImageMode", "decode_image"]
@@ -148,6 +149,20 @@ def _pooled_pixels(shape: tuple[int, ...]) -> np.ndarray:
     return pooled_empty(shape, np.uint8)
 
 
+def _decode_on_thread(window: DecodeWindow, data: bytes | memoryview, mode: ImageMode) -> Any:
+    """A PendingImage whose pixels a decode thread fills in (energon.decode.threads)."""
+    dtype = torch.uint8 if mode == _UINT8_RGB else torch.float32
+    pending = PendingImage(None, dtype, window.threads)
+    window.submit(_decode_into, pending, bytes(data))
+    return pending
+
+
+def _decode_into(pending: PendingImage, data: bytes) -> bool:
+    """Decode on the fast path into ``pending``; False if that path does not take the image."""
+    pending.pixels = decode_jpeg(data, "RGB", _pooled_pixels)
+    return pending.pixels is not None
+
+
 def _from_pixels(pixels: np.ndarray, mode: ImageMode) -> Any:
     """The value of ``mode`` from decoded interleaved uint8 pixels ((H, W, 3) or (H, W))."""
     if mode.container == "numpy":
@@ -168,6 +183,10 @@ def decode_image(data: bytes | memoryview, mode: ImageMode) -> Any:
     """Decode one encoded image into the container, value type and colour mode of ``mode``."""
     if mode.container != "pil":
         deferred = _deferral.active and (mode == _FLOAT_RGB or mode == _UINT8_RGB)
+        if deferred:
+            window = current_window()
+            if window is not None and bytes(data[:3]) == JPEG_SOI and fast_jpeg_available():
+                return _decode_on_thread(window, data, mode)
         pixels = decode_jpeg(
             data, mode.pil_mode, _pooled_pixels if mode.container == "torch" else None
         )

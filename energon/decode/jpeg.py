@@ -33,9 +33,9 @@ try:  # optional extra "fast"
 except ImportError:  # pragma: no cover - depends on the environment
     simplejpeg = None
 
-__all__ = ["decode_jpeg", "fast_jpeg_available"]
+__all__ = ["JPEG_SOI", "decode_jpeg", "fast_jpeg_available"]
 
-_JPEG_SOI = b"\xff\xd8\xff"
+JPEG_SOI = b"\xff\xd8\xff"
 _DIRECT_COLORSPACES = {"YCbCr": "RGB", "Gray": "GRAY"}  # file colour space -> what decodes exactly
 
 
@@ -46,7 +46,7 @@ def fast_jpeg_available() -> bool:
 
 def _header(data: bytes | memoryview) -> tuple[int, int, str] | None:
     """(height, width, colour space) of a JPEG simplejpeg can read, else None."""
-    if bytes(data[:3]) != _JPEG_SOI:
+    if bytes(data[:3]) != JPEG_SOI:
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)

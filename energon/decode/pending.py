@@ -35,16 +35,20 @@ _alive: weakref.WeakSet[PendingImage] = weakref.WeakSet()
 
 class PendingImage:
     """uint8 (H, W, C) pixels standing for the (C, H, W) tensor of ``dtype``: float32
-    ``pixels / 255`` or uint8 ``pixels``."""
+    ``pixels / 255`` or uint8 ``pixels``. ``pixels`` is None only inside the load stage, while a
+    decode thread is filling it in (:mod:`energon.decode.threads`)."""
 
-    __slots__ = ("pixels", "dtype", "__weakref__")
+    __slots__ = ("pixels", "dtype", "threads", "__weakref__")
     device = torch.device("cpu")
 
-    def __init__(self, pixels: np.ndarray, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, pixels: np.ndarray | None, dtype: torch.dtype = torch.float32, threads: int = 1
+    ) -> None:
         if dtype not in (torch.float32, torch.uint8):
             raise ValueError(f"a PendingImage stands for a float32 or uint8 tensor, not {dtype}")
         self.pixels = pixels
         self.dtype = dtype
+        self.threads = threads  # decoded on this many threads: its batch is written on as many
         _alive.add(self)
 
     @property

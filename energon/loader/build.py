@@ -10,6 +10,7 @@ import dataclasses
 import warnings
 from typing import Any
 
+from energon.decode.threads import check_decode_threads, default_decode_threads
 from energon.errors import ErrorBudget
 from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import resolve_dataset
@@ -97,6 +98,12 @@ def _build(
             f"{global_batch_size!r}"
         )
     error_budget = kwargs.pop("error_budget", None) or ErrorBudget.from_env()
+    decode_threads = kwargs.pop("decode_threads", None)
+    decode_threads = (
+        default_decode_threads(worker_config.num_workers)
+        if decode_threads is None
+        else check_decode_threads(decode_threads)
+    )
     resolved = resolve_dataset(
         path,
         split_part=split_part,
@@ -144,6 +151,7 @@ def _build(
         mixture=resolved.mixture,
         global_batch_size=global_batch_size or resolved.global_batch_size,
         balance=balance,
+        decode_threads=decode_threads,
     )
     _check_streams_have_samples(spec)
     _check_blend_streams(spec)
@@ -231,6 +239,9 @@ def get_train_dataset(
     ``global_batch_size`` (samples per training step: converts blend weight schedules given in
     steps, and ``loader.set_blend_weights(from_step=...)``).
     ``error_budget`` (an :class:`~energon.errors.ErrorBudget`; default from ``ENERGON_ERROR_BUDGET``).
+    ``decode_threads``: threads that decode a batch's JPEGs in each loading process (default: up
+    to 4 with ``num_workers=0``, else 1; ``ENERGON_DECODE_THREADS``); batches are the same for
+    any value (see :mod:`energon.decode.threads`).
     """
     return _build(
         path,
@@ -268,7 +279,7 @@ def get_val_dataset(
 
     ``even_ranks=False`` gives Megatron-Energon's behaviour instead: every stream emits its natural
     batches (full ones, no balancing, no padding), so ranks may get different numbers of batches.
-    ``error_budget``: as in :func:`get_train_dataset`.
+    ``error_budget``, ``decode_threads``: as in :func:`get_train_dataset`.
     """
     return _build(
         path,

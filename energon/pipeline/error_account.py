@@ -76,8 +76,21 @@ class ErrorAccount:
         self._state: dict[str, Any] | None = None  # cached: snapshots share it until a change
 
     # -- counting -------------------------------------------------------------------------------
-    def failed(self, keys: Sequence[Any], exc: BaseException, sample: Any) -> None:
-        """The samples named by ``keys`` were lost to ``exc`` (``sample``: the input, if one)."""
+    def reads_now(self) -> tuple[int, ...]:
+        """Samples read so far per source: a stage that reads ahead and reports a failure later
+        passes this, taken when it read the sample, to :meth:`failed`."""
+        return tuple(self.reads(source) for source in range(len(self.leaves)))
+
+    def failed(
+        self,
+        keys: Sequence[Any],
+        exc: BaseException,
+        sample: Any,
+        reads: Sequence[int] | None = None,
+    ) -> None:
+        """The samples named by ``keys`` were lost to ``exc`` (``sample``: the input, if one).
+        ``reads`` (from :meth:`reads_now`) stands for the current reads when given."""
+        reads_of = self.reads if reads is None else reads.__getitem__
         pointers = [p for key in keys for p in pointers_of(as_key(key))]
         for pointer in pointers:
             source, index = pointer_target(pointer)
@@ -93,14 +106,14 @@ class ErrorAccount:
                 )
             self.failed_total += 1
             self._state = None
-            in_window = errors.window.add(self.reads(source), self.budget.window)
+            in_window = errors.window.add(reads_of(source), self.budget.window)
             if self.budget.max_rate < 1 and in_window > self.budget.max_rate * self.budget.window:
                 raise ErrorBudgetExceeded(
                     f"{self._name(source)}: {in_window} of a window of {self.budget.window} "
                     f"samples failed (more than max_rate={self.budget.max_rate}): the source is "
                     f"mostly broken. {self._evidence(errors, exc)}"
                 ) from exc
-            total_reads = sum(self.reads(s) for s in range(len(self.leaves)))
+            total_reads = sum(reads_of(s) for s in range(len(self.leaves)))
             in_window = self._window.add(total_reads, self.budget.window)
             if (
                 self.budget.max_total_rate < 1

@@ -58,6 +58,8 @@ class PipelineSpec:
     global_batch_size: int | None = None  # samples per training step, to convert steps
     edits: PlanEdits | None = None  # cursor edits of a restored state (energon.plan.edits)
     balance: Balance | None = None  # compute-balanced steps across ranks (energon.balance)
+    # threads that decode a batch's JPEGs (energon.decode.threads); not in the fingerprint
+    decode_threads: int = 1
 
     def blend_weights(self) -> WeightFunction:
         """The configured raw weight of each source as a function of the global sample clock."""

@@ -6,6 +6,7 @@ value (a sample pointer, a sample, a packed sample, a batch) and its restore key
 methods and nothing else is asked of it:
 
 - ``next()``: the next item; ``StopIteration`` at the end of a finite (validation) pass.
+  (``next_items(count)``, for a consumer that needs several at once, gives the same items.)
 - ``state()``: plain JSON-able data (counters, cursors, the keys of buffered items; never values).
 - ``restore(state)``: continue exactly as the stage that saved ``state`` would have. The upstream
   is restored first; buffered items are regenerated through ``upstream.rebuild``. A state is data
@@ -52,6 +53,21 @@ class Stage(ABC):
     @abstractmethod
     def rebuild(self, key: Key) -> Value:
         """The value that ``key`` names."""
+
+    def next_items(self, count: int) -> list[Item]:
+        """The next ``count`` items, fewer only where a finite pass ends (none: it has ended).
+
+        A consumer that needs several items at once (a batch) asks for them together, so that a
+        stage able to make several faster than one by one (the load stage decodes their images
+        on threads, :mod:`energon.decode.threads`) may do so. Items, their order and the state
+        after them are what ``count`` calls of :meth:`next` give."""
+        items = []
+        for _ in range(count):
+            try:
+                items.append(self.next())
+            except StopIteration:
+                break
+        return items
 
     def skip_items(self, count: int) -> int | None:
         """Move the state forward as if this stage had emitted ``count`` more items, without

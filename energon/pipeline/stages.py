@@ -19,9 +19,10 @@ from energon import state_fields as fields
 from energon.decode.image import set_images_deferred
 from energon.decode.pending import any_pending, materialize_pending
 from energon.decode.sample_decoder import SampleDecoder
+from energon.decode.threads import DecodeWindow, window_open
 from energon.errors import ErrorPolicy, SampleException, SkipSample, StateError
 from energon.observe import probe as _probe
-from energon.observe.probe import BATCH, ENCODE, INDEX, READ, SAMPLES, SOURCE, STAGE
+from energon.observe.probe import BATCH, DECODE, ENCODE, INDEX, READ, SAMPLES, SOURCE, STAGE
 from energon.pipeline.keys import (
     Key,
     as_key,
@@ -54,6 +55,8 @@ class LoadStage(Stage):
         cooks: list[Hook | None] | None = None,
         epoch_of: Callable[[int], tuple[int, int]] | None = None,
         defer_images: bool = False,
+        decode_threads: int = 1,
+        reads: Callable[[], tuple[int, ...]] | None = None,
     ) -> None:
         self.upstream = upstream
         self.leaves = leaves
@@ -64,6 +67,13 @@ class LoadStage(Stage):
         # float images may stay uint8 until batched (energon.decode.pending): only when the
         # library's batch stage is all that sees the samples
         self.defer_images = defer_images
+        # a batch's JPEGs are decoded on this many threads (energon.decode.threads): only where
+        # decoded images stay pending until the batch, which waits for them anyway
+        self.decode_threads = decode_threads if defer_images else 1
+        # samples read per source (the error account's reads_now), taken with each sample read
+        # ahead: a failure noticed later is counted as of then, as next() would have
+        self.reads = reads
+        self._idle_windows = 0  # batches in a row that handed no image to a thread
         self._loaded = 0  # debug logs only
 
     def next(self) -> Item:
@@ -97,6 +107,86 @@ class LoadStage(Stage):
             self._loaded += 1
             debug_log.emit(1, self._log_record, sample, key)
             return sample, key
+
+    def next_items(self, count: int) -> list[Item]:
+        """``count`` samples whose images are decoded on threads while the next ones are read.
+
+        Reading, building, the error policy and the debug log see the samples one by one and in
+        order, as in :meth:`next`; a sample whose threaded decode did not produce its image is
+        loaded again as :meth:`next` would (then its value, or its error, is the ordinary one)."""
+        if self.decode_threads <= 1:
+            return super().next_items(count)
+        items: list[Item] = []
+        ended = threaded = False
+        while len(items) < count and not ended:
+            started = []
+            for _ in range(count - len(items)):
+                try:
+                    _, key = self.upstream.next()
+                except StopIteration:
+                    ended = True
+                    break
+                started.append(self._start(key))
+            for load in started:
+                threaded = threaded or load.window.submitted
+                item = self._finish(load)
+                if item is not None:
+                    items.append(item)
+        self._idle_windows = 0 if threaded else self._idle_windows + 1
+        if self._idle_windows >= _IDLE_WINDOWS:
+            self.decode_threads = 1  # no JPEGs here (text, PNGs): a window only costs time
+        return items
+
+    def _start(self, key: Key) -> _Started:
+        """Read and build the sample ``key`` names, its JPEGs handed to decode threads."""
+        source, index = pointer_target(key)
+        hot = _probe.HOT
+        previous = _probe.switch(READ)
+        hot[SOURCE] = source
+        hot[INDEX] = index
+        hot[SAMPLES] += 1
+        window = DecodeWindow(self.decode_threads)
+        reads = self.reads() if self.reads is not None else None
+        previous_window = window_open(window)
+        previous_deferral = set_images_deferred(True)
+        try:
+            sample: Value | SampleException = self._load(key, source, index)
+        except SampleException as e:
+            sample = e
+        finally:
+            set_images_deferred(previous_deferral)
+            window_open(previous_window)
+            _probe.back(previous, READ)
+        return _Started(key, sample, window, reads)
+
+    def _finish(self, load: _Started) -> Item | None:
+        """The loaded item once its decodes are done, or None (failed: the policy decides)."""
+        key, sample = load.key, load.sample
+        if not isinstance(sample, SampleException):
+            previous = _probe.switch(DECODE)
+            decoded = load.window.succeeded()
+            _probe.back(previous, DECODE)
+            if not decoded:
+                sample = self._load_again(key)
+        if isinstance(sample, SampleException):
+            self.policy.failed(sample, keys=(key,), reads=load.reads)
+            return None
+        self.policy.succeeded()
+        self._loaded += 1
+        debug_log.emit(1, self._log_record, sample, key)
+        return sample, key
+
+    def _load_again(self, key: Key) -> Value | SampleException:
+        """The sample as :meth:`next` loads it, decoded on this thread (or its error)."""
+        previous = _probe.switch(READ)
+        previous_deferral = set_images_deferred(True)
+        try:
+            return self._load(key)
+        except SampleException as e:
+            return e
+        finally:
+            set_images_deferred(previous_deferral)
+            _probe.back(previous, READ)
 
     def _log_record(self, sample: Value, key: Key) -> dict[str, Any]:
         """The reference's debug-log record of one sample read (reading order, before shuffling)."""
@@ -148,6 +238,20 @@ class LoadStage(Stage):
             raise SampleException(
                 f"cooking sample {sample.get('__key__')!r} failed: {type(e).__name__}: {e}"
             ) from e
+
+
+#: batches in a row without a JPEG for the decode threads after which a load stage stops trying
+_IDLE_WINDOWS = 8
+
+
+@dataclasses.dataclass(slots=True)
+class _Started:
+    """A sample read ahead by :meth:`LoadStage.next_items`: built, its decodes maybe running."""
+
+    key: Key
+    sample: Value | SampleException
+    window: DecodeWindow
+    reads: tuple[int, ...] | None  # samples read per source when it was read
 
 
 def call_hook(
@@ -260,6 +364,7 @@ class MapStage(Stage):
         *,
         stream: int,
         num_streams: int,
+        identity: bool = False,
     ) -> None:
         self.upstream = upstream
         self.fn = fn
@@ -267,6 +372,9 @@ class MapStage(Stage):
         self.policy = policy
         self.stream = stream
         self.num_streams = num_streams
+        # the hook returns its input (the library's encode_sample): it never fails, skips or
+        # yields, so items may be asked of the upstream several at a time (next_items)
+        self.identity = identity
         self._inputs = 0
         self._open: _OpenGenerator | None = None
 
@@ -277,23 +385,36 @@ class MapStage(Stage):
                 if item is not None:
                     return item
                 continue
-            value, key = self.upstream.next()
-            sample_index = self._inputs * self.num_streams + self.stream
-            self._inputs += 1
-            try:
-                result = call_hook(self.fn, sample_index, value)
-            except SkipSample:
-                continue
-            except Exception as e:
-                self.policy.failed(e, value, keys=(key,))
-                continue
-            if inspect.isgenerator(result):
-                self._open = _OpenGenerator(result, sample_index, sample_index, key)
-                continue
-            self.policy.succeeded()
-            out_key = map_key(self.name, sample_index, 0, key, hook_context.batch_index)
-            attach_restore_key(result, out_key)
-            return result, out_key
+            item = self._map(*self.upstream.next())
+            if item is not None:
+                return item
+
+    def next_items(self, count: int) -> list[Item]:
+        if not self.identity:
+            return super().next_items(count)
+        items = [self._map(value, key) for value, key in self.upstream.next_items(count)]
+        if any(item is None for item in items):  # cannot happen with an identity hook
+            raise AssertionError(f"{self.name} is marked identity but dropped a sample")
+        return items  # type: ignore[return-value]
+
+    def _map(self, value: Value, key: Key) -> Item | None:
+        """The hook's result for one input, or None (failed, skipped, or a generator opened)."""
+        sample_index = self._inputs * self.num_streams + self.stream
+        self._inputs += 1
+        try:
+            result = call_hook(self.fn, sample_index, value)
+        except SkipSample:
+            return None
+        except Exception as e:
+            self.policy.failed(e, value, keys=(key,))
+            return None
+        if inspect.isgenerator(result):
+            self._open = _OpenGenerator(result, sample_index, sample_index, key)
+            return None
+        self.policy.succeeded()
+        out_key = map_key(self.name, sample_index, 0, key, hook_context.batch_index)
+        attach_restore_key(result, out_key)
+        return result, out_key
 
     def _next_from_open(self, open_gen: _OpenGenerator) -> Item | None:
         try:
@@ -405,16 +526,9 @@ class BatchStage(Stage):
     def next(self) -> Item:
         while True:
             size = self.sizes(self._batches)
-            values, keys = [], []
-            while True:
-                try:
-                    value, key = self.upstream.next()
-                except StopIteration:
-                    break
-                values.append(value)
-                keys.append(key)
-                if len(values) >= size:
-                    break
+            items = self.upstream.next_items(max(1, size))
+            values = [value for value, _ in items]
+            keys = [key for _, key in items]
             if not values or (self.drop_last and len(values) < size):
                 raise StopIteration
             key = batch_key(self._batches, tuple(keys))

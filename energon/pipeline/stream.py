@@ -215,7 +215,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         tolerance = getattr(fn, "__failure_tolerance__", spec.failure_tolerance)
         return ErrorPolicy(name, handler, tolerance, account)
 
-    def hook_stage(hook: str) -> None:
+    def hook_stage(hook: str, identity: bool = False) -> None:
         fn = getattr(te, hook)
         stages.append(
             MapStage(
@@ -225,6 +225,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 policy(hook, fn),
                 stream=stream_id,
                 num_streams=spec.num_streams,
+                identity=identity,
             )
         )
 
@@ -239,6 +240,8 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             cooks,
             epoch_of=stages[0].epoch_of,
             defer_images=defer_images,
+            decode_threads=spec.decode_threads,
+            reads=account.reads_now,
         )
     )
     if te.is_active("preencode_sample"):
@@ -248,7 +251,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             )
         hook_stage("preencode_sample")
     elif te.is_active("encode_sample"):
-        hook_stage("encode_sample")
+        hook_stage("encode_sample", identity=defer_images and _identity_encode(te))
     postencode = te.postencode_sample if te.is_active("postencode_sample") else None
     if spec.packing_buffer_size:
         stages.append(
@@ -328,6 +331,15 @@ def _only_library_batching_sees_samples(spec: PipelineSpec, cooks: list[Any]) ->
             or getattr(raw_batch_type, "from_samples", None) is None
             or raw_batch_type.from_samples.__func__ is Batch.from_samples.__func__
         )
+    )
+
+
+def _identity_encode(te: TaskEncoder) -> bool:
+    """Whether ``encode_sample`` is the library's and returns its sample unchanged."""
+    library_encode = (TaskEncoder.encode_sample, DefaultTaskEncoder.encode_sample)
+    return (
+        getattr(type(te), "encode_sample", None) in library_encode
+        and getattr(te, "encoded_sample_type", None) is None
     )
 
 

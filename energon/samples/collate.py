@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from energon.decode.pending import PendingImage
+from energon.decode.threads import run_on_threads
 from energon.memory.batch_arena import active_arena
 from energon.memory.buffer_pool import buffer_pool, numpy_dtype
 
@@ -134,15 +135,20 @@ def _pad_stack_pending(images: list[Any]) -> torch.Tensor:
         return batch_pad_stack(images)
     max_shape = _max_shape(images)
     out = _new_batch_tensor(torch.empty(0, dtype=dtype), (len(images), *max_shape))
-    out_array = out.numpy()
-    for slot, image in zip(out_array, images):
-        if isinstance(image, PendingImage):
-            image.write_padded(slot)
-            continue
-        array = image.numpy()
-        slot[tuple(slice(0, size) for size in array.shape)] = array
-        _zero_padding(slot, array.shape)
+    threads = max(image.threads for image in images if isinstance(image, PendingImage))
+    run_on_threads(threads, _write_slot, list(zip(out.numpy(), images)))
     return out
+
+
+def _write_slot(slot_and_image: tuple[Any, Any]) -> None:
+    """One image (pending or a tensor) into its padded slot, the padding zeroed."""
+    slot, image = slot_and_image
+    if isinstance(image, PendingImage):
+        image.write_padded(slot)
+        return
+    array = image.numpy()
+    slot[tuple(slice(0, size) for size in array.shape)] = array
+    _zero_padding(slot, array.shape)
 
 
 def _numpy_copyable(out: torch.Tensor, tensors: list[torch.Tensor]) -> bool:

@@ -152,7 +152,7 @@ class LoaderResult:
     timed_samples: int = 0
     time_to_first_batch: float = float("nan")
     steady_samples_per_second: float = float("nan")
-    cpu_seconds: float = float("nan")  # main thread of the main process and of every worker
+    cpu_seconds: float = float("nan")  # main threads of main process and workers, decode threads
     peak_rss_main: int = 0
     peak_rss_total: int = 0
     peak_pss_total: int = 0
@@ -275,18 +275,34 @@ def run_loader(
 
 
 def tree_cpu_seconds(since: dict[int, float] | None = None) -> dict[int, float]:
-    """On-CPU seconds of the main thread of this process and of each descendant (the loader's
-    workers), from /proc/PID/schedstat; minus ``since`` if given. Main threads only: the memory
-    probe's sampling thread is not the loader's work."""
+    """On-CPU seconds of the threads that do the loader's work, by thread id: the main thread of
+    this process and of each descendant (the loader's workers) and the library's decode threads
+    (``decode_threads``), from /proc/PID/task/TID/schedstat; minus ``since`` if given. Not the
+    memory probe's sampling thread, nor the queues' feeder threads (as in earlier runs)."""
     out = {}
     for pid in process_tree():
         try:
-            with open(f"/proc/{pid}/schedstat") as file:
-                seconds = int(file.read().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
+            tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
             continue
-        out[pid] = seconds - (since or {}).get(pid, 0.0)
+        for tid in tids:
+            if tid != pid and not _is_decode_thread(pid, tid):
+                continue
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as file:
+                    seconds = int(file.read().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                continue
+            out[tid] = seconds - (since or {}).get(tid, 0.0)
     return out
+
+
+def _is_decode_thread(pid: int, tid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm") as file:
+            return file.read().startswith("energon-decode")  # (names are cut to 15 characters)
+    except OSError:
+        return False
 
 
 def disable_error_accounting() -> None:
