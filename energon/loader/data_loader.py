@@ -1033,6 +1033,8 @@ class Loader:
             "type": type(self).__name__,
             "num_workers": self.worker_config.num_workers,
             "prefetch_factor": self.prefetch_factor if self.worker_config.num_workers else None,
+            # threads decoding JPEGs in each loading process (energon.decode.threads)
+            "decode_threads": getattr(self.dataset.spec, "decode_threads", 1),
             "dataset": self.dataset.config(),
         }
 

@@ -240,3 +240,21 @@ def test_run_on_threads_runs_every_item_once_and_raises_the_error():
 
     with pytest.raises(KeyError):
         run_on_threads(3, fail_on_seven, list(range(10)))
+
+
+@pytest.mark.parametrize(("num_workers", "threads", "expected"), [(0, 3, 3), (2, None, 1)])
+def test_the_loader_config_names_the_thread_count(
+    captioning_ds, num_workers, threads, expected, monkeypatch
+):
+    monkeypatch.delenv("ENERGON_DECODE_THREADS", raising=False)
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+    extra = {} if threads is None else {"decode_threads": threads}
+    ds = get_train_dataset(
+        captioning_ds,
+        worker_config=wc,
+        batch_size=4,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        **extra,
+    )
+    assert get_loader(ds).config()["decode_threads"] == expected
