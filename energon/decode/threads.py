@@ -16,6 +16,8 @@ How it fits together:
   leaves it. A decode that did not take the fast path or failed is not handled on the thread: the
   load stage loads that sample again the ordinary way, so its value or its error is exactly what
   a loader without threads gives.
+* The batch writes the images of such samples into their padded slots on the same threads
+  (:func:`run_on_threads`, from ``energon.samples.collate``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,13 @@ def default_decode_threads(num_workers: int) -> int:
         return check_decode_threads(_as_int(configured), "ENERGON_DECODE_THREADS")
     if num_workers > 0:
         return 1
-    return max(1, min(MAX_DEFAULT_THREADS, len(os.sched_getaffinity(0))))
+    return max(1, min(MAX_DEFAULT_THREADS, _usable_cores()))
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def check_decode_threads(value: Any, name: str = "decode_threads") -> int:
