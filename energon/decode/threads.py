@@ -23,6 +23,7 @@ How it fits together:
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -140,22 +141,24 @@ class DecodeWindow:
 
 
 def run_on_threads(threads: int, work: Callable[[Any], None], items: Sequence[Any]) -> None:
-    """``work(item)`` for every item, spread over ``threads`` threads in contiguous runs (the
-    calling thread does the first run); returns when all are done, raising the first error."""
+    """``work(item)`` for every item on ``threads`` threads, the calling thread one of them; each
+    takes the next item left when it is done with one (images differ in size, so equal runs would
+    leave threads idle). Returns when all are done, raising the first error."""
     if threads <= 1 or len(items) <= 1:
         for item in items:
             work(item)
         return
-    runs = min(threads, len(items))
-    bounds = [len(items) * r // runs for r in range(runs + 1)]
+    indices = itertools.count()  # next() on it is atomic under the GIL
 
-    def run(r: int) -> None:
-        for item in items[bounds[r] : bounds[r + 1]]:
-            work(item)
+    def take_items() -> None:
+        for index in indices:
+            if index >= len(items):
+                return
+            work(items[index])
 
-    futures = [_executor(threads).submit(run, r) for r in range(1, runs)]
+    futures = [_executor(threads).submit(take_items) for _ in range(min(threads, len(items)) - 1)]
     try:
-        run(0)
+        take_items()
     finally:
         for future in futures:
             future.result()
