@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from energon.decode.jpeg import JPEG_SOI, decode_jpeg, fast_jpeg_available
+from energon.decode.jpeg import decode_jpeg, fast_jpeg_available, is_jpeg
 from energon.decode.pending import PendingImage
 from energon.decode.planar import to_planar
 from energon.decode.threads import DecodeWindow, current_window
@@ -185,7 +185,7 @@ def decode_image(data: bytes | memoryview, mode: ImageMode) -> Any:
         deferred = _deferral.active and (mode == _FLOAT_RGB or mode == _UINT8_RGB)
         if deferred:
             window = current_window()
-            if window is not None and bytes(data[:3]) == JPEG_SOI and fast_jpeg_available():
+            if window is not None and is_jpeg(data) and fast_jpeg_available():
                 return _decode_on_thread(window, data, mode)
         pixels = decode_jpeg(
             data, mode.pil_mode, _pooled_pixels if mode.container == "torch" else None

@@ -33,9 +33,9 @@ try:  # optional extra "fast"
 except ImportError:  # pragma: no cover - depends on the environment
     simplejpeg = None
 
-__all__ = ["JPEG_SOI", "decode_jpeg", "fast_jpeg_available"]
+__all__ = ["decode_jpeg", "fast_jpeg_available", "is_jpeg"]
 
-JPEG_SOI = b"\xff\xd8\xff"
+_JPEG_SOI = b"\xff\xd8\xff"
 _DIRECT_COLORSPACES = {"YCbCr": "RGB", "Gray": "GRAY"}  # file colour space -> what decodes exactly
 
 
@@ -44,9 +44,14 @@ def fast_jpeg_available() -> bool:
     return simplejpeg is not None and not os.environ.get("ENERGON_NO_FAST_JPEG")
 
 
+def is_jpeg(data: bytes | memoryview) -> bool:
+    """Whether ``data`` starts like a JPEG (its SOI marker)."""
+    return bytes(data[:3]) == _JPEG_SOI
+
+
 def _header(data: bytes | memoryview) -> tuple[int, int, str] | None:
     """(height, width, colour space) of a JPEG simplejpeg can read, else None."""
-    if bytes(data[:3]) != JPEG_SOI:
+    if not is_jpeg(data):
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)

@@ -112,16 +112,15 @@ _PR_SET_NAME = 15
 class DecodeWindow:
     """The decodes handed to threads while one sample was loaded."""
 
-    __slots__ = ("threads", "_executor", "_futures")
+    __slots__ = ("threads", "_futures")
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
-        self._executor = _executor(threads)
         self._futures: list[Future[bool]] = []
 
     def submit(self, decode: Callable[..., bool], *args: Any) -> None:
         """Run ``decode(*args)`` on a thread; it returns whether it produced the value."""
-        self._futures.append(self._executor.submit(decode, *args))
+        self._futures.append(_executor(self.threads).submit(decode, *args))
 
     @property
     def submitted(self) -> bool:

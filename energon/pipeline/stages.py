@@ -141,23 +141,12 @@ class LoadStage(Stage):
         """Read and build the sample ``key`` names, its JPEGs handed to decode threads."""
         source, index = pointer_target(key)
         hot = _probe.HOT
-        previous = _probe.switch(READ)
         hot[SOURCE] = source
         hot[INDEX] = index
         hot[SAMPLES] += 1
         window = DecodeWindow(self.decode_threads)
         reads = self.reads() if self.reads is not None else None
-        previous_window = window_open(window)
-        previous_deferral = set_images_deferred(True)
-        try:
-            sample: Value | SampleException = self._load(key, source, index)
-        except SampleException as e:
-            sample = e
-        finally:
-            set_images_deferred(previous_deferral)
-            window_open(previous_window)
-            _probe.back(previous, READ)
-        return _Started(key, sample, window, reads)
+        return _Started(key, self._read(key, window), window, reads)
 
     def _finish(self, load: _Started) -> Item | None:
         """The loaded item once its decodes are done, or None (failed: the policy decides)."""
@@ -166,8 +155,8 @@ class LoadStage(Stage):
             previous = _probe.switch(DECODE)
             decoded = load.window.succeeded()
             _probe.back(previous, DECODE)
-            if not decoded:
-                sample = self._load_again(key)
+            if not decoded:  # loaded again as next() would, decoded on this thread
+                sample = self._read(key, None)
         if isinstance(sample, SampleException):
             self.policy.failed(sample, keys=(key,), reads=load.reads)
             return None
@@ -176,9 +165,11 @@ class LoadStage(Stage):
         debug_log.emit(1, self._log_record, sample, key)
         return sample, key
 
-    def _load_again(self, key: Key) -> Value | SampleException:
-        """The sample as :meth:`next` loads it, decoded on this thread (or its error)."""
+    def _read(self, key: Key, window: DecodeWindow | None) -> Value | SampleException:
+        """The sample ``key`` names (or its error) with images deferred to the batch, their
+        JPEGs handed to ``window``'s threads (None: decoded on this thread)."""
         previous = _probe.switch(READ)
+        previous_window = window_open(window)
         previous_deferral = set_images_deferred(True)
         try:
             return self._load(key)
@@ -186,6 +177,7 @@ class LoadStage(Stage):
             return e
         finally:
             set_images_deferred(previous_deferral)
+            window_open(previous_window)
             _probe.back(previous, READ)
 
     def _log_record(self, sample: Value, key: Key) -> dict[str, Any]:

@@ -312,7 +312,6 @@ def _only_library_batching_sees_samples(spec: PipelineSpec, cooks: list[Any]) ->
     joiner or sample type of their own, cooking, encoding, packing, grouping, a ``batch`` or a
     batch type's ``from_samples``) keeps the ordinary decode."""
     te = spec.task_encoder
-    library_encode = (TaskEncoder.encode_sample, DefaultTaskEncoder.encode_sample)
     library_batch = (TaskEncoder.batch, DefaultTaskEncoder.batch)
     raw_batch_type = getattr(te, "raw_batch_type", None)
     return (
@@ -321,7 +320,7 @@ def _only_library_batching_sees_samples(spec: PipelineSpec, cooks: list[Any]) ->
         and all(_built_by_library(source) for source in spec.sources)
         and not spec.packing_buffer_size
         and all(cook is None for cook in cooks)
-        and getattr(type(te), "encode_sample", None) in library_encode
+        and _library_encode(te)
         and getattr(type(te), "batch", None) in library_batch
         and not te.is_active("preencode_sample")
         and not te.is_active("postencode_sample")
@@ -334,13 +333,15 @@ def _only_library_batching_sees_samples(spec: PipelineSpec, cooks: list[Any]) ->
     )
 
 
+def _library_encode(te: TaskEncoder) -> bool:
+    """Whether ``encode_sample`` is the library's (no code of the user's)."""
+    library_encode = (TaskEncoder.encode_sample, DefaultTaskEncoder.encode_sample)
+    return getattr(type(te), "encode_sample", None) in library_encode
+
+
 def _identity_encode(te: TaskEncoder) -> bool:
     """Whether ``encode_sample`` is the library's and returns its sample unchanged."""
-    library_encode = (TaskEncoder.encode_sample, DefaultTaskEncoder.encode_sample)
-    return (
-        getattr(type(te), "encode_sample", None) in library_encode
-        and getattr(te, "encoded_sample_type", None) is None
-    )
+    return _library_encode(te) and getattr(te, "encoded_sample_type", None) is None
 
 
 def _built_by_library(source: Source) -> bool:
