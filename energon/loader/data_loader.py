@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 import torch.utils.data
 from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.pin_memory import pin_memory as _torch_pin_memory
 
 from energon import debug_log
 from energon.balance.tail import TAIL_FIELD, settled
@@ -49,6 +50,7 @@ from energon.pipeline.spec import check_blend_streams
 from energon.pipeline.stage import Value
 from energon.plan.edits import PlanEdits, edits_from_json
 from energon.plan.schedules import FlatWeights, WeightChange, WeightSchedule
+from energon.samples.base import needs_pinning
 from energon.source.meta import SampleMeta, meta_reader
 from energon.state import (
     check_compatible,
@@ -111,43 +113,74 @@ class _WorkerItems(torch.utils.data.IterableDataset):
         return self.arena.count_groups(groups)
 
 
-def _grouped(worker: int, items: Iterator[tuple[Value, ItemMeta]]) -> Iterator[list[Any]]:
-    """A worker's items in groups, one message to the main process per group: ``[(worker, last),
-    item, item, ...]``. Every message costs both processes a fixed price (torch's queues, a
-    feeder thread and a pipe write in the worker, a read and the bookkeeping of torch's iterator
-    in the main process) that is as large as the work of a small batch, so a worker gathers the
-    items it makes within ``GROUP_SECONDS`` (at most ``GROUP_MAX_ITEMS``); a slow item (an image
-    batch) travels alone as before. The price: an item is not sent before the next one of its
-    group is made, so an item that stalls (a hung read, a slow hook) holds back the few items
-    made in the ``GROUP_SECONDS`` before it; the watchdog still names the stalled item. ``last``
-    marks the worker's final group. An exception of the
-    worker's pipeline travels in its place in the group, so the main process raises it exactly
-    where the item would have been."""
+class _Group:
+    """One message from a worker: some of its items in order (an error of its pipeline in the place
+    of the item it failed on), and whether they are its last (``last``).
+
+    With CUDA, torch's pin-memory thread in the main process calls :meth:`pin_memory` on every
+    message. Only items that need it (``ItemMeta.pin``, decided in the worker) are pinned: torch's
+    own walk would rebuild every list, tuple and dict of every batch, and for text batches, which
+    hold no tensor, that walk cost the main process more than all else a batch costs it there
+    (docs/benchmarks.md, "Sixth round")."""
+
+    __slots__ = ("worker", "last", "items")
+
+    def __init__(self, worker: int, last: bool = False, items: list[Any] | None = None) -> None:
+        self.worker = worker
+        self.last = last
+        self.items = [] if items is None else items
+
+    def __reduce__(self) -> tuple:
+        return _Group, (self.worker, self.last, self.items)
+
+    def pin_memory(self) -> _Group:
+        for i, item in enumerate(self.items):
+            if not isinstance(item, ExceptionWrapper) and item[1].pin:
+                self.items[i] = (_torch_pin_memory(item[0]), item[1])
+        return self
+
+
+def _grouped(worker: int, items: Iterator[tuple[Value, ItemMeta]]) -> Iterator[_Group]:
+    """A worker's items in groups, one message to the main process per group. Every message costs
+    both processes a fixed price (torch's queues, a feeder thread and a pipe write in the worker,
+    a read and the bookkeeping of torch's iterator in the main process) that is as large as the
+    work of a small batch, so a worker gathers the items it makes within ``GROUP_SECONDS`` (at
+    most ``GROUP_MAX_ITEMS``); a slow item (an image batch) travels alone as before. The price:
+    an item is not sent before the next one of its group is made, so an item that stalls (a hung
+    read, a slow hook) holds back the few items made in the ``GROUP_SECONDS`` before it; the
+    watchdog still names the stalled item. An exception of the worker's pipeline travels in its
+    place in the group, so the main process raises it exactly where the item would have been."""
     while True:
-        group: list[Any] = [(worker, False)]
+        group = _Group(worker)
         started = time.monotonic()
         try:
             while True:
-                group.append(next(items))
-                if len(group) > GROUP_MAX_ITEMS or time.monotonic() - started >= GROUP_SECONDS:
+                group.items.append(next(items))
+                if (
+                    len(group.items) >= GROUP_MAX_ITEMS
+                    or time.monotonic() - started >= GROUP_SECONDS
+                ):
                     break
         except StopIteration:
-            group[0] = (worker, True)
+            group.last = True
         except Exception:
-            group.append(ExceptionWrapper(where=f"in DataLoader worker process {worker}"))
-            group[0] = (worker, True)
+            group.items.append(ExceptionWrapper(where=f"in DataLoader worker process {worker}"))
+            group.last = True
         yield group
-        if group[0][1]:
+        if group.last:
             return
 
 
-def _collate_group(arena: BatchArena | None, group: list[Any]) -> list[Any]:
+def _collate_group(arena: BatchArena | None, pinned: bool, group: _Group) -> _Group:
     """``_collate`` for every item of a worker's group (in place), its strings ready to travel
-    (:func:`pack_strings`)."""
-    for i in range(1, len(group)):
-        if not isinstance(group[i], ExceptionWrapper):
-            group[i] = _collate(arena, group[i])
-            pack_strings(group[i][0])
+    (:func:`pack_strings`) and, when the main process pins memory (``pinned``), marked if it has
+    anything to pin."""
+    items = group.items
+    for i, item in enumerate(items):
+        if not isinstance(item, ExceptionWrapper):
+            value, meta = items[i] = _collate(arena, item)
+            pack_strings(value)
+            meta.pin = pinned and needs_pinning(value)
     return group
 
 
@@ -215,10 +248,10 @@ class _WorkerResults:
         finally:
             if arena is not None:
                 arena.main_waits_for(NO_WORKER)
-        worker, last = group[0]
+        worker = group.worker
         self._groups_received[worker] += 1
-        self._pending[worker].extend(itertools.islice(group, 1, None))
-        if last:
+        self._pending[worker].extend(group.items)
+        if group.last:
             self._over[worker] = True
 
     def _awaited_worker(self) -> int:
@@ -540,17 +573,18 @@ class Loader:
             items = self.dataset.executor(0, resume)
             return map(functools.partial(_collate, None), items)
         self._arena = BatchArena(wc.num_workers) if arena_supported() else None
+        pinned = torch.cuda.is_available()
         generator = torch.Generator()
         generator.manual_seed(0)  # torch draws worker base seeds from it, not from the global RNG
         loader = torch.utils.data.DataLoader(
             _WorkerItems(self.dataset, resume, self._arena),
             batch_size=None,
             num_workers=wc.num_workers,
-            collate_fn=functools.partial(_collate_group, self._arena),
+            collate_fn=functools.partial(_collate_group, self._arena, pinned),
             prefetch_factor=self.prefetch_factor,
             persistent_workers=False,
             multiprocessing_context="fork",
-            pin_memory=torch.cuda.is_available(),
+            pin_memory=pinned,
             generator=generator,
         )
         iterator = iter(loader)

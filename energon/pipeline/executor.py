@@ -40,8 +40,8 @@ from energon.worker import Layout
 class ItemMeta:
     """What travels with each item from a worker to the main process (pickled with every batch by
     torch's DataLoader, so it stays small): the item's global position, its stream, the stream's
-    snapshot right after it, whether the value holds shared-memory arena references, and whether
-    the position is a hole that the loader fills (the value is then None)."""
+    snapshot right after it, whether the value holds shared-memory arena references or anything to
+    pin, and whether the position is a hole that the loader fills (the value is then None)."""
 
     position: int
     stream: int
@@ -53,6 +53,8 @@ class ItemMeta:
     ended: bool = False  # the stream's final snapshot: no value, no position consumed
     # snapshots of further streams the item advanced (balanced steps: energon.balance)
     others: dict[int, StreamSnapshot] | None = None
+    # the value holds something to page-lock (with CUDA; see energon.loader.data_loader._Group)
+    pin: bool = False
 
     def __reduce__(self) -> tuple:
         # positional arguments: smaller and faster to pickle than the slots' name -> value mapping;
@@ -70,6 +72,7 @@ class ItemMeta:
             self.hole,
             self.ended,
             self.others,
+            self.pin,
         )
 
 

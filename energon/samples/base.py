@@ -68,6 +68,30 @@ def pin_memory_recursive(value: Any) -> Any:
     return value
 
 
+def needs_pinning(value: Any) -> bool:
+    """Whether pinning ``value`` would change anything: it holds a tensor, or an object whose own
+    ``pin_memory()`` may do more than walk its fields.
+
+    The loader asks this before it lets torch's pin-memory thread rebuild a batch: walking and
+    copying the strings, keys and source infos of a text batch that holds no tensor costs that
+    thread (and the main process's GIL) more than the rest of the batch's way from a worker.
+    """
+    if value is None or isinstance(value, (str, bytes, int, float, bool)):
+        return False
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(needs_pinning(v) for v in value)
+    if isinstance(value, Mapping):
+        return any(needs_pinning(v) for v in value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        own = getattr(type(value), "pin_memory", None)
+        if own is not None and own is not PinMemoryMixin.pin_memory:
+            return True  # its own idea of pinning
+        return any(needs_pinning(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return callable(getattr(value, "pin_memory", None))
+
+
 def _replace_fields(obj: TSelf, transform: Any) -> TSelf:
     """Shallow copy of a dataclass instance with ``transform`` applied to every field value.
 
