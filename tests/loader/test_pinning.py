@@ -58,6 +58,9 @@ def test_needs_pinning_finds_tensors_anywhere_and_nothing_in_text(text_ds):
     assert needs_pinning({"a": [("x", tensor)]})
     assert needs_pinning(Pair("s", tensor))
     assert needs_pinning(dataclasses.replace(text_batch, text=[tensor]))
+    assert needs_pinning(dataclasses.replace(text_batch, __subflavors__=[{"t": tensor}]))
+    # restore keys and source infos are the loader's own plain values: not looked into
+    assert not needs_pinning(dataclasses.replace(text_batch, __restore_key__=("x", tensor)))
     assert needs_pinning(OwnPinning("x")), "a class's own pin_memory may do anything"
     assert needs_pinning(HasPinMethod())
     assert not needs_pinning(object())
