@@ -364,7 +364,7 @@ def format_number(value: object) -> str:
     if isinstance(value, float):
         if value != value:  # NaN
             return "n/a"
-        if abs(value) >= 1000:
+        if abs(value) >= 100:  # whole numbers (``.3g`` would print 999.6 as "1e+03")
             return f"{value:,.0f}"
         return f"{value:.3g}"
     return str(value)
