@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections import namedtuple
+from collections import OrderedDict, namedtuple
 
 import pytest
 import torch
@@ -57,6 +57,7 @@ def test_needs_pinning_finds_tensors_anywhere_and_nothing_in_text(text_ds):
     assert needs_pinning(tensor)
     assert needs_pinning({"a": [("x", tensor)]})
     assert needs_pinning(Pair("s", tensor))
+    assert needs_pinning(OrderedDict(a="x", t=tensor)) and not needs_pinning(OrderedDict(a="x"))
     assert needs_pinning(dataclasses.replace(text_batch, text=[tensor]))
     assert needs_pinning(dataclasses.replace(text_batch, __subflavors__=[{"t": tensor}]))
     # restore keys and source infos are the loader's own plain values: not looked into
