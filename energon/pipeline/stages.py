@@ -146,7 +146,7 @@ class LoadStage(Stage):
         hot[SAMPLES] += 1
         window = DecodeWindow(self.decode_threads)
         reads = self.reads() if self.reads is not None else None
-        return _Started(key, self._read(key, window), window, reads)
+        return _Started(key, self._read(key, window, source, index), window, reads)
 
     def _finish(self, load: _Started) -> Item | None:
         """The loaded item once its decodes are done, or None (failed: the policy decides)."""
@@ -165,14 +165,17 @@ class LoadStage(Stage):
         debug_log.emit(1, self._log_record, sample, key)
         return sample, key
 
-    def _read(self, key: Key, window: DecodeWindow | None) -> Value | SampleException:
+    def _read(
+        self, key: Key, window: DecodeWindow | None, source: int | None = None, index: int = 0
+    ) -> Value | SampleException:
         """The sample ``key`` names (or its error) with images deferred to the batch, their
-        JPEGs handed to ``window``'s threads (None: decoded on this thread)."""
+        JPEGs handed to ``window``'s threads (None: decoded on this thread); ``source`` and
+        ``index`` as for :meth:`_load`."""
         previous = _probe.switch(READ)
         previous_window = window_open(window)
         previous_deferral = set_images_deferred(True)
         try:
-            return self._load(key)
+            return self._load(key, source, index)
         except SampleException as e:
             return e
         finally:
