@@ -7,7 +7,9 @@ shuffle buffer 100, slices of 100), takes ``--warmup`` samples, then times ``--s
 Besides wall-clock rates it reports the CPU time per batch of the main process and of the workers
 (from ``/proc/<pid>/task/*/schedstat``): on a machine shared with other work the rates are noisy,
 the CPU per batch much less so, and on two cores the 2-worker rate is bounded by
-``2 cores / (main + workers CPU per batch)``.
+``2 cores / (main + workers CPU per batch)``. The workers' CPU is also given for their main threads
+alone (their pipelines; the rest is mostly the queues' feeder threads, which pickle and send), and
+from it what 2 workers would reach if sending cost nothing.
 
 Each round also runs two 0-worker loaders side by side in two fresh processes ("2 x 0"): the work
 of two workers on two cores with nothing sent between processes. Its combined rate is the ceiling
@@ -47,15 +49,26 @@ SIDE_BY_SIDE = "2 x 0"  # the label of two 0-worker loaders running at once
 
 def cpu_ns(pid: int | str) -> int:
     """CPU time (ns) of every thread of process ``pid`` so far."""
-    total = 0
+    return sum(thread_cpu_ns(pid))
+
+
+def thread_cpu_ns(pid: int | str) -> tuple[int, int]:
+    """CPU time (ns) so far of process ``pid``'s main thread and of all its other threads (in a
+    worker: the queue's feeder thread, which pickles and sends what the main thread made)."""
+    main = others = 0
     task_dir = f"/proc/{pid}/task"
+    main_tid = str(os.getpid()) if pid == "self" else str(pid)
     for thread in os.listdir(task_dir):
         try:
             with open(f"{task_dir}/{thread}/schedstat") as file:
-                total += int(file.read().split()[0])
+                ns = int(file.read().split()[0])
         except OSError:
-            pass  # the thread ended meanwhile
-    return total
+            continue  # the thread ended meanwhile
+        if thread == main_tid:
+            main += ns
+        else:
+            others += ns
+    return main, others
 
 
 def child_pids(parent: int) -> list[int]:
@@ -98,7 +111,7 @@ def run_loader(root: str, workers: int, warmup: int, samples: int, gated: bool =
         sys.stdin.readline()
     workers_pids = child_pids(os.getpid())
     main_before = cpu_ns("self")
-    workers_before = sum(cpu_ns(pid) for pid in workers_pids)
+    workers_before = [thread_cpu_ns(pid) for pid in workers_pids]
     start = time.perf_counter()
     timed = batches = 0
     while timed < samples:
@@ -107,13 +120,19 @@ def run_loader(root: str, workers: int, warmup: int, samples: int, gated: bool =
     end = time.perf_counter()
     seconds = end - start
     main_cpu = cpu_ns("self") - main_before
-    workers_cpu = sum(cpu_ns(pid) for pid in workers_pids) - workers_before
+    workers_after = [thread_cpu_ns(pid) for pid in workers_pids]
+    workers_pipeline_cpu = sum(a[0] - b[0] for a, b in zip(workers_after, workers_before))
+    workers_cpu = workers_pipeline_cpu + sum(
+        a[1] - b[1] for a, b in zip(workers_after, workers_before)
+    )
     return {
         "workers": workers,
         "first_batch_seconds": first_batch_seconds,
         "samples_per_second": timed / seconds,
         "main_cpu_us_per_batch": main_cpu / 1e3 / batches,
         "workers_cpu_us_per_batch": workers_cpu / 1e3 / batches,
+        # the workers' main threads only: their pipelines, without the feeder threads' sending
+        "workers_pipeline_cpu_us_per_batch": workers_pipeline_cpu / 1e3 / batches,
         "timed_samples": timed,
         "timed_from": start,  # perf_counter is system-wide on Linux: comparable across processes
         "timed_to": end,
@@ -168,6 +187,7 @@ def side_by_side_row(results: list[dict]) -> dict:
         "samples_per_second": sum(r["timed_samples"] for r in results) / seconds,
         "main_cpu_us_per_batch": statistics.mean(r["main_cpu_us_per_batch"] for r in results),
         "workers_cpu_us_per_batch": 0.0,
+        "workers_pipeline_cpu_us_per_batch": 0.0,
     }
 
 
@@ -227,7 +247,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         for raw in measure_text(workload, args.samples, (1, 2), [TEXT_DECODE]):
             raws[raw.processes].append(raw.samples_per_second)
     print_markdown_table(
-        ("run", "workers", "TTFB s", "samples/s", "main CPU us/batch", "workers CPU us/batch"),
+        (
+            "run",
+            "workers",
+            "TTFB s",
+            "samples/s",
+            "main CPU us/batch",
+            "workers CPU us/batch",
+            "of which their main threads",
+        ),
         [
             (
                 r["run"],
@@ -236,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 r["samples_per_second"],
                 r["main_cpu_us_per_batch"],
                 r["workers_cpu_us_per_batch"],
+                r["workers_pipeline_cpu_us_per_batch"],
             )
             for r in rows
         ],
@@ -278,8 +307,31 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         ]
         print(f"\n2 workers / 0 workers per run: {', '.join(f'{x:.2f}' for x in ratios)}")
+        print_pipeline_bound(rows)
     if 0 in worker_counts and SIDE_BY_SIDE in worker_counts:
         print_transfer_budget(rows)
+
+
+def print_pipeline_bound(rows: list[dict]) -> None:
+    """What 2 workers would reach if sending their batches cost nothing: two cores over the CPU
+    per batch of the workers' main threads (their pipelines), against the 0-worker loader of the
+    same round."""
+    alone = [r for r in rows if r["workers"] == 0]
+    with_workers = [r for r in rows if r["workers"] == 2]
+    bounds = [
+        2 * a["main_cpu_us_per_batch"] / b["workers_pipeline_cpu_us_per_batch"]
+        for a, b in zip(alone, with_workers)
+    ]
+    median = (
+        2
+        * median_of(rows, 0, "main_cpu_us_per_batch")
+        / median_of(rows, 2, "workers_pipeline_cpu_us_per_batch")
+    )
+    print(
+        "2 workers if the transfer were free (2 x 0-worker CPU per batch / the workers' main"
+        f" threads' CPU per batch): {median:.2f}x at the medians; per run"
+        f" {', '.join(f'{x:.2f}x' for x in bounds)}"
+    )
 
 
 def print_transfer_budget(rows: list[dict]) -> None:
