@@ -14,9 +14,9 @@ over the whole run. ``--runs`` rounds are measured (default 3) and medians repor
 
 In every round the raw limits are measured right after the loaders, on the same bytes (the
 samples the loader reads, in shard order), by ``bench_raw``: for captioning the decode-only rate
-of every JPEG decoder installed (Pillow, simplejpeg, PyTurboJPEG where its system library exists),
-with 1 process (for 0 workers) and 2 processes (for 2 workers); the limit is the fastest. For
-text, tar read + UTF-8 decode. The loader / limit ratio is computed per round (the machine's load
+of every JPEG decoder installed (Pillow, simplejpeg, OpenCV, imagecodecs, PyTurboJPEG where its
+system library exists), with 1 process (for 0 workers) and 2 processes (for 2 workers); the limit
+is the fastest. For text, tar read + UTF-8 decode. The loader / limit ratio is computed per round (the machine's load
 moves both) and its median reported.
 
 ``--in-process`` runs the loaders in this process instead (full tracebacks for debugging; memory
@@ -63,10 +63,8 @@ from bench_common import (  # noqa: E402
     process_tree,
 )
 from bench_raw import (  # noqa: E402
-    JPEG_DECODE,
-    SIMPLEJPEG_DECODE,
+    JPEG_DECODERS,
     TEXT_DECODE,
-    TURBOJPEG_DECODE,
     RawResult,
     measure_captioning,
     measure_text,
@@ -80,7 +78,6 @@ WARMUP_SAMPLES = 320
 DEFAULT_SAMPLES = {"captioning": 4000, "text": 60000}
 DEFAULT_RUNS = 3
 DEFAULT_BATCHES = {"captioning": 200, "text": 2000}  # run length of bench_checksums
-DECODERS = (JPEG_DECODE, SIMPLEJPEG_DECODE, TURBOJPEG_DECODE)
 RESULT_PREFIX = "BENCH_LOADER_RESULT "
 
 # Written only when the dataset has no dataset.yaml yet (the prepare wizard's usual output).
@@ -392,7 +389,7 @@ def raw_limits(
     process_counts = sorted({max(1, workers) for workers in worker_counts})
     limit = min(samples, workload.spec.num_samples)
     if workload.kind == "captioning":
-        results = measure_captioning(workload, limit, process_counts, DECODERS)
+        results = measure_captioning(workload, limit, process_counts, JPEG_DECODERS)
     else:
         results = measure_text(workload, limit, process_counts, [TEXT_DECODE])
     out: dict[int, dict[str, RawResult]] = {}

@@ -208,6 +208,22 @@ def decode_rgb_turbojpeg(payload: bytes) -> np.ndarray:
     return decoder.decode(payload, pixel_format=rgb)
 
 
+def decode_rgb_opencv(payload: bytes) -> np.ndarray:
+    """JPEG bytes -> HWC uint8 RGB with OpenCV (``opencv-python-headless``, its own libjpeg-turbo;
+    one thread, as in a loader worker)."""
+    import cv2
+
+    cv2.setNumThreads(1)
+    return cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR_RGB)
+
+
+def decode_rgb_imagecodecs(payload: bytes) -> np.ndarray:
+    """JPEG bytes -> HWC uint8 RGB with imagecodecs (its own libjpeg-turbo)."""
+    import imagecodecs
+
+    return imagecodecs.jpeg8_decode(payload)
+
+
 def _decode_shard(task: ShardTask, decode: Callable[[bytes], np.ndarray]) -> Tally:
     tally = Tally()
     started = time.thread_time()
@@ -229,6 +245,14 @@ def simplejpeg_decode_shard(task: ShardTask) -> Tally:
 
 def turbojpeg_decode_shard(task: ShardTask) -> Tally:
     return _decode_shard(task, decode_rgb_turbojpeg)
+
+
+def opencv_decode_shard(task: ShardTask) -> Tally:
+    return _decode_shard(task, decode_rgb_opencv)
+
+
+def imagecodecs_decode_shard(task: ShardTask) -> Tally:
+    return _decode_shard(task, decode_rgb_imagecodecs)
 
 
 def jpeg_batches_shard(task: ShardTask) -> Tally:
@@ -352,6 +376,16 @@ TAR_READ = "tarfile read all members"
 JPEG_DECODE = "JPEG decode to RGB uint8"
 SIMPLEJPEG_DECODE = "JPEG decode to RGB uint8, simplejpeg"
 TURBOJPEG_DECODE = "JPEG decode to RGB uint8, PyTurboJPEG"
+OPENCV_DECODE = "JPEG decode to RGB uint8, OpenCV"
+IMAGECODECS_DECODE = "JPEG decode to RGB uint8, imagecodecs"
+# every decode-only measurement; the optional ones run where their package is installed
+JPEG_DECODERS = (
+    JPEG_DECODE,
+    SIMPLEJPEG_DECODE,
+    TURBOJPEG_DECODE,
+    OPENCV_DECODE,
+    IMAGECODECS_DECODE,
+)
 JPEG_BATCHES = "decode + float CHW + pad-stack 32"
 TEXT_DECODE = "tar read + UTF-8 decode"
 
@@ -370,6 +404,8 @@ def available_jpeg_decoders() -> dict[str, Callable[[ShardTask], Tally]]:
     for name, shard, decode in (
         (SIMPLEJPEG_DECODE, simplejpeg_decode_shard, decode_rgb_simplejpeg),
         (TURBOJPEG_DECODE, turbojpeg_decode_shard, decode_rgb_turbojpeg),
+        (OPENCV_DECODE, opencv_decode_shard, decode_rgb_opencv),
+        (IMAGECODECS_DECODE, imagecodecs_decode_shard, decode_rgb_imagecodecs),
     ):
         try:
             decode(probe)
@@ -389,14 +425,7 @@ def measure_captioning(
     workload: Workload,
     limit: int | None = None,
     processes: Sequence[int] = (1, 2),
-    measurements: Sequence[str] = (
-        FILE_READ,
-        TAR_READ,
-        JPEG_DECODE,
-        SIMPLEJPEG_DECODE,
-        TURBOJPEG_DECODE,
-        JPEG_BATCHES,
-    ),
+    measurements: Sequence[str] = (FILE_READ, TAR_READ, *JPEG_DECODERS, JPEG_BATCHES),
 ) -> list[RawResult]:
     """Raw limits for a captioning workload; I/O ones with 1 process, compute ones with each."""
     tasks = plan_tasks(workload, limit)
