@@ -16,8 +16,8 @@ In every round the raw limits are measured right after the loaders, on the same 
 samples the loader reads, in shard order), by ``bench_raw``: for captioning the decode-only rate
 of every JPEG decoder installed (Pillow, simplejpeg, OpenCV, imagecodecs, PyTurboJPEG where its
 system library exists), with 1 process (for 0 workers) and 2 processes (for 2 workers); the limit
-is the fastest. For text, tar read + UTF-8 decode. The loader / limit ratio is computed per round (the machine's load
-moves both) and its median reported.
+is the fastest. For text, tar read + UTF-8 decode. The loader / limit ratio is computed per round
+(the machine's load moves both) and its median reported.
 
 ``--in-process`` runs the loaders in this process instead (full tracebacks for debugging; memory
 numbers are then not those of a configuration alone).

@@ -22,6 +22,7 @@ Usage: python tools/benchmarks/bench_raw.py --workload captioning|text|all [--ro
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import multiprocessing
 import os
@@ -32,6 +33,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -208,12 +210,18 @@ def decode_rgb_turbojpeg(payload: bytes) -> np.ndarray:
     return decoder.decode(payload, pixel_format=rgb)
 
 
-def decode_rgb_opencv(payload: bytes) -> np.ndarray:
-    """JPEG bytes -> HWC uint8 RGB with OpenCV (``opencv-python-headless``, its own libjpeg-turbo;
-    one thread, as in a loader worker)."""
+@functools.cache
+def _opencv() -> Any:
+    """OpenCV, set up once per process to decode on one thread, as in a loader worker."""
     import cv2
 
     cv2.setNumThreads(1)
+    return cv2
+
+
+def decode_rgb_opencv(payload: bytes) -> np.ndarray:
+    """JPEG bytes -> HWC uint8 RGB with OpenCV (``opencv-python-headless``, its own libjpeg-turbo)."""
+    cv2 = _opencv()
     return cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR_RGB)
 
 
