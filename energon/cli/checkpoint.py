@@ -149,27 +149,38 @@ def command() -> None:
 
 
 @command.command(name="info")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-def info(files: tuple[str, ...]) -> None:
+@click.argument(
+    "input_files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False)
+)
+def info(input_files: tuple[str, ...]) -> None:
     """Print position, epoch and per-stream cursors of saved states."""
-    states = read_states(list(files))
+    states = read_states(list(input_files))
     for line in describe(states):
         click.echo(line)
 
 
 @command.command(name="redist")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.argument("output_dir", type=click.Path(file_okay=False))
+@click.argument(
+    "input_files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False)
+)
+@click.argument("output_path", type=click.Path(file_okay=False))
 @click.option("--new-world-size", type=int, prompt="New data-parallel world size")
-def redist(files: tuple[str, ...], output_dir: str, new_world_size: int) -> None:
+def redist(input_files: tuple[str, ...], output_path: str, new_world_size: int) -> None:
     """Turn the states of all ranks into states for NEW_WORLD_SIZE ranks, written in the input's
     format, wrapping and naming."""
     from energon.state import redistribute_states
 
-    read = [read_state_file(path) for path in files]
+    read = [read_state_file(path) for path in input_files]
     new_states = redistribute_states(_by_rank(read), new_world_size)
-    count = write_states(read, new_states, output_dir)
-    click.echo(f"Wrote {count} file(s) with states for world size {new_world_size} to {output_dir}")
+    count = write_states(read, new_states, output_path)
+    click.echo(
+        f"Wrote {count} file(s) with states for world size {new_world_size} to {output_path}"
+    )
+
+
+# Megatron-Energon's names of the two verbs (``megatron.energon.tools.checkpoint``).
+command_info = info
+command_redist = redist
 
 
 def write_states(read: list[StateFile], new_states: list[dict], output_dir: str) -> int:

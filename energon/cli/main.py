@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "blend-plan": "energon.cli.blend_plan",
     "simulate": "energon.cli.simulate",
     "report": "energon.cli.report",
+    "mount": "energon.cli.mount",
 }
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -85,6 +86,23 @@ def cli(ctx: click.Context) -> None:
     """energon: prepare, inspect and check multimodal datasets (Megatron-Energon compatible)."""
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
+
+
+def print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """A click option callback (Megatron-Energon's name): print the version and exit."""
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"energon-loader {package_version()}")
+    ctx.exit()
+
+
+def __getattr__(name: str) -> click.Command:
+    """``prepare_command``, ``prepare_media_command``, ...: each verb's click command under
+    Megatron-Energon's name, imported on first use like the verbs themselves."""
+    verb = name[: -len("_command")].replace("_", "-") if name.endswith("_command") else None
+    if verb in COMMANDS:
+        return importlib.import_module(COMMANDS[verb]).command
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # The ``energon`` command; Megatron-Energon's ``cli.main.main`` is the click group itself, which
