@@ -34,6 +34,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
         TarIndexError (ValueError)
         DuplicateSampleKeyError (ValueError)
         JsonlFormatError (ValueError)
+        ParquetFormatError (ValueError)
         IndexedFormatError (ValueError)
         PrepareError
             EmptyShardError (ValueError)
@@ -265,6 +266,10 @@ class DuplicateSampleKeyError(EnergonError, ValueError):
 
 class JsonlFormatError(EnergonError, ValueError):
     """The JSONL file or its index is malformed (names the file and line or offset)."""
+
+
+class ParquetFormatError(EnergonError, ValueError):
+    """A Parquet or Arrow file, or a Parquet dataset's index, is malformed (names the file)."""
 
 
 class IndexedFormatError(EnergonError, ValueError):

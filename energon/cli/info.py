@@ -66,8 +66,46 @@ def _ordered_splits(split: SplitConfig) -> list[str]:
     return known + [name for name in split.split_parts if name not in _SPLIT_ORDER]
 
 
+def parquet_summary(root: str, split_config: str, dataset_config: str) -> list[str]:
+    """The lines ``energon info`` prints for a prepared Parquet/Arrow dataset."""
+    from energon.format.parquet import SIZE, read_parquet_index
+
+    index = read_parquet_index(root)
+    rows = {f["name"]: int(f["rows"]) for f in index.files}
+    total = sum(rows.values())
+    groups = index.table()
+    formats = sorted({f["format"] for f in index.files})
+    largest = int(groups[:, SIZE].max()) if len(groups) else 0
+    lines = [
+        f"## Dataset {epath.basename(str(root))} ({'/'.join(formats)})",
+        "",
+        f"* Path: `{root}`",
+        f"* Total rows: {total:,} rows",
+        f"* Total size: {format_size(sum(int(f['size']) for f in index.files))}",
+        f"* Files: {len(index.files):,} files, {len(groups):,} row groups (largest "
+        f"{format_size(largest)})",
+        f"* Columns: {', '.join(f'{n} ({t})' for n, t in index.columns)}",
+        f"* Created with energon version: {index.energon_version or 'unknown'}",
+        f"* Sample type: {describe_sample_type(read_dataset_yaml(root, dataset_config))}",
+        "",
+        "### Splits",
+        "",
+    ]
+    split = read_split(root, split_config)
+    for name in _ordered_splits(split):
+        files = split.shards(name)
+        count = sum(rows.get(f, 0) for f in files)
+        share = 100.0 * count / total if total else 0.0
+        lines.append(f"* {name}: {share:.2f}% ({count:,} rows, {len(files):,} files)")
+    return lines
+
+
 def dataset_summary(root: Path | str, split_config: str, dataset_config: str) -> list[str]:
     """The lines ``energon info`` prints."""
+    from energon.format.parquet import is_prepared_parquet
+
+    if is_prepared_parquet(str(root)):
+        return parquet_summary(str(root), split_config, dataset_config)
     info = read_dataset_info(root)
     total = info.total_samples
     size, missing = _total_shard_bytes(root, list(info.shard_counts))

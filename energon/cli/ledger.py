@@ -190,6 +190,8 @@ def text_lines(record: Any) -> list[str]:
                 if sample.byte_offset is not None
                 else sample.shard
             )
+            if sample.row is not None:
+                where += f" row group {sample.row_group} row {sample.row}"
             flavors = f" {json.dumps(sample.subflavors)}" if sample.subflavors else ""
             lines.append(
                 f"{indent}{sample.key}  {sample.dataset} [{sample.split}] {where} epoch {epoch}"

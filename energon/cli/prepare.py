@@ -201,6 +201,12 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
     "--field-map", default=None, help='JSON, e.g. \'{"image": "jpg", "caption": "txt"}\'.'
 )
 @click.option(
+    "--key-column",
+    default=None,
+    help="Parquet/Arrow datasets: the column that holds each row's sample key (default: "
+    "<file>/<row>).",
+)
+@click.option(
     "--tmp-path",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -226,12 +232,14 @@ def command(
     dataset_yaml_name: str,
     sample_type: str | None,
     field_map: str | None,
+    key_column: str | None,
     tmp_path: Path | None,
 ) -> None:
     """Prepare the WebDataset at PATH: index its tar shards and write PATH/.nv-meta/.
 
     PATH may be an ``s3://`` URL: the shards are streamed once each, the index is built locally
-    (in --tmp-path) and the metadata is uploaded, ``.info.json`` last.
+    (in --tmp-path) and the metadata is uploaded, ``.info.json`` last. A folder of Parquet or
+    Arrow files (and no tar shards) is indexed from the files' footers (docs/parquet.md).
     """
     media_filter = parse_media_filter(
         media_metadata_by_glob, media_metadata_by_header, media_metadata_by_extension
@@ -247,6 +255,18 @@ def command(
         return
     if not remote and path.is_file() and path.suffix in (".jsonl", ".yaml"):
         _prepare_file(path, progress)
+        return
+    tables = None if tar_index_only else _table_files(path, exclude)
+    if tables is not None:
+        _prepare_tables(
+            path,
+            tables,
+            split=(split_ratio, split_parts, shuffle_tars),
+            dataset_yaml=(skip_dataset_yaml, dataset_yaml_name, sample_type, field_map, key_column),
+            non_interactive=non_interactive,
+            force_overwrite=force_overwrite,
+            progress=progress,
+        )
         return
     if not remote:
         _check_path_kind(path)
@@ -312,6 +332,89 @@ def _prepare_file(path: Path | str, progress: bool) -> None:
 
     for line in prepare_metadataset(path, progress=progress):
         click.echo(line)
+    click.echo("Done")
+
+
+def _table_files(path: Path | str, exclude: str) -> list[str] | None:
+    """The Parquet/Arrow files of a folder (or prefix) without tar shards, else None."""
+    from energon.format.parquet import discover_table_files, table_format
+
+    if table_format(str(path)) is not None:
+        raise click.UsageError(
+            f"{path} is a single Parquet/Arrow file: it is used as it is, without preparing. "
+            "Prepare the folder that holds it to get splits and a dataset.yaml."
+        )
+    if not _remote_or_dir(path):
+        return None
+    try:
+        if discover_shards(path, exclude or None):
+            return None
+        found = discover_table_files(str(path), exclude or None)
+    except re.error as e:
+        raise click.BadParameter(f"invalid regex: {e}", param_hint="--exclude") from None
+    return found or None
+
+
+def _remote_or_dir(path: Path | str) -> bool:
+    return isinstance(path, str) or path.is_dir()
+
+
+def _prepare_tables(
+    path: Path | str,
+    files: list[str],
+    *,
+    split: tuple[str | None, tuple[str, ...], bool],
+    dataset_yaml: tuple[bool, str, str | None, str | None, str | None],
+    non_interactive: bool,
+    force_overwrite: bool,
+    progress: bool,
+) -> None:
+    """``energon prepare`` for a Parquet/Arrow dataset: index the files' row groups, assign files
+    to splits and (optionally) write a dataset.yaml whose field map names columns."""
+    from energon.format.parquet import is_prepared_parquet, prepare_parquet
+
+    skip, yaml_name, sample_type, field_map, key_column = dataset_yaml
+    root = str(path)
+    click.echo(f"Found {len(files)} Parquet/Arrow files: {files[0]} ... {files[-1]}")
+    if is_prepared_parquet(root) and not force_overwrite:
+        if non_interactive:
+            raise click.ClickException(
+                "Dataset has already been prepared. Use --force-overwrite to overwrite."
+            )
+        if not click.confirm("The dataset was prepared before. Continue?", default=False):
+            return
+    ratio, patterns = _ask_split(split[0], split[1], non_interactive)
+
+    def before_info(result: Any) -> None:
+        click.echo(
+            f"Found {result.total_rows:,} rows in {len(files)} files, {result.row_groups:,} row "
+            f"groups (the largest {result.largest_row_group_bytes:,} bytes)."
+        )
+        for name, names in result.split_parts.items():
+            rows = sum(result.shard_counts[n] for n in names)
+            click.echo(f"  {name}: {len(names)} files, {rows:,} rows")
+        columns = [name for name, _ in result.columns]
+        click.echo("Columns: " + ", ".join(f"{n} ({t})" for n, t in result.columns))
+        if not _should_write_dataset_yaml(skip, sample_type, non_interactive):
+            return
+        found = dataclasses.make_dataclass("Columns", ["part_names"])(columns)
+        content = _ask_dataset_yaml(path, found, sample_type, field_map, non_interactive)
+        if key_column is not None:
+            content["key_column"] = key_column
+        click.echo(f"Wrote {write_dataset_yaml(path, content, yaml_name)}.")
+
+    try:
+        prepare_parquet(
+            root,
+            files,
+            split_parts_ratio=ratio,
+            split_parts_patterns=patterns,
+            shuffle_seed=42 if split[2] else None,
+            progress=progress,
+            before_info=before_info,
+        )
+    except (EnergonError, OSError, ImportError) as e:
+        raise click.ClickException(f"Preparation failed.\n{e}") from None
     click.echo("Done")
 
 

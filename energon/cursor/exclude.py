@@ -166,6 +166,8 @@ def _key_indices(leaf: Any, keys: set[str]) -> tuple[list[int], set[str]]:
     if leaf.kind == "jsonl":
         hits = {k for k in keys if k.isdigit() and int(k) < len(leaf)}
         return [int(k) for k in hits], hits
+    if leaf.kind == "parquet":
+        return leaf.key_indices(keys)
     if leaf.kind != "webdataset" or not hasattr(leaf, "shard_names"):
         return [], set()
     path = epath.local_copy(epath.join(leaf.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME))

@@ -195,6 +195,8 @@ def _kind(described: dict[str, Any]) -> str:
         return "tokens"
     if "join" in described:
         return "join"
+    if described.get("format") == "parquet":
+        return "parquet"
     if described["path"].endswith(".jsonl"):
         return "jsonl"
     return "webdataset"

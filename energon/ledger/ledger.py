@@ -57,6 +57,8 @@ class SampleRecord:
     source: int  # the source number in the configuration
     epoch: int | None  # of the stream's reader of that source; None where it cannot be known
     subflavors: dict[str, Any]
+    row_group: int | None = None  # Parquet/Arrow: the row group in the file (shard) ...
+    row: int | None = None  # ... and the row in the file
 
 
 @dataclasses.dataclass
@@ -280,6 +282,8 @@ class Ledger:
             source=source,
             epoch=epoch,
             subflavors=described["subflavors"],
+            row_group=described.get("row_group"),
+            row=described.get("row"),
         )
 
     # -- building blocks shared with exposure counting and cursor edits -------------------------

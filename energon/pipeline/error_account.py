@@ -146,6 +146,7 @@ class ErrorAccount:
             "index": index,
             "shard": where.get("shard"),
             "offset": where.get("offset"),
+            **{name: where[name] for name in ("row_group", "row") if name in where},
             "error": f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE],
         }
 
@@ -223,7 +224,7 @@ def _safe_location(location: Callable[[int], dict[str, Any]], index: int) -> dic
 def _describe(example: dict[str, Any]) -> str:
     where = ", ".join(
         f"{name} {example[name]!r}"
-        for name in ("key", "shard", "offset")
+        for name in ("key", "shard", "offset", "row_group", "row")
         if example.get(name) is not None
     )
     return f"sample {example['index']}" + (f" ({where})" if where else "")

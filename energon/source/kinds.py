@@ -18,26 +18,32 @@ from energon.format.layout import (
     INFO_YAML_FILENAME,
     MAIN_FOLDER_NAME,
 )
+from energon.format.parquet import PARQUET_INFO_FILENAME, table_format
 from energon.megatron.gpt_dataset import GPTConfig
 from energon.source.join import JoinLeaf, JoinSpec
 from energon.source.jsonl import JsonlLeaf
 from energon.source.leaf import LeafDataset
+from energon.source.parquet import ParquetLeaf
 from energon.source.tokens import TokenLeaf
 from energon.source.webdataset import WebdatasetLeaf
 
 
 def detect_kind(target: str | JoinSpec) -> str:
-    """``"webdataset"``, ``"jsonl"``, ``"tokens"`` or ``"join"``; a clear error naming the path
-    (``FileNotFoundError``) for anything else.
+    """``"webdataset"``, ``"jsonl"``, ``"tokens"``, ``"parquet"`` or ``"join"``; a clear error
+    naming the path (``FileNotFoundError``) for anything else.
 
     ``*.jsonl`` is a JSONL file; ``X`` with ``X.idx`` and ``X.bin`` a Megatron token prefix; a folder
-    with ``.nv-meta/.info.json`` (or the legacy ``.info.yaml``) a prepared WebDataset.
+    with ``.nv-meta/.info.json`` (or the legacy ``.info.yaml``) a prepared WebDataset; a Parquet or
+    Arrow file, a folder with ``.nv-meta/parquet.json``, or an unprepared folder that holds Parquet
+    or Arrow files (and no tar shards) a Parquet dataset.
     """
     if isinstance(target, JoinSpec):
         return "join"
     path = os.fspath(target)
     if path.endswith(".jsonl"):
         return "jsonl"
+    if table_format(path) is not None:
+        return "parquet"
     if _is_token_prefix(path):
         return "tokens"
     if not epath.exists(path):
@@ -47,11 +53,23 @@ def detect_kind(target: str | JoinSpec) -> str:
         epath.join(nv_meta, INFO_YAML_FILENAME)
     ):
         return "webdataset"
+    if epath.is_file(epath.join(nv_meta, PARQUET_INFO_FILENAME)) or _holds_table_files(path):
+        return "parquet"
     raise DatasetNotPreparedError(
         f"{path} is not a prepared dataset (no {epath.join(nv_meta, INFO_JSON_FILENAME)}), a .jsonl "
         f"file or a Megatron token prefix (<prefix>.bin and <prefix>.idx): run `energon prepare "
         f"{path}`"
     )
+
+
+def _holds_table_files(path: str) -> bool:
+    """An unprepared local folder with Parquet/Arrow files and no tar shards (used as it is)."""
+    if epath.is_remote(path) or not os.path.isdir(path):
+        return False
+    suffixes = [
+        os.path.splitext(name)[1].lower() for _, _, names in os.walk(path) for name in names
+    ]
+    return any(table_format("x" + s) for s in suffixes) and not {".tar", ".tgz"} & set(suffixes)
 
 
 def _is_token_prefix(path: str) -> bool:
@@ -88,6 +106,14 @@ def open_leaf(
             raise ValueError(f"{path} is a Megatron token prefix: it needs a token_config")
         return TokenLeaf.open(
             path, split_part=split_part, config=token_config, subflavors=subflavors
+        )
+    if kind == "parquet":
+        return ParquetLeaf.open(
+            path,
+            split_part=split_part,
+            split_config=split_config,
+            dataset_config=dataset_config or DATASET_YAML_FILENAME,
+            subflavors=subflavors,
         )
     if kind == "webdataset":
         return WebdatasetLeaf.open(

@@ -1,9 +1,10 @@
 """The leaf-dataset contract: what the plan, the pipeline, the loader and the metadataset resolver
 may use of one leaf dataset.
 
-A leaf is one readable unit of data: a split of a prepared WebDataset, a JSONL file, a join of
-prepared datasets, or the GPT windows of Megatron token files. :func:`energon.source.kinds.open_leaf`
-decides which class serves a path (once), and the object carries that decision as ``kind``.
+A leaf is one readable unit of data: a split of a prepared WebDataset, a JSONL file, a split of a
+Parquet/Arrow dataset, a join of prepared datasets, or the GPT windows of Megatron token files.
+:func:`energon.source.kinds.open_leaf` decides which class serves a path (once), and the object
+carries that decision as ``kind``.
 Leaves are small and picklable (paths and counts): they travel into worker processes and open
 their files lazily there.
 """
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 #: The values of ``LeafDataset.kind``.
-LEAF_KINDS = ("webdataset", "jsonl", "join", "tokens")
+LEAF_KINDS = ("webdataset", "jsonl", "join", "tokens", "parquet")
 
 
 @runtime_checkable

@@ -1,7 +1,8 @@
 """What is known about a sample without reading it: :class:`SampleMeta`.
 
 Every prepared dataset carries per-sample metadata that costs no data read: the sample key and its
-parts' byte sizes (``index.sqlite``), its byte range (the ``.tar.idx`` / ``.jsonl.idx``), media
+parts' byte sizes (``index.sqlite``), its byte range (the ``.tar.idx`` / ``.jsonl.idx``; a Parquet
+row's file, row group and row), media
 metadata (width, height, duration; written by ``prepare --media-metadata-*``), the token count of a
 token window. ``SampleMeta`` exposes it for one sample; :func:`meta_reader` gives the per-leaf
 reader behind it (memory-mapped indices, point queries on the SQLite index, nothing loaded per
@@ -67,6 +68,11 @@ class MetaReader:
 
     def tokens(self, index: int) -> int | None:
         return None
+
+    def location(self, index: int) -> dict[str, int]:
+        """Where inside its shard the sample lies, beyond the byte offset (Parquet: row group and
+        row); empty for formats whose byte offset says it all."""
+        return {}
 
 
 class WebdatasetMeta(MetaReader):
@@ -175,6 +181,39 @@ class JsonlMeta(MetaReader):
         return start, end - start
 
 
+class ParquetMeta(MetaReader):
+    """Row ``i`` of a Parquet/Arrow split: its file, row group (and that group's byte offset) and
+    row from the memory-mapped row-group table; its key without reading data, unless the dataset
+    names a key column (then only that column's window is read)."""
+
+    def locate(self, index: int) -> tuple[int, int]:
+        file, row, _, _ = self.leaf.locate(index)
+        return file, row
+
+    def shard_name(self, index: int) -> str:
+        return self.leaf.shard_names[self.leaf.locate(index)[0]]
+
+    def key(self, index: int) -> str | None:
+        file, row, group, inner = self.leaf.locate(index)
+        column = self.leaf.options.key_column
+        if column is None:
+            return f"{self.leaf.shard_names[file]}/{row}"
+        from energon.source.parquet_read import table_reader
+
+        window = table_reader().window(self.leaf.file_ref(file), group, inner, (column,))
+        value = window.columns[column][inner - window.start].as_py()
+        return None if value is None else str(value)
+
+    def byte_range(self, index: int) -> tuple[int | None, int | None]:
+        """The byte offset of the row's row group (a row has no byte range of its own)."""
+        file, _, group, _ = self.leaf.locate(index)
+        return int(self.leaf.group_row(file, group)[3]), None
+
+    def location(self, index: int) -> dict[str, int]:
+        _, row, group, _ = self.leaf.locate(index)
+        return {"row_group": group, "row": row}
+
+
 class TokenMeta(MetaReader):
     """Window ``i`` of a token dataset: key ``<name>/<i>``, its first byte span in the ``.bin``,
     and its token count (sequence length plus the extra label token)."""
@@ -248,6 +287,7 @@ _READERS = {
     "jsonl": JsonlMeta,
     "tokens": TokenMeta,
     "join": JoinMeta,
+    "parquet": ParquetMeta,
 }
 _cache: dict[int, tuple[Any, MetaReader]] = {}
 
@@ -351,6 +391,7 @@ class SampleMeta:
             "index": self.index,
             "source": self.source,
             "subflavors": self.subflavors,
+            **self._get("location", self.reader.location),
         }
 
     def __repr__(self) -> str:
