@@ -11,10 +11,12 @@ Memory (per process; ``ENERGON_PARQUET_READ_BUDGET`` bytes, default 256 MiB, set
 - decoded windows kept for the next rows: at most ``budget / 2`` (least recently used go first);
 - one window: at most ``budget / 16``, estimated from the footer (the row group's decoded size of
   the wanted columns, per row), never less than one row. A row group within that is read whole;
-  a larger one is read in windows of that many rows, streamed from the row group's start with a
-  ``256 KiB`` read buffer per column (at most ``MAX_CURSORS`` such streams stay open). Decoding a
-  window needs about 2.5 times its size for a moment. Parquet cannot decode less than a data page,
-  so a file written with pages larger than a window needs a page per column on top;
+  a larger one is read in windows of that many rows, streamed from the row group's start. Decoding
+  a window needs about 2.5 times its size for a moment;
+- an open stream (at most ``MAX_CURSORS``) holds a 64 KiB read buffer and the current data page
+  per column, and the column's dictionary page while it has one. Parquet cannot decode less than
+  a page: pyarrow's writer makes pages of up to 1024 rows and dictionary pages of up to 1 MiB by
+  default, so files with large values hold that much more per stream (docs/parquet.md);
 - an Arrow record batch is read whole (its bytes, then zero-copy columns): a dataset whose largest
   batch exceeds ``budget / 2`` is refused when it is opened, naming the file and batch.
 
@@ -39,8 +41,8 @@ from energon.source.shard_reader import ByteIndex, shard_reader
 
 READ_BUDGET = int(os.environ.get("ENERGON_PARQUET_READ_BUDGET", 256 << 20))
 WINDOW_SHARE = 16  # a window holds at most budget / WINDOW_SHARE
-MAX_CURSORS = 8  # open streams through row groups larger than a window
-STREAM_BUFFER = 256 << 10  # pyarrow's read buffer per column of a stream
+MAX_CURSORS = 4  # open streams through row groups larger than a window
+STREAM_BUFFER = 64 << 10  # pyarrow's read buffer per column of a stream
 MAX_FILES = 32  # open files (footers) per process
 
 

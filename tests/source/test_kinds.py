@@ -7,17 +7,21 @@ import json
 import pickle
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from energon import SampleDecoder, TextSample
 from energon.format.join_index import prepare_metadataset
 from energon.format.jsonl import prepare_jsonl
+from energon.format.parquet import prepare_parquet
 from energon.megatron.gpt_dataset import GPTConfig
 from energon.metadataset.resolve import resolve_dataset
 from energon.source.join import JoinLeaf, JoinSpec
 from energon.source.jsonl import JsonlLeaf
 from energon.source.kinds import detect_kind, open_leaf
 from energon.source.leaf import LEAF_KINDS, LeafBuilder, LeafDataset
+from energon.source.parquet import ParquetLeaf
 from energon.source.shard_reader import RecordOffsets, ShardReader
 from energon.source.tokens import TokenLeaf
 from energon.source.webdataset import WebdatasetLeaf
@@ -70,6 +74,12 @@ splits:
 """
     )
     prepare_metadataset(mix, progress=False)
+    (root / "table").mkdir()
+    pq.write_table(pa.table({"txt": [f"row {i}" for i in range(9)]}), root / "table" / "a.parquet")
+    prepare_parquet(root / "table", progress=False)
+    (root / "table" / ".nv-meta" / "dataset.yaml").write_text(
+        "sample_type: {__module__: energon, __class__: TextSample}\nfield_map: {text: txt}\n"
+    )
     return root
 
 
@@ -92,6 +102,7 @@ def open_every_kind(root) -> dict[str, LeafDataset]:
             str(root / "tokens"), split_part="train", token_config=token_config(root)
         ),
         "join": join.sources[0].leaf,
+        "parquet": open_leaf(str(root / "table"), split_part="train"),
     }
 
 
@@ -101,6 +112,8 @@ def test_each_path_kind_is_detected(data):
     assert detect_kind(str(data / "tokens")) == "tokens"
     spec = JoinSpec(members=(), index_path=str(data / "mix.yaml.cache" / "x.bin"))
     assert detect_kind(spec) == "join"
+    assert detect_kind(str(data / "table")) == "parquet"
+    assert detect_kind(str(data / "table" / "a.parquet")) == "parquet"
 
 
 def test_each_kind_opens_as_its_class_and_carries_its_kind(data):
@@ -109,6 +122,7 @@ def test_each_kind_opens_as_its_class_and_carries_its_kind(data):
         "jsonl": JsonlLeaf,
         "tokens": TokenLeaf,
         "join": JoinLeaf,
+        "parquet": ParquetLeaf,
     }
     leaves = open_every_kind(data)
     assert sorted(leaves) == sorted(LEAF_KINDS)
