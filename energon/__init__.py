@@ -15,6 +15,8 @@ _EXPORTS = {
     "MultimodalCost": "energon.balance",
     "SampleCost": "energon.balance",
     "SampleDecoder": "energon.decode",
+    "ImageNormalizer": "energon.decode.normalize",
+    "normalize_images": "energon.decode.normalize",
     "EmptyDatasetError": "energon.errors",
     "ErrorBudget": "energon.errors",
     "ErrorBudgetExceeded": "energon.errors",

@@ -1,6 +1,7 @@
 """Decoding of raw sample parts (images with Pillow, basic formats, AV hook) by extension."""
 
 from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, decode_image
+from energon.decode.normalize import ImageNormalizer, normalize_images
 from energon.decode.sample_decoder import (
     AV_DECODE_MODES,
     AV_EXTENSIONS,
@@ -15,7 +16,9 @@ __all__ = [
     "DecodeError",
     "IMAGE_EXTENSIONS",
     "IMAGE_MODES",
+    "ImageNormalizer",
     "SampleDecoder",
     "decode_image",
     "guess_extension",
+    "normalize_images",
 ]
