@@ -7,7 +7,10 @@ every worker count runs the public API the way a training script does::
                            max_samples_per_sequence=100, worker_config=WorkerConfig(...))
     for batch in get_loader(ds): ...
 
-with the default image decoding (float32 ``torchrgb``). Each run is a fresh process: the first
+with the default image decoding (float32 ``torchrgb``; ``--image-decode torchrgb,torchrgb8``
+also runs every worker count with uint8 batches in the same rounds; ``--fast-jpeg on,off`` also
+runs them with the loader's simplejpeg path switched off, as an install without simplejpeg
+loads). Each run is a fresh process: the first
 320 samples are a warm-up (worker start, first buffers), then 4,000 captioning / 60,000 text
 samples are timed. The peak RSS of the main process and the peak PSS of main + workers are taken
 over the whole run. ``--runs`` rounds are measured (default 3) and medians reported.
@@ -44,7 +47,7 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -144,6 +147,8 @@ def prepare_workload(workload: Workload, force: bool = False) -> float:
 class LoaderResult:
     workload: str
     workers: int
+    image_decode: str = "torchrgb"
+    fast_jpeg: bool = True  # False: ENERGON_NO_FAST_JPEG=1 (Pillow decodes every JPEG)
     batches: int = 0
     samples: int = 0
     timed_samples: int = 0
@@ -220,9 +225,19 @@ def run_loader(
 
     use = BatchReader() if consume == "read" else (lambda batch: None)
 
-    from energon import WorkerConfig, get_loader, get_train_dataset
+    from energon import (
+        DefaultTaskEncoder,
+        SampleDecoder,
+        WorkerConfig,
+        get_loader,
+        get_train_dataset,
+    )
 
-    result = LoaderResult(workload.name, workers, torch_threads=torch.get_num_threads())
+    encoder = DefaultTaskEncoder()
+    encoder.decoder = SampleDecoder(image_decode=image_decode)
+    result = LoaderResult(
+        workload.name, workers, image_decode, torch_threads=torch.get_num_threads()
+    )
     gc.collect()
     with PeakMemoryProbe(pss_interval_seconds=0.5) as probe:
         with Timer() as since_start:
@@ -233,7 +248,7 @@ def run_loader(
                 shuffle_buffer_size=SHUFFLE_BUFFER_SIZE,
                 max_samples_per_sequence=MAX_SAMPLES_PER_SEQUENCE,
                 worker_config=worker_config,
-                image_decode=image_decode,
+                task_encoder=encoder,
             )
             iterator = iter(get_loader(dataset))
             first = next(iterator)
@@ -324,7 +339,9 @@ def run_loader_safely(
         return run_loader(workload, workers, samples, consume=consume, image_decode=image_decode)
     except Exception as error:  # one broken configuration must not end the run
         traceback.print_exc()
-        return LoaderResult(workload.name, workers, error=f"{type(error).__name__}: {error}")
+        return LoaderResult(
+            workload.name, workers, image_decode, error=f"{type(error).__name__}: {error}"
+        )
 
 
 def run_loader_in_subprocess(
@@ -337,6 +354,7 @@ def run_loader_in_subprocess(
     error_accounting: bool = True,
     consume: str = "none",
     image_decode: str = "torchrgb",
+    fast_jpeg: bool = True,
 ) -> LoaderResult:
     """Run one configuration in a fresh interpreter; it reports back one JSON line on stdout."""
     command = [
@@ -360,18 +378,26 @@ def run_loader_in_subprocess(
         command += ["--consume", consume]
     if image_decode != "torchrgb":
         command += ["--image-decode", image_decode]
+    env = {**os.environ, "ENERGON_NO_FAST_JPEG": "" if fast_jpeg else "1"}
     try:
         completed = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, check=False
+            command, capture_output=True, text=True, timeout=timeout, check=False, env=env
         )
     except subprocess.TimeoutExpired:
-        return LoaderResult(workload.name, workers, error=f"timed out after {timeout:.0f} s")
+        return LoaderResult(
+            workload.name, workers, image_decode, error=f"timed out after {timeout:.0f} s"
+        )
     for line in reversed(completed.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            return LoaderResult(**json.loads(line[len(RESULT_PREFIX) :]))
+            return replace(
+                LoaderResult(**json.loads(line[len(RESULT_PREFIX) :])), fast_jpeg=fast_jpeg
+            )
     stderr_tail = " / ".join(completed.stderr.strip().splitlines()[-3:])
     return LoaderResult(
-        workload.name, workers, error=f"exit code {completed.returncode}: {stderr_tail}"
+        workload.name,
+        workers,
+        image_decode,
+        error=f"exit code {completed.returncode}: {stderr_tail}",
     )
 
 
@@ -430,6 +456,7 @@ class Round:
 
 REPORT_HEADERS = (
     "workload",
+    "output",
     "workers",
     "runs",
     "TTFB s",
@@ -437,10 +464,16 @@ REPORT_HEADERS = (
     "limit samples/s (median)",
     "loader/limit (median; runs)",
     "per CPU-second: loader/limit (median)",
+    "CPU ms per sample (median)",
     "peak RSS main MiB (max)",
     "peak PSS main+workers MiB (max)",
     "first batch / error",
 )
+
+
+def _output_name(result: LoaderResult) -> str:
+    name = "uint8" if result.image_decode.endswith("8") else "float32"
+    return name if result.fast_jpeg else f"{name}, Pillow only"
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -466,9 +499,11 @@ def report_rows(rounds: Sequence[Round]) -> list[tuple[object, ...]]:
             if (limit := fastest_limit(round_.limits.get(max(1, first.workers), {})))
         ]
         errors = [r.error for r in results if r.error]
+        cpu_ms = [1000 * r.cpu_seconds / r.timed_samples for r, _ in good if r.timed_samples]
         rows.append(
             (
                 first.workload,
+                _output_name(first) if first.workload.startswith("captioning") else "",
                 first.workers,
                 len(good),
                 _median([r.time_to_first_batch for r, _ in good]),
@@ -476,6 +511,7 @@ def report_rows(rounds: Sequence[Round]) -> list[tuple[object, ...]]:
                 _median(limits),
                 f"{_median(ratios):.2f} ({_runs(ratios, 2)})" if ratios else None,
                 _median(cpu_ratios),
+                _median(cpu_ms),
                 mib(max(r.peak_rss_main for r, _ in good)) if good else None,
                 mib(max(r.peak_pss_total for r, _ in good)) if good else None,
                 "; ".join(errors) if errors else first.first_batch,
@@ -548,7 +584,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--image-decode",
         default="torchrgb",
-        help="the datasets' image_decode (default torchrgb: float32 in [0, 1]; torchrgb8: uint8)",
+        help="the datasets' image_decode, comma-separated to run several in the same rounds "
+        "(default torchrgb: float32 in [0, 1]; torchrgb8: uint8)",
+    )
+    parser.add_argument(
+        "--fast-jpeg",
+        default="on",
+        help="on, off or on,off: the loader's simplejpeg path (off: ENERGON_NO_FAST_JPEG=1, "
+        "what an install without simplejpeg does); the raw limits always include simplejpeg",
     )
     parser.add_argument(
         "--prepare", action="store_true", help="prepare the workload even if it has an index"
@@ -607,21 +650,36 @@ def run_one(args: argparse.Namespace) -> None:
     print(RESULT_PREFIX + json.dumps(asdict(result)), flush=True)
 
 
+def image_configurations(args: argparse.Namespace, kind: str) -> list[tuple[str, bool]]:
+    """(image_decode, fast JPEG path) pairs to run (text has no images: one run per worker
+    count)."""
+    if kind != "captioning":
+        return [("torchrgb", True)]
+    fast = {"on": True, "off": False}
+    switches = [fast[value] for value in args.fast_jpeg.split(",")]
+    return [(mode, on) for on in switches for mode in args.image_decode.split(",")]
+
+
 def benchmark_round(
     workload: Workload, worker_counts: Sequence[int], args: argparse.Namespace
 ) -> Round:
     """Every loader configuration in a fresh process, then the raw limits on the same bytes."""
     samples = timed_samples(args, workload.kind)
+    print(f"# round of {workload.name}: {machine_summary()}", flush=True)
     results = []
     for workers in worker_counts:
-        print(f"# {workload.name}: {workers} workers, {samples} samples ...", flush=True)
-        if args.in_process:
-            results.append(
-                run_loader_safely(workload, workers, samples, args.consume, args.image_decode)
+        for image_decode, fast_jpeg in image_configurations(args, workload.kind):
+            print(
+                f"# {workload.name}: {workers} workers, {image_decode}, fast JPEG {fast_jpeg}, "
+                f"{samples} samples ...",
+                flush=True,
             )
-        else:
-            results.append(
-                run_loader_in_subprocess(
+            if args.in_process:
+                os.environ["ENERGON_NO_FAST_JPEG"] = "" if fast_jpeg else "1"
+                result = run_loader_safely(workload, workers, samples, args.consume, image_decode)
+                result.fast_jpeg = fast_jpeg
+            else:
+                result = run_loader_in_subprocess(
                     workload,
                     workers,
                     samples,
@@ -629,10 +687,11 @@ def benchmark_round(
                     args.timeout,
                     args.torch_threads,
                     consume=args.consume,
-                    image_decode=args.image_decode,
+                    image_decode=image_decode,
+                    fast_jpeg=fast_jpeg,
                 )
-            )
-        print(f"#   {results[-1].steady_samples_per_second:,.0f} samples/s {results[-1].error}")
+            results.append(result)
+            print(f"#   {result.steady_samples_per_second:,.0f} samples/s {result.error}")
     try:
         limits = raw_limits(workload, worker_counts, samples + WARMUP_SAMPLES)
     except Exception:  # the loader numbers are still worth printing
