@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from energon.pipeline import snapshot
-from energon.pipeline.pointers import blend_schedule
+from energon.pipeline.pointers import blend_schedule, pointer_source
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
 
@@ -41,6 +41,7 @@ class BlendWindow:
     picks: int  # samples picked in the window (by the streams the report covers)
     requested: list[float]  # share of each source the weights asked for
     observed: list[float]  # share of each source picked
+    size: float | None = None  # a blend weighted by size: the size picked (shares are of it)
 
 
 @dataclasses.dataclass
@@ -56,6 +57,7 @@ class BlendReport:
     streams: list[int]  # the logical streams the report covers
     num_streams: int
     changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    unit: str = "samples"  # what the shares are of: samples, or the blend_by size
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.sources)
@@ -88,17 +90,22 @@ class BlendReport:
             groups.setdefault(w.start // window, []).append(w)
         windows = []
         for index, parts in sorted(groups.items()):
-            picks = sum(p.picks for p in parts)
+            sized = parts[0].size is not None
+            amounts = [p.size if sized else p.picks for p in parts]
+            total = sum(amounts)  # type: ignore[arg-type]
             n = len(self.sources)
-            counts = [sum(p.observed[i] * p.picks for p in parts) for i in range(n)]
-            expected = [sum(p.requested[i] * p.picks for p in parts) for i in range(n)]
+            picked = [sum(p.observed[i] * a for p, a in zip(parts, amounts)) for i in range(n)]
+            expected = [sum(p.requested[i] * a for p, a in zip(parts, amounts)) for i in range(n)]
+            if not sized:
+                picked = [round(c) for c in picked]
             windows.append(
                 BlendWindow(
                     start=index * window,
                     end=(index + 1) * window,
-                    picks=picks,
-                    requested=[e / (picks or 1) for e in expected],
-                    observed=[round(c) / (picks or 1) for c in counts],
+                    picks=sum(p.picks for p in parts),
+                    requested=[e / (total or 1) for e in expected],
+                    observed=[c / (total or 1) for c in picked],
+                    size=total if sized else None,
                 )
             )
         return dataclasses.replace(self, windows=windows, window=window)
@@ -110,6 +117,7 @@ class BlendReport:
             "streams": self.streams,
             "sources": self.sources,
             "changes": self.changes,
+            "unit": self.unit,
             "windows": [dataclasses.asdict(w) for w in self.windows],
         }
 
@@ -120,6 +128,8 @@ class BlendReport:
             step = -(-len(rows) // max_rows)
             rows = rows[::step]
         lines = [f"sources: {', '.join(f'[{i}] {n}' for i, n in enumerate(self.names))}"]
+        if self.unit != "samples":
+            lines.append(f"shares of the {self.unit} picked (blend_by), per window of samples")
         header = "samples".ljust(24) + "".join(
             f"[{i}] req -> obs %".rjust(20) for i in range(len(self.names))
         )
@@ -171,40 +181,44 @@ class BlendTracker:
         self.num_sources = num_sources
         self.num_streams = num_streams
         self.window = window
-        self._last: dict[int, tuple[int, list[int], list[float]]] = {}
-        self._windows: dict[int, tuple[list[int], list[float]]] = {}
+        self._last: dict[int, tuple[int, list[float], list[float]]] = {}
+        self._windows: dict[int, tuple[list[float], list[float], list[int]]] = {}
+        self.sized = False  # the streams' schedules weigh by size
 
     def prime(self, stream: int, snap: StreamSnapshot) -> None:
         """Start counting stream ``stream`` from ``snap`` (a restored position)."""
-        picks, counts, expected = _schedule_totals(snap, self.num_sources)
-        self._last[stream] = (picks, counts, expected)
+        picks, amounts, expected, self.sized = _schedule_totals(snap, self.num_sources)
+        self._last[stream] = (picks, amounts, expected)
 
     def observe(self, stream: int, snap: StreamSnapshot) -> None:
-        picks, counts, expected = _schedule_totals(snap, self.num_sources)
+        picks, amounts, expected, self.sized = _schedule_totals(snap, self.num_sources)
         last = self._last.get(stream)
         if last is None:
-            last = (0, [0] * self.num_sources, [0.0] * self.num_sources)
+            last = (0, [0.0] * self.num_sources, [0.0] * self.num_sources)
         if picks <= last[0]:
             return
         index = ((picks - 1) * self.num_streams + stream) // self.window
         window = self._windows.get(index)
         if window is None:
-            window = self._windows[index] = ([0] * self.num_sources, [0.0] * self.num_sources)
+            n = self.num_sources
+            window = self._windows[index] = ([0.0] * n, [0.0] * n, [0])
             if len(self._windows) > MAX_WINDOWS:
                 del self._windows[min(self._windows)]
         for i in range(self.num_sources):
-            window[0][i] += counts[i] - last[1][i]
+            window[0][i] += amounts[i] - last[1][i]
             window[1][i] += expected[i] - last[2][i]
-        self._last[stream] = (picks, counts, expected)
+        window[2][0] += picks - last[0]
+        self._last[stream] = (picks, amounts, expected)
 
     def windows(self) -> list[BlendWindow]:
         return [
-            _window(index, self.window, counts, expected)
-            for index, (counts, expected) in sorted(self._windows.items())
+            _window(index, self.window, amounts, expected, picks[0], self.sized)
+            for index, (amounts, expected, picks) in sorted(self._windows.items())
         ]
 
-    def totals(self) -> tuple[list[int], list[float]]:
-        counts = [0] * self.num_sources
+    def totals(self) -> tuple[list[float], list[float]]:
+        """Per source: what was picked (samples, or the size with ``blend_by``) and the target."""
+        counts = [0.0] * self.num_sources
         expected = [0.0] * self.num_sources
         for _, c, e in self._last.values():
             for i in range(self.num_sources):
@@ -213,31 +227,49 @@ class BlendTracker:
         return counts, expected
 
 
-def _schedule_totals(snap: StreamSnapshot, sources: int) -> tuple[int, list[int], list[float]]:
+def _schedule_totals(
+    snap: StreamSnapshot, sources: int
+) -> tuple[int, list[float], list[float], bool]:
+    """(picks, picked per source, targets per source, whether they are sizes) of a stream's blend:
+    sample counts, or the sizes of a blend weighted by size."""
     state = snapshot.pointer_state(snap)["schedule"] or {}
     picks = int(state.get("picks", 0))
-    counts = [int(c) for c in state.get("counts", [0] * sources)]
+    sized = "sizes" in state
+    picked = state["sizes"] if sized else state.get("counts", [0] * sources)
     expected = [float(e) for e in state.get("expected", [0.0] * sources)]
-    return picks, counts, expected
+    return picks, [float(c) for c in picked], expected, sized
 
 
-def _window(index: int, size: int, counts: list[int], expected: list[float]) -> BlendWindow:
-    picks = sum(counts)
+def _window(
+    index: int,
+    size: int,
+    picked: list[float],
+    expected: list[float],
+    picks: int,
+    sized: bool = False,
+) -> BlendWindow:
+    amount = sum(picked)
     total = sum(expected) or 1.0
     return BlendWindow(
         start=index * size,
         end=(index + 1) * size,
         picks=picks,
         requested=[e / total for e in expected],
-        observed=[c / (picks or 1) for c in counts],
+        observed=[c / (amount or 1) for c in picked],
+        size=amount if sized else None,
     )
 
 
 def source_rows(
-    spec: PipelineSpec, consumed: list[int], expected: list[float] | None
+    spec: PipelineSpec,
+    consumed: list[int],
+    expected: list[float] | None,
+    sizes: list[float] | None = None,
 ) -> list[dict[str, Any]]:
-    """The per-source part of a report."""
-    total = sum(consumed) or 1
+    """The per-source part of a report; ``sizes``: of a blend weighted by size, the size picked
+    per source (the observed shares are then of the size)."""
+    picked = sizes if sizes is not None else consumed
+    total = sum(picked) or 1
     target = sum(expected) if expected else 0.0
     weighted = spec.mode == "weight"
     schedules = _schedule_descriptions(spec)
@@ -250,8 +282,9 @@ def source_rows(
             "schedule": schedules[i] if weighted else None,
             "repetitions": source.repetitions if spec.mode == "repetitions" else None,
             "consumed": count,
+            **({"size": sizes[i]} if sizes is not None else {}),
             "requested": expected[i] / target if expected and target else None,
-            "observed": count / total,
+            "observed": picked[i] / total,
         }
         for i, (name, source, count) in enumerate(zip(source_names(spec), spec.sources, consumed))
     ]
@@ -272,53 +305,74 @@ def simulate_blend(
     spec: PipelineSpec, samples: int, window: int, *, progress: bool = False
 ) -> BlendReport:
     """What a weight blend will pick over the first ``samples`` global samples, from the plan alone:
-    every logical stream's real schedule is run (no reader, no data). Weight changes made online
+    every logical stream's real schedule is run (no data read; a blend weighted by size runs the
+    stream's readers too and looks its samples' sizes up in the index). Weight changes made online
     are not part of a config and are not simulated."""
     if not spec.training or spec.mode != "weight":
         raise ValueError("only a training weight blend ('blend') has a mixture to simulate")
     sources = len(spec.sources)
     L = spec.num_streams
-    counts: dict[int, list[int]] = {}
-    expected: dict[int, list[float]] = {}
-    totals_c, totals_e = [0] * sources, [0.0] * sources
+    sized = spec.blend_by.by_size
+    windows: dict[int, tuple[list[float], list[float], list[int]]] = {}
+    totals_c, totals_p, totals_e = [0] * sources, [0.0] * sources, [0.0] * sources
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=samples, desc="Simulating the blend", unit="sample")
     for stream in range(min(L, samples)):
-        schedule = blend_schedule(spec, stream)
+        schedule, pick = _picker(spec, stream)
         picks = -(-(samples - stream) // L)
         k = 0
         while k < picks:
             index = (k * L + stream) // window
             # picks of this stream in window `index`: clocks k*L+s < (index + 1) * window
             stop = min(picks, -(-((index + 1) * window - stream) // L))
-            before_c, before_e = list(schedule.counts), schedule.expected()
+            before_p, before_e = _picked(schedule), schedule.expected()
             for _ in range(stop - k):
-                schedule.next()
-            after_e = schedule.expected()
-            c = counts.setdefault(index, [0] * sources)
-            e = expected.setdefault(index, [0.0] * sources)
+                pick()
+            after_p, after_e = _picked(schedule), schedule.expected()
+            p, e, n = windows.setdefault(index, ([0.0] * sources, [0.0] * sources, [0]))
             for i in range(sources):
-                c[i] += schedule.counts[i] - before_c[i]
+                p[i] += after_p[i] - before_p[i]
                 e[i] += after_e[i] - before_e[i]
+            n[0] += stop - k
             if bar is not None:
                 bar.update(stop - k)
             k = stop
-        for i in range(sources):
-            totals_c[i] += schedule.counts[i]
-            totals_e[i] += schedule.expected()[i]
+        for i, (count, amount, target) in enumerate(
+            zip(schedule.counts, _picked(schedule), schedule.expected())
+        ):
+            totals_c[i] += count
+            totals_p[i] += amount
+            totals_e[i] += target
     if bar is not None:
         bar.close()
-    windows = [_window(j, window, counts[j], expected[j]) for j in sorted(counts)]
     return BlendReport(
-        sources=source_rows(spec, totals_c, totals_e),
-        windows=windows,
+        sources=source_rows(spec, totals_c, totals_e, totals_p if sized else None),
+        windows=[
+            _window(j, window, *windows[j][:2], windows[j][2][0], sized) for j in sorted(windows)
+        ],
         window=window,
         streams=list(range(L)),
         num_streams=L,
+        unit=spec.blend_by.unit(),
     )
+
+
+def _picker(spec: PipelineSpec, stream: int) -> tuple[Any, Any]:
+    """The schedule of ``stream`` and what makes it pick once: the schedule alone, or for a blend
+    weighted by size the stream's pointer source (its readers tell each pick's sample)."""
+    if not spec.blend_by.by_size:
+        schedule = blend_schedule(spec, stream)
+        return schedule, schedule.next
+    source = pointer_source(spec, stream)
+    return source.schedule, source.next
+
+
+def _picked(schedule: Any) -> list[float]:
+    sizes = getattr(schedule, "sizes", None)
+    return list(sizes) if sizes is not None else [float(c) for c in schedule.counts]
 
 
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]

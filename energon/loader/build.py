@@ -14,6 +14,7 @@ from energon.decode.threads import check_decode_threads, default_decode_threads
 from energon.errors import ErrorBudget
 from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import resolve_dataset
+from energon.pipeline.blend_by import BlendBy
 from energon.pipeline.spec import PipelineSpec, check_blend_streams
 from energon.task_encoder import DefaultTaskEncoder, TaskEncoder
 from energon.task_encoder.composition import composition
@@ -97,6 +98,7 @@ def _build(
             f"global_batch_size must be an integer >= 1 (samples per training step), got "
             f"{global_batch_size!r}"
         )
+    blend_by = _blend_by(kwargs.pop("blend_by", None))
     error_budget = kwargs.pop("error_budget", None) or ErrorBudget.from_env()
     decode_threads = kwargs.pop("decode_threads", None)
     decode_threads = (
@@ -117,6 +119,7 @@ def _build(
     )
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+    blend_by = _combined_blend_by(blend_by, resolved.blend_by, resolved.mode, training)
     _check_sample_type(resolved.sources, sample_type)
     if training and resolved.mode == "weight" and not repeat:
         raise ValueError("a weighted blend is infinite: use repeat=True (or blend_epochized)")
@@ -152,12 +155,38 @@ def _build(
         global_batch_size=global_batch_size or resolved.global_batch_size,
         balance=balance,
         decode_threads=decode_threads,
+        blend_by=blend_by,
     )
     _check_streams_have_samples(spec)
     _check_blend_streams(spec)
     if task_encoder.composes_pipeline():  # Megatron-Energon's build_* hooks, overridden
         return composition().compose(task_encoder, spec, worker_config)
     return SavableDataset(spec, worker_config)
+
+
+def _blend_by(value: Any) -> BlendBy | None:
+    """The ``blend_by=`` argument (None: as the configuration says)."""
+    return None if value is None else BlendBy.of(value)
+
+
+def _combined_blend_by(
+    given: BlendBy | None, configured: BlendBy, mode: str, training: bool
+) -> BlendBy:
+    """What a weight blend's weights share: the argument or the metadataset's ``blend_by`` (they
+    must agree where both are set). Only a training weight blend has shares to size; elsewhere
+    (one dataset, validation) every sample is read as it comes and the size changes nothing."""
+    if given is not None and configured.by_size and given.name != configured.name:
+        raise ValueError(
+            f"blend_by={given.name!r} but the metadataset's blend says blend_by "
+            f"{configured.name!r}: set it in one place"
+        )
+    chosen = given if given is not None and given.by_size else configured
+    if chosen.by_size and training and mode == "repetitions":
+        raise ValueError(
+            "blend_by sizes the shares of a weight blend ('blend'); an epochized blend "
+            "('blend_epochized') reads fixed sample counts per pass"
+        )
+    return chosen if training and mode == "weight" else BlendBy()
 
 
 def _check_balance(
@@ -238,6 +267,9 @@ def get_train_dataset(
     ``parallel_shard_iters``, ``dataset_config``, ``split_config``, ``subflavors``,
     ``global_batch_size`` (samples per training step: converts blend weight schedules given in
     steps, and ``loader.set_blend_weights(from_step=...)``).
+    ``blend_by``: what a weight blend's weights share: ``"samples"`` (default), ``"tokens"``,
+    ``"bytes"`` or a function of a :class:`~energon.source.meta.SampleMeta` (docs/metadatasets.md;
+    also the metadataset key ``blend_by``).
     ``error_budget`` (an :class:`~energon.errors.ErrorBudget`; default from ``ENERGON_ERROR_BUDGET``).
     ``decode_threads``: threads that decode a batch's JPEGs in each loading process (default: up
     to 4 with ``num_workers=0``, else 1; ``ENERGON_DECODE_THREADS``); batches are the same for

@@ -850,14 +850,16 @@ class Loader:
             for i, read in enumerate(snapshot.samples_read(snap)):
                 consumed[i] += read
         tracker = self._blend_tracker
-        expected = tracker.totals()[1] if tracker is not None else None
+        picked, expected = tracker.totals() if tracker is not None else (None, None)
+        sizes = picked if tracker is not None and tracker.sized else None
         report = BlendReport(
-            sources=source_rows(spec, consumed, expected),
+            sources=source_rows(spec, consumed, expected, sizes),
             windows=tracker.windows() if tracker is not None else [],
             window=self.blend_window,
             streams=sorted(self._rank_streams()),
             num_streams=spec.num_streams,
             changes=[c.config() for c in spec.weight_changes],
+            unit=spec.blend_by.unit(),
         )
         return report if window is None else report.merged(window)
 

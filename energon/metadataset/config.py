@@ -16,6 +16,7 @@ import yaml
 from energon.errors import MetadatasetError
 from energon.format.typeref import ENERGON_MODULE_ALIASES
 from energon.megatron.gpt_indices import parse_split
+from energon.pipeline.blend_by import BUILTIN_SIZES
 from energon.plan.schedules import KINDS as SCHEDULE_KINDS
 from energon.plan.schedules import UNITS as SCHEDULE_UNITS
 from energon.plan.schedules import WeightSchedule
@@ -96,6 +97,9 @@ class Blend:
     repetitions: float = 1.0
     token_config: dict[str, Any] | None = None
     where: str = ""
+    # what the weights share (``blend`` only): a built-in name, {__module__, __function__} or,
+    # from Python, a function
+    blend_by: Any = None
 
 
 @dataclasses.dataclass
@@ -241,7 +245,7 @@ def parse_node(node: Any, where: str) -> Any:
         if "blend" in node and "blend_epochized" in node:
             raise MetadatasetError(f"{where}: use either 'blend' or 'blend_epochized', not both")
         key = "blend" if "blend" in node else "blend_epochized"
-        _check_keys(node, _BLEND_KEYS | {key}, where)
+        _check_keys(node, _BLEND_KEYS | {key} | ({"blend_by"} if key == "blend" else set()), where)
         items = node[key]
         if not isinstance(items, list) or not items:
             raise MetadatasetError(f"{where}: '{key}' must be a non-empty list")
@@ -268,6 +272,7 @@ def parse_node(node: Any, where: str) -> Any:
             repetitions=repetitions,
             token_config=parse_token_config(node.get("token_config"), where),
             where=where,
+            blend_by=_blend_by(node.get("blend_by"), where),
         )
     if "join" in node:
         return _parse_join(node, where, weight, repetitions)
@@ -361,6 +366,20 @@ def _parse_join(node: dict, where: str, weight: Weight, repetitions: float) -> J
         repetitions=repetitions,
         named=named,
         where=where,
+    )
+
+
+def _blend_by(value: Any, where: str) -> Any:
+    """``blend_by``: ``samples``, ``tokens``, ``bytes`` or ``{__module__, __function__}`` (a
+    function of a SampleMeta); resolved, with the allow-list of user code, by the resolver."""
+    if value is None or callable(value) or value in BUILTIN_SIZES:
+        return value  # a callable: given in Python (Blender), trusted like any code
+    if isinstance(value, dict) and set(value) <= {"__module__", "__function__"}:
+        if isinstance(value.get("__function__"), str):
+            return dict(value)
+    raise MetadatasetError(
+        f"{where}: blend_by must be one of {', '.join(BUILTIN_SIZES)} or "
+        f"{{__module__: ..., __function__: ...}} (a function of a SampleMeta), got {value!r}"
     )
 
 

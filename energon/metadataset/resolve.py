@@ -33,6 +33,7 @@ from energon.metadataset.config import (
     parse_metadataset,
     parse_token_config,
 )
+from energon.pipeline.blend_by import BlendBy
 from energon.plan.schedules import Mixture, WeightSchedule
 from energon.source.join import JoinSpec
 from energon.source.kinds import detect_kind, open_leaf
@@ -84,6 +85,7 @@ class Resolved:
     mode: str  # "none" (one source), "weight", "repetitions"
     mixture: Mixture | None = None  # a weight blend with schedules
     global_batch_size: int | None = None  # of the outermost metadataset file, if it sets one
+    blend_by: BlendBy = dataclasses.field(default_factory=BlendBy)  # what the weights share
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,7 @@ class _Context:
     # token_config mappings of the YAML levels above (inner levels win), with the place last set
     token_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     token_where: str = ""
+    in_blend: bool = False  # below a blend (blend_by may only be set on the outermost one)
 
 
 class Blender:
@@ -121,8 +124,10 @@ class Blender:
         entries: list[tuple[Any, Any] | dict[str, Any]],
         *,
         global_batch_size: int | None = None,
+        blend_by: Any = None,
     ) -> None:
         self.global_batch_size = global_batch_size
+        self.blend_by = blend_by
         items = []
         for entry in entries:
             if isinstance(entry, dict):
@@ -133,10 +138,10 @@ class Blender:
         self.entries = items
 
     def as_metadataset(self, split_part: str) -> dict[str, Any]:
-        mds: dict[str, Any] = {
-            "__class__": "MetadatasetV2",
-            "splits": {split_part: {"blend": self.entries}},
-        }
+        blend: dict[str, Any] = {"blend": self.entries}
+        if self.blend_by is not None:
+            blend["blend_by"] = self.blend_by
+        mds: dict[str, Any] = {"__class__": "MetadatasetV2", "splits": {split_part: blend}}
         if self.global_batch_size is not None:
             mds["global_batch_size"] = self.global_batch_size
         return mds
@@ -194,7 +199,8 @@ def _finish(resolved: Resolved, training: bool) -> Resolved:
         mode = "none" if len(sources) == 1 else "concat"
     if mode != "weight":
         mixture = None
-    return Resolved(sources, mode, mixture, resolved.global_batch_size)
+    blend_by = resolved.blend_by if mode == "weight" else BlendBy()
+    return Resolved(sources, mode, mixture, resolved.global_batch_size, blend_by)
 
 
 def _mixture(sources: list[Source]) -> Mixture | None:
@@ -339,6 +345,8 @@ def _with_token_config(ctx: _Context, mapping: dict[str, Any] | None, where: str
 
 
 def _resolve_blend(node: Blend, ctx: _Context) -> Resolved:
+    blend_by = _resolve_blend_by(node, ctx)
+    ctx = dataclasses.replace(ctx, in_blend=True)
     ctx = _with_token_config(ctx, node.token_config, f"{node.where}: token_config")
     ctx = _with_subflavors(ctx, node.subflavors)
     ctx = _with_subset(ctx, node.subset, "blend", leaf=False)
@@ -369,7 +377,29 @@ def _resolve_blend(node: Blend, ctx: _Context) -> Resolved:
                 "Can only blend datasets which are of the same blend mode (blend vs blend_epochized)"
             )
         sources += resolved.sources
-    return Resolved(sources, node.mode)
+    return Resolved(sources, node.mode, blend_by=blend_by)
+
+
+def _resolve_blend_by(node: Blend, ctx: _Context) -> BlendBy:
+    """What the blend's weights share; only the outermost blend of a split may say (the weights
+    of nested blends multiply into one mix over all leaves)."""
+    value = node.blend_by
+    if value is None:
+        return BlendBy()
+    where = node.where or "blend"
+    if ctx.in_blend:
+        raise MetadatasetError(
+            f"{where}: blend_by is set on a blend nested inside another blend; set it on the "
+            "outermost blend of the split (one mix over all datasets, one measure of size)"
+        )
+    if isinstance(value, dict):
+        value = resolve_class(
+            value.get("__module__", "energon"), value["__function__"], where=where, function=True
+        )
+    try:
+        return BlendBy.of(value)
+    except (TypeError, ValueError) as e:
+        raise MetadatasetError(f"{where}: {e}") from e
 
 
 def _fixed_or_start(weight: Weight) -> float:

@@ -283,15 +283,16 @@ def _shares_plot(sim: Simulation) -> str:
         windows = delivered["windows"]
     xs = [w["start"] for w in windows]
     fig, ax = plt.subplots(figsize=(8, 3))
+    shared = "sizes" if "unit" in delivered else "counts"  # blend_by: shares of the size
     for i, name in enumerate(names):
-        shares = [w["counts"][i] / max(1, sum(w["counts"])) for w in windows]
+        shares = [w[shared][i] / max(1, sum(w[shared])) for w in windows]
         ax.plot(xs, shares, marker="o", label=name)
     if sim.blend is not None:
         for i, source in enumerate(sim.blend.sources):
             ax.axhline(source["requested"], linestyle="--", color=f"C{i}", linewidth=0.8)
     ax.set_ylim(0, 1)
     ax.set_xlabel(f"global sample (windows of {delivered['window']})")
-    ax.set_ylabel("share (dashed: weight)")
+    ax.set_ylabel(f"share of {delivered.get('unit', 'samples')} (dashed: weight)")
     ax.legend(fontsize="small")
     return _png(fig)
 

@@ -35,6 +35,7 @@ from energon.ledger.advance import SimulatedStream
 from energon.ledger.simulate import assumptions, simulated_spec
 from energon.loader.blend_report import BlendReport, simulate_blend, source_names
 from energon.loader.savable_dataset import SavableDataset
+from energon.pipeline.blend_by import SampleSizes
 from energon.pipeline.keys import pointer_target, pointers_of
 from energon.pipeline.pointers import pointer_source
 from energon.pipeline.spec import PipelineSpec
@@ -270,16 +271,28 @@ def delivered_shares(
     sim: PipelineSpec, samples: list[tuple[int, int, int]], window: int
 ) -> dict[str, Any]:
     """Samples of each source among those *delivered* (after the shuffle buffer, in global order),
-    per window of ``window`` samples: what the model sees, where the blend report counts picks."""
+    per window of ``window`` samples: what the model sees, where the blend report counts picks.
+    A blend weighted by size (``blend_by``) also gets each window's ``sizes`` per source."""
     n = len(sim.sources)
+    by_size = sim.blend_by
+    sizes = SampleSizes(sim.leaves, by_size.function, by_size.name) if by_size.by_size else None
     windows = []
     for start in range(0, len(samples), window):
         counts = [0] * n
-        for _, source, _ in samples[start : start + window]:
+        amounts = [0.0] * n
+        for _, source, index in samples[start : start + window]:
             counts[source] += 1
-        windows.append({"start": start, "counts": counts})
+            if sizes is not None:
+                amounts[source] += sizes.size(source, index)
+        windows.append({"start": start, "counts": counts, **({"sizes": amounts} if sizes else {})})
     totals = [sum(w["counts"][i] for w in windows) for i in range(n)]
-    return {"samples": len(samples), "window": window, "totals": totals, "windows": windows}
+    return {
+        "samples": len(samples),
+        "window": window,
+        "totals": totals,
+        "windows": windows,
+        **({"unit": by_size.unit()} if sizes is not None else {}),
+    }
 
 
 def shuffle_figures(sim: PipelineSpec, samples: list[tuple[int, int, int]]) -> dict[str, Any]:

@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from energon import debug_log
 from energon import state_fields as fields
 from energon.errors import StateError
+from energon.pipeline.blend_by import SampleSizes
 from energon.pipeline.keys import Key, as_key, checked_pointer, pointer_key, pointer_target
 from energon.pipeline.snapshot import PointerState
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage, StageState, Value
 from energon.plan.edits import Exclusion
-from energon.plan.mixing import QuotaSchedule, Schedule, WeightedSchedule
+from energon.plan.mixing import QuotaSchedule, Schedule, SizeWeightedSchedule, WeightedSchedule
 from energon.plan.reader import ReaderProgress, ReadObserver, SliceReader
 from energon.plan.rng import CounterRng, stable_seed
 from energon.plan.sharding import slice_bounds, stream_ranges
@@ -48,6 +49,7 @@ class PointerSource(Stage):
         *,
         kinds: Sequence[str],
         repeat: bool = True,
+        sizes: SampleSizes | None = None,
     ) -> None:
         if len(kinds) != len(readers):
             raise ValueError(f"{len(readers)} readers but {len(kinds)} source kinds")
@@ -55,6 +57,7 @@ class PointerSource(Stage):
         self.schedule = schedule
         self.kinds = list(kinds)
         self.repeat = repeat
+        self.sizes = sizes  # a blend weighted by size: the schedule hears each pick's size
         self._current = 0
         self._passes = 0
         self.item_clock = bool(getattr(schedule, "changes", None))
@@ -84,7 +87,10 @@ class PointerSource(Stage):
             self.schedule.reset()
             self._passes += 1
         source = self.schedule.next()
-        return source, self._read(source)
+        index = self._read(source)
+        if self.sizes is not None:
+            self.schedule.record(self.sizes.size(source, index))  # type: ignore[attr-defined]
+        return source, index
 
     def _read(self, source: int) -> int:
         reader = self.readers[source]
@@ -367,7 +373,13 @@ def pointer_source(
             )
         )
     schedule = blend_schedule(spec, stream_id, [r.num_samples > 0 for r in readers])
-    return PointerSource(readers, schedule, kinds=spec.pointer_kinds(), repeat=spec.repeat)
+    sizes = None
+    if isinstance(schedule, SizeWeightedSchedule):
+        blend_by = spec.blend_by
+        sizes = SampleSizes(spec.leaves, blend_by.function, blend_by.name, ranges)  # type: ignore[arg-type]
+    return PointerSource(
+        readers, schedule, kinds=spec.pointer_kinds(), repeat=spec.repeat, sizes=sizes
+    )
 
 
 def blend_schedule(
@@ -375,8 +387,9 @@ def blend_schedule(
 ) -> Schedule | None:
     """The schedule that picks the source of each sample of stream ``stream_id`` (None: the
     stream reads its sources one after the other). Needs only the spec (``energon blend-plan``
-    runs it without readers); ``present[i]``: the stream has samples of source ``i`` (computed from
-    the spec if not given)."""
+    runs it without readers, except for a blend weighted by size, whose picks depend on the sizes
+    read); ``present[i]``: the stream has samples of source ``i`` (computed from the spec if not
+    given)."""
     if not spec.training:
         return None
     if spec.mode == "weight":
@@ -384,7 +397,8 @@ def blend_schedule(
             present = [counts[stream_id] > 0 for counts in spec.source_stream_counts()]
         # per-stream, per-source phases: streams do not pick their sources in lock-step
         phase_rng = CounterRng(stable_seed(spec.seed, "blend-phase", stream_id))
-        return WeightedSchedule(
+        kind = SizeWeightedSchedule if spec.blend_by.by_size else WeightedSchedule
+        return kind(
             spec.blend_weights(),
             phases=[phase_rng.random() for _ in spec.sources],
             stream=stream_id,

@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from energon.errors import ErrorBudget, ErrorHandler, MetadatasetError
+from energon.pipeline.blend_by import BlendBy
 from energon.plan.edits import Exclusion, PlanEdits
 from energon.plan.schedules import FlatWeights, Mixture, WeightChange, WeightFunction
 from energon.plan.sharding import stream_counts
@@ -60,6 +61,8 @@ class PipelineSpec:
     balance: Balance | None = None  # compute-balanced steps across ranks (energon.balance)
     # threads that decode a batch's JPEGs (energon.decode.threads); not in the fingerprint
     decode_threads: int = 1
+    # what a weight blend's weights share: samples (default) or a size per sample
+    blend_by: BlendBy = dataclasses.field(default_factory=BlendBy)
 
     def blend_weights(self) -> WeightFunction:
         """The configured raw weight of each source as a function of the global sample clock."""
@@ -207,6 +210,7 @@ class PipelineSpec:
             "task_encoder": f"{type(te).__module__}.{type(te).__qualname__}",
             **({"mixture": self.mixture.config()} if self.mixture is not None else {}),
             **({"balance": self.balance.fingerprint()} if self.balance is not None else {}),
+            **({"blend_by": self.blend_by.name} if self.blend_by.by_size else {}),
         }
 
     def config(self) -> dict[str, Any]:

@@ -18,8 +18,9 @@ Their state is a few numbers.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
-from typing import Protocol, TypedDict, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from energon import state_fields as fields
 from energon.errors import StateError
@@ -32,6 +33,7 @@ class ScheduleState(TypedDict, total=False):
     expected: list[float]  # weighted schedules: target counts (for reports; not read on restore)
     correction: list[float]  # weighted schedules whose weights change: see WeightedSchedule
     regime: int  # ... and the position of the online weight change in force (-1: none)
+    sizes: list[float]  # schedules weighted by size: the size picked per source
 
 
 @runtime_checkable
@@ -259,6 +261,117 @@ class WeightedSchedule(_DeficitCounts):
             )
         self.weights = []
         self._reweigh()
+
+
+class SizeWeightedSchedule(WeightedSchedule):
+    """Infinite mix by weight over a per-sample size (``blend_by``): weights are shares of the
+    sizes picked (tokens, bytes, a cost), not of the samples.
+
+    The weights in force come from the same places as in :class:`WeightedSchedule` (fixed, a
+    schedule of the global sample clock, online changes). Whoever picks must tell the size of the
+    sample it read for each pick with :meth:`record` before the next pick.
+
+    The rule: after each pick of size ``s`` at which weights ``w`` were in force, every source's
+    target grows by ``w_i * s`` and the picked source's size by ``s``; pick the source ``i`` with
+    ``w_i > 0`` and the largest deficit ``target_i - size_i``; ties (at the start: all are 0) go
+    to the largest ``phase_i * w_i``, then to the first, so streams do not start in lock-step.
+    The deficits sum to zero, the picked one is never negative before its pick, so every source
+    stays within ``(n - 1) * s_max`` of its target (``n`` sources, ``s_max`` the largest size):
+    over a stretch of picks whose sizes add up to ``W``, a source's share of the size is within
+    ``n * s_max / W`` of its weight. State: picks and sizes per source, and the targets.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        sources = len(self.counts)
+        self.sizes = [0.0] * sources
+        self.targets = [0.0] * sources
+        self._pending: tuple[int, list[float]] | None = None  # (source, weights) of the last pick
+
+    def expected(self) -> list[float]:
+        """Per source, the size it should have been picked for so far (its target)."""
+        return list(self.targets)
+
+    def next(self) -> int:
+        if self._pending is not None:
+            raise RuntimeError("record() the size of the last pick before the next one")
+        best, best_deficit, best_phase = -1, float("-inf"), 0.0
+        weights, phases, sizes, targets = self.weights, self.phases, self.sizes, self.targets
+        for i, w in enumerate(weights):
+            if w <= 0:
+                continue
+            deficit = targets[i] - sizes[i]
+            if deficit > best_deficit or (deficit == best_deficit and phases[i] * w > best_phase):
+                best, best_deficit, best_phase = i, deficit, phases[i] * w
+        self._pending = (best, weights)
+        self.picks += 1
+        self.counts[best] += 1
+        if self._until is not None and self.clock >= self._until:
+            self._reweigh()
+        return best
+
+    def record(self, size: float) -> None:
+        """The size of the sample the last pick read."""
+        if self._pending is None:
+            raise RuntimeError("record() follows a pick")
+        source, weights = self._pending
+        self._pending = None
+        targets = self.targets
+        for i, w in enumerate(weights):
+            targets[i] += w * size
+        self.sizes[source] += size
+
+    def reset(self) -> None:
+        super().reset()
+        self.sizes = [0.0] * len(self.counts)
+        self.targets = [0.0] * len(self.counts)
+        self._pending = None
+
+    def state(self) -> ScheduleState:
+        state: ScheduleState = {
+            "picks": self.picks,
+            "counts": list(self.counts),
+            "sizes": list(self.sizes),
+            "expected": list(self.targets),
+        }
+        if self.changes:
+            state["regime"] = self.regime
+        return state
+
+    def restore(self, state: ScheduleState, where: str = "schedule") -> None:
+        if "sizes" not in state:
+            raise StateError(
+                f"{where}: this stream's blend was saved weighted by samples; it is now weighted "
+                "by size (blend_by): the state does not fit this configuration"
+            )
+        _DeficitCounts.restore(self, state, where)
+        self.sizes = _numbers(state, "sizes", len(self.counts), where)
+        self.targets = _numbers(state, "expected", len(self.counts), where)
+        self.regime = fields.int_field(state, "regime", where, low=-1, default=-1)
+        if self.regime >= 0 and all(c.position != self.regime for c in self.changes):
+            raise StateError(
+                f"this stream's state was saved after an online blend weight change at global "
+                f"micro-batch {self.regime}, which this loader does not know: restore the loader "
+                "state (it records every change) instead of a single stream's snapshot"
+            )
+        self._pending = None
+        self.weights = []
+        self._reweigh()
+
+
+def _numbers(state: ScheduleState, name: str, count: int, where: str) -> list[float]:
+    """A list of ``count`` finite numbers >= 0 from a saved schedule state."""
+    values = state.get(name)  # type: ignore[misc]
+    if not isinstance(values, list) or len(values) != count:
+        raise fields.bad_field(f"{where}.{name}", values, f"{count} numbers")
+    out = []
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise fields.bad_field(f"{where}.{name}[{i}]", value, "a number")
+        if not (math.isfinite(value) and value >= 0):
+            raise fields.bad_field(f"{where}.{name}[{i}]", value, "a finite number >= 0")
+        out.append(float(value))
+    return out
 
 
 class QuotaSchedule(_DeficitCounts):

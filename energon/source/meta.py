@@ -140,6 +140,78 @@ class WebdatasetMeta(MetaReader):
         )
         return {name: int(size) for name, size in rows}
 
+    def shard_first(self, shard: int) -> int:
+        """The leaf index of the first sample of shard ``shard``."""
+        return int(self._starts[shard])
+
+    def shard_length(self, shard: int) -> int:
+        ends = [*self._starts[1:], len(self.leaf)]
+        return int(ends[shard]) - int(self._starts[shard])
+
+    def shard_part_rows(
+        self, shard: int, begin: int = 0, end: int | None = None
+    ) -> list[tuple[int, str, int]]:
+        """``(sample index inside the shard, part name, content bytes)`` of every part of the
+        shard's samples ``begin <= i < end`` (default: all), from one query."""
+        tar_id, _ = self._where(self.shard_first(shard))
+        end = self.shard_length(shard) if end is None else end
+        rows = self._connection().execute(
+            "SELECT sample_index, part_name, content_byte_size FROM sample_parts "
+            "WHERE tar_file_id=? AND sample_index>=? AND sample_index<?",
+            (tar_id, begin, end),
+        )
+        return [(int(inner), name, int(size)) for inner, name, size in rows]
+
+    def shard_metas(
+        self, source: int, shard: int, begin: int = 0, end: int | None = None
+    ) -> list[SampleMeta]:
+        """The :class:`SampleMeta` of the shard's samples ``begin <= i < end`` (default: all), with
+        key, part sizes and media metadata filled by three queries (point queries per sample cost
+        more than what is looked up: whoever looks at every sample of a stream, such as a blend
+        weighted by size, goes through here)."""
+        first = self.shard_first(shard)
+        end = self.shard_length(shard) if end is None else end
+        db = self._connection()
+        tar_id, _ = self._where(first)
+        keys = dict(
+            db.execute(
+                "SELECT sample_index, sample_key FROM samples "
+                "WHERE tar_file_id=? AND sample_index>=? AND sample_index<?",
+                (tar_id, begin, end),
+            )
+        )
+        parts: dict[int, dict[str, int]] = {inner: {} for inner in keys}
+        for inner, name, size in self.shard_part_rows(shard, begin, end):
+            parts.setdefault(inner, {})[name] = size
+        media = self._shard_media(db, tar_id)
+        metas = []
+        for inner in range(begin, end):
+            meta = SampleMeta(self, source, first + inner)
+            key = keys.get(inner)
+            own_parts = parts.get(inner, {})
+            meta._cache["key"] = key
+            meta._cache["parts"] = own_parts
+            meta._cache["media"] = {
+                part: media[f"{key}.{part}"] for part in own_parts if f"{key}.{part}" in media
+            }
+            metas.append(meta)
+        return metas
+
+    @staticmethod
+    def _shard_media(db: sqlite3.Connection, tar_id: int) -> dict[str, Any]:
+        """``{"<key>.<part>": metadata}`` of one shard (empty without media metadata)."""
+        if not has_table(db, "media_metadata"):
+            return {}
+        from energon.media.metadata import deserialize_media_metadata
+
+        rows = db.execute(
+            "SELECT m.entry_key, m.metadata_type, m.metadata_json FROM samples s "
+            "JOIN media_metadata m ON m.entry_key >= s.sample_key || '.' "
+            "AND m.entry_key < s.sample_key || '/' WHERE s.tar_file_id=?",
+            (tar_id,),
+        )
+        return {entry: deserialize_media_metadata(kind, text) for entry, kind, text in rows}
+
     def media(self, index: int) -> dict[str, Any]:
         key = self.key(index)
         db = self._connection()
