@@ -150,9 +150,10 @@ class ParquetLeaf:
         self._wanted = _wanted_columns(builder, options, columns)
         self._mapped: np.ndarray | None = None
         self._refs: dict[int, FileRef] = {}
+        self._firsts: dict[int, list[int]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_mapped": None, "_refs": {}}
+        return {**self.__dict__, "_mapped": None, "_refs": {}, "_firsts": {}}
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -301,10 +302,12 @@ class ParquetLeaf:
             raise IndexError(f"row {index} out of range [0, {len(self)}) in {self.root}")
         file = bisect.bisect_right(self._starts, index) - 1
         row = index - self._starts[file]
-        first, end = self.files.group_ranges[file]
-        firsts = self._table()[first:end, FIRST_ROW]
-        group = int(np.searchsorted(firsts, row, side="right")) - 1
-        return file, row, group, row - int(firsts[group])
+        firsts = self._firsts.get(file)
+        if firsts is None:  # the file's row-group starts, as a list (bisect beats numpy per row)
+            first, end = self.files.group_ranges[file]
+            firsts = self._firsts[file] = self._table()[first:end, FIRST_ROW].tolist()
+        group = bisect.bisect_right(firsts, row) - 1
+        return file, row, group, row - firsts[group]
 
     def group_row(self, file: int, group: int) -> np.ndarray:
         """The table row of a file's row group: (file, first row, rows, byte offset, byte size)."""
