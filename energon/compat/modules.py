@@ -5,8 +5,8 @@ the ONE energon module that plays its part, so ``import megatron.energon.X`` (th
 ``energon.megatron_alias``) gives that very module object and ``isinstance`` checks agree. Paths that
 are just the core point into the core; paths that need the reference's own objects point into
 ``energon.compat``. ``megatron.energon`` itself is ``energon.compat.megatron_energon``, which serves
-energon's public names (so submodule imports never rebind a name of ``energon``). Several reference paths may share one energon module (the reference splits its
-wrappers over 18 files; here they are one module).
+energon's public names (so submodule imports never rebind a name of ``energon``). Several reference
+paths may share one energon module; that module then serves the names of all of them.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ _WRAPPER_MODULES = (
     "wrappers.shuffle_buffer_dataset",
     "wrappers.skip",
     "wrappers.watchdog_dataset",
+    "wrappers.buffer",
 )
 
 REFERENCE_MODULES: dict[str, str] = {
@@ -114,8 +115,14 @@ REFERENCE_MODULES: dict[str, str] = {
     "tools.checkpoint": "energon.cli.checkpoint",
     "tools.analyze_debug": "energon.cli.analyze_debug",
     "worker": "energon.worker",
+    "bracecollapse": "energon.compat.bracecollapse",
+    "deprecation": "energon.compat.deprecation",
+    "rng": "energon.compat.rng",
+    "savable": "energon.compat.savable",
+    "state": "energon.compat.savable",
+    "watchdog": "energon.compat.watchdog",
     "wrappers": "energon.compat.wrappers",
-    **{path: "energon.compat.wrappers" for path in _WRAPPER_MODULES},
+    **{path: f"energon.compat.{path}" for path in _WRAPPER_MODULES},
 }
 
 
