@@ -15,6 +15,8 @@ from typing import Any, Generic, TypeVar
 
 from energon import epath
 from energon.av import AVData, AVDecoder
+from energon.compat.jsonl.jsonl_prepare import JsonlPreparator
+from energon.compat.webdataset.prepare import WebdatasetPreparator
 from energon.decode import SampleDecoder
 from energon.errors import EmptyDatasetError
 from energon.format.layout import MAIN_FOLDER_NAME
@@ -249,7 +251,7 @@ def _open_webdataset_source(
     return Source(leaf=leaf, start=start, end=end)
 
 
-class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
+class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], WebdatasetPreparator):
     """A prepared WebDataset split; subclasses say how parts become samples."""
 
     def __init__(
@@ -411,7 +413,7 @@ VQAOCRWebdataset = _flavor("VQAOCRWebdataset", VQAOCRSample)
 VQAWebdataset = _flavor("VQAWebdataset", VQASample)
 
 
-class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample]):
+class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample], JsonlPreparator):
     """A JSONL file as crude samples (one dict per line)."""
 
     __sample_type__ = CrudeSample

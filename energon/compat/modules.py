@@ -80,6 +80,8 @@ REFERENCE_MODULES: dict[str, str] = {
     "flavors": "energon.compat.flavors",
     **{path: "energon.compat.flavors" for path in _FLAVOR_MODULES},
     "flavors.webdataset.config": "energon.compat.webdataset_config",
+    "flavors.webdataset.prepare": "energon.compat.webdataset.prepare",
+    "flavors.jsonl.jsonl_prepare": "energon.compat.jsonl.jsonl_prepare",
     "flavors.webdataset.sample_decoder": "energon.decode",
     "flavors.webdataset.indexing": "energon.format.sqlite_index",
     "flavors.webdataset.empty_dataset_error": "energon.errors",

@@ -23,7 +23,13 @@ def keys(batch):
 
 PROGRAMS: dict[str, str] = {}
 COMPARE: dict[str, str] = {}
-THEMES = ("programs_datasets", "programs_encoders", "programs_loaders", "programs_tools")
+THEMES = (
+    "programs_datasets",
+    "programs_encoders",
+    "programs_loaders",
+    "programs_tools",
+    "programs_surface",
+)
 
 
 def load_all() -> None:

@@ -1,0 +1,177 @@
+"""Reference-style programs for the reference's module surface beyond its top-level names:
+programmatic preparation, the CLI command objects under click's ``CliRunner``, ``epathlib``, the
+cache pools, and the small modules (``rng``, ``savable``, ``watchdog``, ``bracecollapse``, ...) as
+user code calls them (see programs.py). Each program works in its own folder below
+``data["files"]``."""
+
+from tests.compat.programs import program
+
+# Writes tar shards with the standard library (as user scripts do); used by several programs.
+WRITE_SHARDS = """
+import io, os, tarfile
+from pathlib import Path
+
+def write_shards(root, shards):
+    root = Path(root)
+    for name, samples in shards.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(root / name, "w") as tar:
+            for key, parts in samples:
+                for ext, data in parts.items():
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return root
+
+def text_shards(prefix, n_shards, per_shard):
+    return {
+        f"parts/{prefix}-{s:02d}.tar": [
+            (f"{prefix}{s:02d}_{i:03d}", {"txt": f"{prefix} {s} {i}".encode(), "json": b'{"i": %d}' % i})
+            for i in range(per_shard)
+        ]
+        for s in range(n_shards)
+    }
+
+def listing(root):
+    root = Path(root)
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+"""
+
+program("prepare_dataset_programmatic")(
+    WRITE_SHARDS
+    + """
+import yaml
+from pathlib import Path
+from megatron.energon.flavors import BaseWebdatasetFactory
+root = write_shards(Path(data["files"]) / "wds", text_shards("s", 10, 3))
+tars = sorted(str(p.relative_to(root)) for p in root.glob("**/*.tar"))
+found = BaseWebdatasetFactory.prepare_dataset(
+    root, tars, split_parts_ratio=[("train", 0.6), ("val", 0.2), ("test", 0.2)],
+    progress_fn=lambda it, length=None: it, workers=2,
+)
+split = yaml.safe_load((root / ".nv-meta" / "split.yaml").read_text())
+info = json.loads((root / ".nv-meta" / ".info.json").read_text())
+(root / ".nv-meta" / "dataset.yaml").write_text(
+    "sample_type:\\n  __module__: megatron.energon\\n  __class__: TextSample\\nfield_map:\\n  text: txt\\n"
+)
+val = get_val_dataset(str(root), split_part="val", batch_size=None, worker_config=wc())
+idx = (root / "parts" / "s-00.tar.idx").read_bytes()
+return {"found": sorted(found), "files": listing(root), "split": split,
+        "counts": info["shard_counts"], "idx": list(idx),
+        "val": [s.__key__ for s in get_loader(val)]}
+"""
+)
+
+program("prepare_dataset_patterns_no_shuffle")(
+    WRITE_SHARDS
+    + """
+import yaml
+from pathlib import Path
+from megatron.energon.flavors.webdataset.prepare import WebdatasetPreparator
+root = write_shards(Path(data["files"]) / "wds_p", text_shards("q", 4, 2))
+tars = sorted(str(p.relative_to(root)) for p in root.glob("**/*.tar"))
+found = WebdatasetPreparator.prepare_dataset(
+    root, tars, split_parts_patterns=[("train", "parts/q-0[0-2].tar"), ("val", "parts/q-03.tar")],
+    shuffle_seed=None, split_config="custom.yaml", workers=1,
+)
+content = list(WebdatasetPreparator.iter_dataset_content(root / "parts" / "q-00.tar", extract_keys=("json",)))
+return {"found": sorted(found), "files": listing(root),
+        "split": yaml.safe_load((root / ".nv-meta" / "custom.yaml").read_text()),
+        "content": [{k: v.decode() if v else v for k, v in c.items()} for c in content]}
+"""
+)
+
+program("prepare_jsonl_programmatic")(
+    """
+from pathlib import Path
+from megatron.energon.flavors import CrudeJsonlDatasetFactory
+from megatron.energon.flavors.jsonl.jsonl_prepare import JsonlPreparator
+path = Path(data["files"]) / "d.jsonl"
+path.write_text("".join(json.dumps({"i": i, "text": f"t{i}"}) + "\\n" for i in range(7)))
+count = CrudeJsonlDatasetFactory.prepare_dataset(path)
+content = [c["json"].decode() for c in JsonlPreparator.iter_dataset_content(str(path))]
+return {"count": count, "idx": list(Path(str(path) + ".idx").read_bytes()), "content": content}
+"""
+)
+
+program("small_modules")(
+    """
+import warnings, time, threading
+from megatron.energon.bracecollapse import collapse
+from megatron.energon.deprecation import deprecated, warn_deprecated
+from megatron.energon.rng import SystemRng, WorkerRng
+from megatron.energon.savable import Savable
+from megatron.energon.state import FlexState
+from megatron.energon.watchdog import Watchdog, repr_short
+names = [f"shard_{i:03d}.tar" for i in (0, 1, 2, 5, 6, 9)] + ["x.tar", "p_9.tar", "p_10.tar"]
+out = {"collapse": collapse(names), "ordered": collapse(names, keep_order=True)}
+
+@deprecated("use g")
+def f(x):
+    return x + 1
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out["f"] = f(1)
+    warn_deprecated("old thing")
+out["warnings"] = [(str(w.message), w.category.__name__) for w in caught]
+out["seeds"] = [SystemRng.get_seed_from_args(1, 2), SystemRng.get_seed_from_args("a"), SystemRng.get_seed_from_args()]
+rng = WorkerRng(wc())
+first = rng.save_state()
+draws = [rng.randbelow(1000) for _ in range(5)]
+rng.restore_state(first)
+out["rng_restores"] = draws == [rng.randbelow(1000) for _ in range(5)]
+out["rng_state_is_flex"] = isinstance(first, FlexState) and isinstance(first, dict)
+out["shuffle_is_permutation"] = sorted(rng.shuffle(list(range(10)))) == list(range(10))
+
+class Counter(Savable):
+    def __init__(self):
+        self.n = 0
+    def save_state(self):
+        return FlexState(n=self.n)
+    def restore_state(self, state):
+        self.n = 0 if state is None else state["n"]
+
+c = Counter(); c.n = 5; s = c.save_state(); c2 = Counter(); c2.restore_state(s)
+out["savable"] = [c2.n, dict(s)]
+try:
+    Savable()
+    out["abstract"] = False
+except TypeError:
+    out["abstract"] = True
+out["repr_short"] = [repr_short("x" * 300), repr_short([1, 2])]
+fired = threading.Event()
+wd = Watchdog(timeout=0.05, callback=fired.set, dump_stacks=False, enabled=False)
+items = list(wd.watch_iter(iter([1, 2, 3])))
+time.sleep(0.2)
+out["watch_iter_quiet"] = [items, fired.is_set()]
+wd.enable()
+out["fires"] = fired.wait(5.0)
+wd.finish()
+return out
+"""
+)
+
+program("restore_key_helpers")(
+    """
+from megatron.energon.wrappers.base import add_sample_restore_key, get_sample_restore_key, SampleIndex
+from megatron.energon.flavors.base_dataset import set_sample_restore_key
+s = TextSample(__key__="k", __restore_key__=(), text="t")
+add_sample_restore_key(s, 1, 2, src="X")
+out = [list(get_sample_restore_key(s))]
+set_sample_restore_key(s, 5, src=s)
+out.append(list(s.__restore_key__))
+d = {"__key__": "x"}
+out.append(add_sample_restore_key(d, 3, src="Z"))
+out.append(add_sample_restore_key(7, 3, src="Z"))
+try:
+    add_sample_restore_key(7, 3, src="Z", fail_otherwise=True)
+except RuntimeError:
+    out.append("raised")
+index = SampleIndex(wc(), src=None)
+out.append([index.get_next(), index.get_next(), index.save_state()])
+index.restore_state(7)
+out.append(index.get_next())
+return out
+"""
+)
