@@ -123,6 +123,12 @@ REFERENCE_MODULES: dict[str, str] = {
     "savable": "energon.compat.savable",
     "state": "energon.compat.savable",
     "watchdog": "energon.compat.watchdog",
+    "eyaml": "energon.compat.eyaml",
+    "typed_converter": "energon.compat.typed_converter",
+    "fork_hook": "energon.compat.fork_hook",
+    "module_loader": "energon.compat.module_loader",
+    "local_copy": "energon.compat.local_copy",
+    "epathlib.rclone_config": "energon.compat.rclone_config",
     "wrappers": "energon.compat.wrappers",
     **{path: f"energon.compat.{path}" for path in _WRAPPER_MODULES},
 }

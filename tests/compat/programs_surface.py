@@ -175,3 +175,93 @@ out.append(index.get_next())
 return out
 """
 )
+
+program("typed_converter_and_loaders")(
+    """
+import dataclasses, typing, os
+from pathlib import Path
+from megatron.energon.typed_converter import JsonParser, JsonValueError, to_json_object
+from megatron.energon.module_loader import ModuleLoader
+from megatron.energon.eyaml import load_yaml, load_yaml_json
+from megatron.energon.epathlib import EPath
+from megatron.energon.local_copy import ensure_local_copy
+from megatron.energon.epathlib.rclone_config import read_rclone_config_at_path
+
+@dataclasses.dataclass
+class A:
+    x: int
+    y: typing.List[str] = dataclasses.field(default_factory=list)
+    z: typing.Optional[float] = None
+
+class NT(typing.NamedTuple):
+    a: int
+    b: str = "d"
+
+p = JsonParser()
+out = {"records": [repr(p.raw_to_typed({"x": 1, "z": 2}, A)), repr(p.raw_to_typed({"a": 1}, NT))]}
+errors = []
+for raw, tp in [({"x": "no"}, A), ({"x": 1, "w": 2}, A), ({"y": []}, A), (1.5, int), ("s", typing.List[int])]:
+    try:
+        p.raw_to_typed(raw, tp)
+        errors.append("accepted")
+    except JsonValueError as e:
+        errors.append(str(e))
+out["errors"] = errors
+out["lenient"] = repr(JsonParser(strict=False).raw_to_typed({"x": 1, "w": 2}, A))
+out["override"] = [repr(p.override(A(1, ["a"]), {"x": 5})), repr(p.override(NT(1), {"b": "zz"}))]
+out["call"] = p.safe_call_function({"a": 3}, lambda a, b="q": [a, b])
+out["json"] = [to_json_object(A(1, ["b"])), to_json_object(NT(2)), to_json_object(TextSample(__key__="k", __restore_key__=(), text="t"))]
+folder = Path(data["files"]) / "mods"
+folder.mkdir(exist_ok=True)
+(folder / "m.py").write_text("def f(x):\\n    return x * 2\\ndef g():\\n    return 3\\n")
+loader = ModuleLoader()
+out["functions"] = [loader.get_function(str(folder / "m.py"), "f")(2), loader.get_function(f"{folder}/m.py:g")(),
+                    loader.get_function("m.py:f", relative_path=EPath(folder))(5)]
+try:
+    loader.get_function(f"{folder}/m.py")
+except ValueError:
+    out["functions"].append("no name")
+(folder / "c.yaml").write_text("a: 1\\nb: [x, y]\\n")
+(folder / "c.json").write_text('{"j": [1, 2]}')
+out["yaml"] = [load_yaml(b"a: 1\\nb: [1, 2]\\n"), load_yaml_json(EPath(folder / "c.yaml")), load_yaml_json(EPath(folder / "c.json"))]
+out["local_copy"] = str(ensure_local_copy(EPath(folder / "c.yaml"))) == str(EPath(folder / "c.yaml"))
+(folder / "rc.conf").write_text("[s3x]\\ntype = s3\\nprovider = AWS\\naccess_key_id = AK\\nsecret_access_key = SK\\nregion = us\\nendpoint = http://h\\n\\n[loc]\\ntype = local\\n")
+out["rclone"] = {k: repr(v) for k, v in read_rclone_config_at_path(folder / "rc.conf").items()}
+return out
+"""
+)
+
+program("fork_hooks")(
+    """
+import os
+from megatron.energon.fork_hook import ForkMixin, after_in_child_fork_hook, before_fork_hook, after_in_parent_fork_hook
+
+events = []
+class Handle(ForkMixin):
+    def __before_fork__(self):
+        events.append("obj-before")
+    def __after_in_parent_fork__(self):
+        events.append("obj-parent")
+    def __after_in_child_fork__(self):
+        os.write(w, b"obj-child;")
+
+def child_hook():
+    os.write(w, b"fn-child;")
+
+def before():
+    events.append("fn-before")
+
+r, w = os.pipe()
+h = Handle()
+after_in_child_fork_hook(child_hook)
+before_fork_hook(before)
+after_in_parent_fork_hook(lambda: events.append("lambda-parent"), make_persistent=True)
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+os.close(w)
+child = os.read(r, 1000).decode()
+return {"parent": sorted(events), "child": sorted(child.strip(";").split(";"))}
+"""
+)
