@@ -265,3 +265,77 @@ child = os.read(r, 1000).decode()
 return {"parent": sorted(events), "child": sorted(child.strip(";").split(";"))}
 """
 )
+
+# A module for the worker processes (a spawned process imports it; user modules import the alias
+# themselves where energon is used).
+EPATH_WORKER = """
+try:
+    import energon.megatron_alias
+except ImportError:
+    pass
+
+def epath_worker(path):
+    from megatron.energon.epathlib import EPath
+    p = EPath(path)
+    return [sorted(str(x.relative_to(p)) for x in p.glob("**/*")), [str(x.relative_to(p)) for x in p.walk()],
+            (p / "a.txt").read_text(), (p / "a.txt").stat().content_length, (p / "sub").stat().type]
+"""
+
+program("epath_listing_stat_processes")(
+    """
+import multiprocessing, pickle, os
+from pathlib import Path
+import megatron.energon.epathlib as epathlib
+import megatron.energon.epathlib.epath as epath_module
+from megatron.energon.epathlib import EPath, DEFAULT_PROFILE_NAME
+root = Path(data["files"]) / "ep"
+(root / "sub" / "deep").mkdir(parents=True, exist_ok=True)
+(root / "a.txt").write_text("a\\n")
+(root / "sub" / "b.txt").write_text("bb\\n")
+(root / "sub" / "deep" / "c.tar").write_text("c")
+(root / "sub" / ".hidden").write_text("")
+p = EPath(root)
+rel = lambda xs: [str(x.relative_to(p)) for x in xs]
+stat = (p / "a.txt").stat()
+dstat = (p / "sub").stat()
+out = {
+    "attrs": [epath_module.NVDATASET_CACHE_DIR, epath_module.RESERVED_POSIX_PROFILE_NAME, DEFAULT_PROFILE_NAME,
+              epathlib.EPath is epath_module.EPath],
+    "glob": [rel(p.glob("*")), rel(p.glob("**/*")), rel(p.glob("**/*.tar")), rel(p.glob("sub/*.txt")), rel(p.glob("nomatch*"))],
+    "walk": rel(p.walk()),
+    "stat": [type(stat).__name__, stat.key.endswith("ep/a.txt"), stat.content_length, stat.type, stat.etag,
+             type(stat.last_modified).__name__, str(stat.last_modified.tzinfo), dstat.key.endswith("ep/sub/"), dstat.content_length, dstat.type],
+    "size": (p / "sub" / "b.txt").size(),
+    "names": [p.name, str(p.parent) == str(root.parent), str((p / "a.txt").with_suffix(".md"))[-7:], p.is_local(),
+              p.profile, str(p.url) == str(root), str(p.local_path()) == str(root), str(EPath("msc://__filesystem__" + str(root))) == str(root)],
+    "joins": [str(EPath("/tmp") / EPath("/abs")), str(EPath("/tmp/x/../y"))],
+    "pickle": str(pickle.loads(pickle.dumps(p))) == str(root),
+}
+try:
+    (p / "nope").stat()
+except FileNotFoundError:
+    out["missing"] = "FileNotFoundError"
+(p / "w").mkdir()
+(p / "w" / "x.txt").write_text("hi")
+with (p / "w" / "y.bin").open("wb") as f:
+    f.write(b"12")
+(p / "w" / "y.bin").copy(p / "w" / "z.bin")
+(p / "w" / "z.bin").move(p / "w" / "z2.bin")
+out["ops"] = [sorted(os.listdir(root / "w")), (p / "w" / "z2.bin").read_bytes().decode()]
+(p / "w" / "z2.bin").unlink()
+out["after_unlink"] = sorted(os.listdir(root / "w"))
+for name in ("x.txt", "y.bin"):
+    (p / "w" / name).unlink()
+(root / "w").rmdir()
+import sys
+(Path(data["files"]) / "epath_worker_mod.py").write_text(EPATH_WORKER_SRC)
+sys.path.insert(0, data["files"])
+import epath_worker_mod
+results = {}
+for method in ("fork", "spawn"):
+    with multiprocessing.get_context(method).Pool(1) as pool:
+        results[method] = pool.apply_async(epath_worker_mod.epath_worker, (str(root),)).get(timeout=300)
+out["processes"] = results
+return out
+""".replace("EPATH_WORKER_SRC", repr(EPATH_WORKER))
+)
