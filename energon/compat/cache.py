@@ -10,19 +10,23 @@ Pools reach cookers (``@cooker(need_cache=True)``) and ``TaskEncoder.cache`` thr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
 import tempfile
 import threading
+import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from energon.samples import add_source_info
+from energon.samples import SourceInfo, add_source_info
 from energon.source.file_store import (
     DecodeFileStore,
     FileStore,
+    FileStoreWrapper,
     PrimaryFileStore,
     SystemFileStore,
     WebdatasetFileStore,
@@ -34,6 +38,7 @@ __path__: list[str] = []  # a package for the alias: cache.base/.file_store/.no_
 T = TypeVar("T")
 
 __all__ = [
+    "CacheFileLazy",
     "CachePool",
     "DecodeFileStore",
     "DirectLazy",
@@ -41,6 +46,8 @@ __all__ = [
     "FileStore",
     "FileStoreCachePool",
     "FileStoreDecoder",
+    "FileStoreWrapper",
+    "JsonlFileStore",
     "Lazy",
     "MockLazy",
     "NoCachePool",
@@ -66,13 +73,14 @@ def aux_file_stores(aux: dict[str, Any] | None) -> dict[str, FileStore]:
     }
 
 
+@dataclasses.dataclass(eq=False)
 class Lazy(Generic[T]):
-    """A file of a store, read when ``get()`` is called; equal for the same store and name."""
+    """A file of a store, read when ``get()`` is called; equal for the same store and name
+    (usable as a dict key, as the reference's lazies)."""
 
-    def __init__(self, *, ds: FileStore, fname: str, pool: CachePool) -> None:
-        self.ds = ds
-        self.fname = fname
-        self.pool = pool
+    ds: FileStore | None
+    fname: str
+    pool: CachePool | None
 
     def get(self, sample: Any = None) -> T:
         raise NotImplementedError
@@ -83,39 +91,43 @@ class Lazy(Generic[T]):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Lazy) and other.ds is self.ds and other.fname == self.fname
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.fname!r})"
+
+def _remembered(lazy: Any, sample: Any) -> Any:
+    data, source = lazy._data
+    if sample is not None and source is not None:
+        add_source_info(sample, source)
+    return data
 
 
+@dataclasses.dataclass(eq=False)
 class DirectLazy(Lazy[T]):
     """Reads from the store on the first ``get()`` (and remembers the result)."""
 
-    def __init__(
-        self, *, ds: FileStore, fname: str, pool: CachePool, _data: tuple[Any, Any] | None = None
-    ) -> None:
-        super().__init__(ds=ds, fname=fname, pool=pool)
-        self._data = _data
+    _data: tuple[Any, Any] | None = None
 
     def get(self, sample: Any = None) -> T:
         if self._data is None:
             self._data = self.ds[self.fname]
-        data, source = self._data
-        if sample is not None:
-            add_source_info(sample, source)
-        return data
+        return _remembered(self, sample)
 
 
+@dataclasses.dataclass(eq=False, init=False)
 class MockLazy(Lazy[T]):
-    """A lazy whose data comes from ``get_fn(fname)``."""
+    """A lazy whose data comes from ``get_fn(fname)`` (no store, no pool)."""
 
-    def __init__(self, fname: str, get_fn: Any) -> None:
-        self.ds = None  # type: ignore[assignment]
+    get_fn: Callable[[str], T]
+
+    def __init__(self, fname: str, get_fn: Callable[[str], T]) -> None:
+        self.ds = None
         self.fname = fname
-        self.pool = None  # type: ignore[assignment]
+        self.pool = None
         self.get_fn = get_fn
 
     def get(self, sample: Any = None) -> T:
         return self.get_fn(self.fname)
+
+    def __repr__(self) -> str:
+        return f"MockLazy(fname={self.fname!r}, get_fn={self.get_fn!r})"
 
 
 class CachePool:
@@ -155,36 +167,39 @@ class _Entry:
         self.size = 0
 
 
+@dataclasses.dataclass(eq=False)
 class FileCacheLazy(Lazy[T]):
-    """A lazy whose file is prefetched by a ``FileStoreCachePool``."""
+    """A lazy whose file is prefetched by a ``FileStoreCachePool`` (lazies of the same file
+    share one read and one cache entry)."""
 
-    def __init__(
-        self,
-        *,
-        ds: FileStore,
-        fname: str,
-        pool: FileStoreCachePool,
-        entry: _Entry,
-        _data: tuple[Any, Any] | None = None,
-    ) -> None:
-        super().__init__(ds=ds, fname=fname, pool=pool)
-        self.entry = entry
-        self._data = _data
+    entry: _Entry = None  # type: ignore[assignment]
+    _data: tuple[Any, Any] | None = None
 
     def get(self, sample: Any = None) -> T:
         if self._data is None:
-            self._data = self.pool._consume(self)  # type: ignore[attr-defined]
-        data, source = self._data
-        if sample is not None:
-            add_source_info(sample, source)
-        return data
+            self._data = self.pool._consume(self)  # type: ignore[union-attr]
+        return _remembered(self, sample)
 
     def __del__(self) -> None:
-        if self._data is None and self.pool is not None:
+        if self._data is None and self.pool is not None and self.entry is not None:
             try:
-                self.pool._release(self.entry)  # type: ignore[attr-defined]
+                self.pool._release(self.entry)  # type: ignore[union-attr]
             except Exception:
                 pass
+
+
+@dataclasses.dataclass(eq=False)
+class CacheFileLazy(Lazy[T]):
+    """Data given to ``FileStoreCachePool.to_cache``: bytes wait in a file of the cache folder,
+    other objects in memory (nothing is pickled); each is read once by ``get()``."""
+
+    cache_path: Path = None  # type: ignore[assignment]
+    _data: tuple[Any, Any] | None = None
+
+    def get(self, sample: Any = None) -> T:
+        if self._data is None:
+            self._data = (self.pool._take_cached(self.cache_path), None)  # type: ignore[union-attr]
+        return _remembered(self, sample)
 
 
 class FileStoreCachePool(CachePool):
@@ -217,6 +232,8 @@ class FileStoreCachePool(CachePool):
     def _start(self) -> None:
         """A fresh folder and thread pool (also in a forked child: threads do not survive fork)."""
         parent = str(self.parent_cache_dir) if self.parent_cache_dir else None
+        if parent is not None:
+            os.makedirs(parent, exist_ok=True)
         self.cache_dir = Path(tempfile.mkdtemp(prefix="cache_", dir=parent))
         self._executor = ThreadPoolExecutor(self.num_workers, thread_name_prefix="energon-cache")
         self._entries: dict[tuple[str, str], _Entry] = {}
@@ -242,7 +259,27 @@ class FileStoreCachePool(CachePool):
                 if len(self._entries) <= self.max_cache_count and self._bytes < self.max_cache_size:
                     entry.future = self._executor.submit(self._fetch, ds, fname, entry)
             entry.refs += 1
-        return FileCacheLazy(ds=ds, fname=fname, pool=self, entry=entry)
+        return FileCacheLazy(ds, fname, self, entry)
+
+    def to_cache(self, data: T, name: str) -> Lazy[T]:
+        """A lazy for data at hand: bytes are parked in the cache folder until read."""
+        path = (
+            self.cache_dir / f"tocache_{hashlib.md5(name.encode()).hexdigest()}_{uuid.uuid4().hex}"
+        )
+        if isinstance(data, (bytes, bytearray)):
+            path.write_bytes(data)
+        else:
+            with self._lock:
+                self._memory[path] = data
+        return CacheFileLazy(None, name, self, path)
+
+    def _take_cached(self, path: Path) -> Any:
+        with self._lock:
+            if path in self._memory:
+                return self._memory.pop(path)
+        data = path.read_bytes()
+        path.unlink(missing_ok=True)
+        return data
 
     def _fetch(self, ds: FileStore, fname: str, entry: _Entry) -> Any:
         if self.method == "pickle":
@@ -291,3 +328,33 @@ class FileStoreCachePool(CachePool):
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self.cache_dir, ignore_errors=True)
+
+
+class JsonlFileStore(FileStore):
+    """The records of an indexed JSONL file by entry name ``"<index>.json"`` (their raw bytes)."""
+
+    def __init__(
+        self,
+        jsonl_path: Any,
+        sample_filter: Callable[[str], bool] | None = None,
+        index_cache_size: int = 5,
+    ) -> None:
+        from energon.source.jsonl import JsonlLeaf
+
+        self.leaf = JsonlLeaf.open(os.fspath(jsonl_path))
+        self.sample_filter = sample_filter
+
+    def __getitem__(self, key: str) -> tuple[bytes, SourceInfo]:
+        index_text, _, part = key.partition(".")
+        if part != "json" or not index_text.isdigit() or int(index_text) >= len(self.leaf):
+            raise KeyError(f"{self.leaf.path}: no record {key!r} (entries are '<index>.json')")
+        index = int(index_text)
+        return self.leaf.read_line(index), SourceInfo(
+            dataset_path=self.leaf.path,
+            index=index,
+            shard_name=os.path.basename(self.leaf.path),
+            file_names=(key,),
+        )
+
+    def get_path(self) -> str:
+        return self.leaf.path

@@ -7,11 +7,11 @@ POSIX profile ``msc://__filesystem__/x`` is the local path ``/x``. Holding only 
 
 from __future__ import annotations
 
+import datetime
 import glob as pyglob
 import io
 import os
 import re
-import datetime
 import stat as stat_module
 from collections.abc import Iterator
 from pathlib import Path

@@ -25,13 +25,13 @@ from energon.source.webdataset import tar_byte_index
 
 
 class FileStore:
-    """``store[name] -> (data, SourceInfo)``; ``get(name, sample)`` also records the source."""
+    """``store[key] -> (data, SourceInfo)``; ``get(key, sample)`` also records the source."""
 
-    def __getitem__(self, name: str) -> tuple[Any, Any]:
+    def __getitem__(self, key: str) -> tuple[Any, Any]:
         raise NotImplementedError
 
-    def get(self, name: str, sample: Any = None) -> Any:
-        data, source = self[name]
+    def get(self, key: str, sample: Any = None) -> Any:
+        data, source = self[key]
         if sample is not None:
             add_source_info(sample, source)
         return data
@@ -80,7 +80,10 @@ class SystemFileStore(FileStore):
         except FileNotFoundError:
             raise SampleException(f"aux file {path} not found") from None
         return data, SourceInfo(
-            dataset_path=self.base_dir or "", index=name, shard_name="", file_names=(name,)
+            dataset_path=self.base_dir or "",
+            index=name,
+            shard_name=self.base_dir or "",
+            file_names=(name,),
         )
 
     def get_path(self) -> str:
@@ -94,8 +97,8 @@ def _inside(path: str, root: str, separator: str) -> bool:
 class WebdatasetFileStore(FileStore):
     """Entries ``<sample key>.<part>`` of a prepared dataset (any split)."""
 
-    def __init__(self, root: str) -> None:
-        self.root = epath.normalize(root)
+    def __init__(self, dataset_path: str) -> None:
+        self.root = epath.normalize(dataset_path)
         db_path = epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
         if not epath.exists(db_path):
             raise DatasetNotPreparedError(
@@ -153,9 +156,19 @@ class WebdatasetFileStore(FileStore):
         return self.root
 
 
-class DecodeFileStore(FileStore):
-    def __init__(self, inner: FileStore, *, decoder: Any) -> None:
+class FileStoreWrapper(FileStore):
+    """A store that serves another store's entries (decoded, or relative to a sample)."""
+
+    def __init__(self, inner: FileStore) -> None:
         self.inner = inner
+
+    def get_path(self) -> str:
+        return self.inner.get_path()
+
+
+class DecodeFileStore(FileStoreWrapper):
+    def __init__(self, inner: FileStore, *, decoder: Any) -> None:
+        super().__init__(inner)
         self.decoder = decoder
 
     def __getitem__(self, name: str) -> tuple[Any, Any]:
@@ -166,15 +179,12 @@ class DecodeFileStore(FileStore):
     def get_media_metadata(self, key: str) -> Any:
         return self.inner.get_media_metadata(key)
 
-    def get_path(self) -> str:
-        return self.inner.get_path()
 
-
-class PrimaryFileStore(FileStore):
+class PrimaryFileStore(FileStoreWrapper):
     """The sample's own dataset; names starting with ``.`` are relative to the current key."""
 
     def __init__(self, inner: FileStore, current_key: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.current_key = current_key
 
     def _name(self, name: str) -> str:
@@ -185,9 +195,6 @@ class PrimaryFileStore(FileStore):
 
     def get_media_metadata(self, key: str) -> Any:
         return self.inner.get_media_metadata(self._name(key))
-
-    def get_path(self) -> str:
-        return self.inner.get_path()
 
 
 FILESYSTEM_PREFIX = "filesystem://"

@@ -339,3 +339,49 @@ out["processes"] = results
 return out
 """.replace("EPATH_WORKER_SRC", repr(EPATH_WORKER))
 )
+
+program("file_cache_pool_behaviour")(
+    """
+from pathlib import Path
+from megatron.energon.cache import FileStoreCachePool, NoCachePool, SystemFileStore, DecodeFileStore, MockLazy, DirectLazy, FileCacheLazy
+from megatron.energon.cache.file_cache_pool import CacheFileLazy
+folder = Path(data["files"]) / "aux"
+folder.mkdir(exist_ok=True)
+(folder / "f1.txt").write_text("hello")
+(folder / "f2.bin").write_bytes(b"world")
+store = SystemFileStore(str(folder))
+decoded = DecodeFileStore(store, decoder=SampleDecoder())
+
+def src(sample):
+    return [[Path(str(s.dataset_path)).name, s.index, Path(str(s.shard_name)).name, list(s.file_names)] for s in sample.__sources__ or ()]
+
+out = {}
+for method in ("raw", "pickle"):
+    pool = FileStoreCachePool(parent_cache_dir=Path(data["files"]) / f"cache_{method}", num_workers=2, method=method)
+    s = TextSample(__key__="k", __restore_key__=(), text="t")
+    got = {"get": pool.get(store, "f1.txt", s).decode(), "get_sources": src(s)}
+    l1, l2 = pool.get_lazy(store, "f1.txt"), pool.get_lazy(store, "f1.txt")
+    other = pool.get_lazy(store, "f2.bin")
+    got["lazies"] = [type(l1).__name__, l1 == l2, l1 is l2, hash(l1) == hash(l2), l1 == other, l1.fname, l1.ds is store, l1.pool is pool]
+    a = TextSample(__key__="a", __restore_key__=(), text="t")
+    b = TextSample(__key__="b", __restore_key__=(), text="t")
+    got["shared"] = [l1.get(a).decode(), l2.get(b).decode(), src(a), src(b), other.get().decode()]
+    d = pool.get_lazy(decoded, "f1.txt")
+    value = d.get()
+    got["decoded"] = [value, type(value).__name__]
+    for data_ in (b"rawbytes", {"x": [1, 2]}):
+        c = pool.to_cache(data_, "myname")
+        got.setdefault("to_cache", []).append([type(c).__name__, isinstance(c, CacheFileLazy), c.fname, c.ds, repr(c.get()), repr(c.get())])
+    pool.close()
+    out[method] = got
+none = NoCachePool()
+lazy = none.get_lazy(store, "f2.bin")
+s = TextSample(__key__="n", __restore_key__=(), text="t")
+mock = none.to_cache(b"x", "n")
+out["none"] = [type(lazy).__name__, lazy.get(s).decode(), src(s), none.get(store, "f2.bin").decode(),
+               type(mock).__name__, mock.get(), mock.fname, lazy == none.get_lazy(store, "f2.bin")]
+m = MockLazy("fname", lambda fname: fname.upper())
+out["mock"] = [m.get(), m.ds, m.pool, m.fname]
+return out
+"""
+)
