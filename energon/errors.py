@@ -46,6 +46,8 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
         UseBotocore
         MegatronEnergonInstalledError (RuntimeError)
         WatchdogTimeout (TimeoutError)
+        JsonValueError (ValueError)
+        GcFreezeError (RuntimeError)
 
 A bad sample must never be lost silently: a ``SampleException`` is either raised, or skipped *and
 counted*, and a run of consecutive failures beyond the tolerance stops the job with the last error
@@ -328,6 +330,24 @@ class MegatronEnergonInstalledError(EnergonError, RuntimeError):
 class WatchdogTimeout(EnergonError, TimeoutError):
     """No batch arrived within the loader's watchdog timeout (``fail_on_timeout=True``); the
     message holds the stacks of the main process and every worker, and what each worker was on."""
+
+
+class JsonValueError(EnergonError, ValueError):
+    """Raw (JSON/YAML) data that does not fit the expected type; ``path``: where, from the root
+    (``megatron.energon.typed_converter``)."""
+
+    def __init__(
+        self, msg: str, expected_type: Any, value: Any, path: str, stage: tuple[int, ...]
+    ) -> None:
+        super().__init__(msg)
+        self.expected_type = expected_type
+        self.value = value
+        self.path = path
+        self.stage = stage
+
+
+class GcFreezeError(EnergonError, RuntimeError):
+    """Garbage collection could not be frozen as asked (``megatron.energon.wrappers.gc_dataset``)."""
 
 
 # Errors that indicate broken code rather than a broken sample: never skipped.

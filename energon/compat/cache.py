@@ -73,7 +73,7 @@ def aux_file_stores(aux: dict[str, Any] | None) -> dict[str, FileStore]:
     }
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, kw_only=True)
 class Lazy(Generic[T]):
     """A file of a store, read when ``get()`` is called; equal for the same store and name
     (usable as a dict key, as the reference's lazies)."""
@@ -99,7 +99,7 @@ def _remembered(lazy: Any, sample: Any) -> Any:
     return data
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, kw_only=True)
 class DirectLazy(Lazy[T]):
     """Reads from the store on the first ``get()`` (and remembers the result)."""
 
@@ -167,12 +167,12 @@ class _Entry:
         self.size = 0
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, kw_only=True)
 class FileCacheLazy(Lazy[T]):
     """A lazy whose file is prefetched by a ``FileStoreCachePool`` (lazies of the same file
     share one read and one cache entry)."""
 
-    entry: _Entry = None  # type: ignore[assignment]
+    entry: _Entry
     _data: tuple[Any, Any] | None = None
 
     def get(self, sample: Any = None) -> T:
@@ -188,12 +188,12 @@ class FileCacheLazy(Lazy[T]):
                 pass
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, kw_only=True)
 class CacheFileLazy(Lazy[T]):
     """Data given to ``FileStoreCachePool.to_cache``: bytes wait in a file of the cache folder,
     other objects in memory (nothing is pickled); each is read once by ``get()``."""
 
-    cache_path: Path = None  # type: ignore[assignment]
+    cache_path: Path
     _data: tuple[Any, Any] | None = None
 
     def get(self, sample: Any = None) -> T:
@@ -259,7 +259,7 @@ class FileStoreCachePool(CachePool):
                 if len(self._entries) <= self.max_cache_count and self._bytes < self.max_cache_size:
                     entry.future = self._executor.submit(self._fetch, ds, fname, entry)
             entry.refs += 1
-        return FileCacheLazy(ds, fname, self, entry)
+        return FileCacheLazy(ds=ds, fname=fname, pool=self, entry=entry)
 
     def to_cache(self, data: T, name: str) -> Lazy[T]:
         """A lazy for data at hand: bytes are parked in the cache folder until read."""
@@ -271,7 +271,7 @@ class FileStoreCachePool(CachePool):
         else:
             with self._lock:
                 self._memory[path] = data
-        return CacheFileLazy(None, name, self, path)
+        return CacheFileLazy(ds=None, fname=name, pool=self, cache_path=path)
 
     def _take_cached(self, path: Path) -> Any:
         with self._lock:

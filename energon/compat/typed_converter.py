@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from energon.compat.epathlib import EPath
+from energon.errors import JsonValueError
 from energon.format.typeref import resolve_class
 from energon.samples.edataclass import edataclass
 
@@ -25,19 +26,6 @@ __all__ = ["EPath", "JsonParser", "JsonValueError", "edataclass", "to_json_objec
 
 TType = TypeVar("TType")
 _PRIMITIVES = (int, float, str, bool, bytes)
-
-
-class JsonValueError(ValueError):
-    """Raw data that does not fit the expected type (``path``: where, from the root)."""
-
-    def __init__(
-        self, msg: str, expected_type: type, value: Any, path: str, stage: tuple[int, ...]
-    ) -> None:
-        super().__init__(msg)
-        self.expected_type = expected_type
-        self.value = value
-        self.path = path
-        self.stage = stage
 
 
 def _type_name(tp: Any) -> str:

@@ -11,6 +11,7 @@ from energon.compat.wrappers.base import (
     SavableDataset,
     WorkerConfig,
 )
+from energon.errors import GcFreezeError
 
 __all__ = [
     "GC_DEFAULT_EVERY_N_ITER",
@@ -28,10 +29,6 @@ GC_DEFAULT_EVERY_N_ITER = 10
 # CUDA tensors a forked worker inherited; kept referenced so that collecting them in the worker
 # never frees the parent's memory (see gc_init_worker).
 _inherited_cuda_tensors: list[Any] = []
-
-
-class GcFreezeError(RuntimeError):
-    """Raised when garbage collection cannot be frozen as asked."""
 
 
 def gc_init_worker(worker_id: int) -> None:
