@@ -3,7 +3,8 @@
 Balanced steps are planned a *window* at a time: the sample pointers of the ``R`` micro-batch
 positions of each of ``Balance.window`` global steps are pooled, each sample is costed from its
 index metadata (no data read, :mod:`energon.balance.cost`), the pool is composed into steps of
-``R`` near-equal shares (:mod:`energon.balance.assign`) and each rank loads and packs only its
+``R`` near-equal shares (:mod:`energon.balance.assign`, within the bound of
+:mod:`energon.balance.bound`) and each rank loads and packs only its
 share (:mod:`energon.balance.executor`, :mod:`energon.balance.packed`). Every rank computes the
 same plan from the plan of the data alone.
 """

@@ -1,134 +1,295 @@
-"""Splitting the samples of global steps over the ranks so that their costs are near-equal.
+"""Composing the samples of a window of global steps into steps of near-equal rank shares.
 
 Pure and deterministic (a function of the cost list only, ties broken by position), so every rank
-computes the same split without communicating. :func:`balance_costs` splits one step:
-longest-processing-time first gives a good start; a few moves and swaps between the heaviest and
-the lightest rank then close the remaining gap. :func:`compose_steps` composes a window of several
-steps at once, so that a sample heavier than a rank's share shares its step with other heavy work.
+computes the same composition without communicating. Steps need not cost the same, only the ranks
+within a step: the straggler ratio of a step is its heaviest rank's cost over the mean of its
+ranks' costs. The bound this module keeps is stated and checked in :mod:`energon.balance.bound`.
+
+How a window is composed (:func:`compose_steps`):
+
+1. *Skeleton.* The ``steps x ranks`` heaviest samples (one per bin, so that no rank of a step
+   goes empty) and the other samples heavier than a *light* threshold go to the bins heaviest
+   first, each to the lightest bin; the bins, sorted by load, are dealt to the steps
+   ``ranks`` at a time, so the heaviest bins share a step.
+2. *Levels.* Each step gets a target per rank: at least its heaviest bin, and one common level
+   for the rest, so that the targets add up to the window's work (water filling). Where the
+   work cannot reach every step's heaviest bin, the targets are scaled down in proportion.
+3. *Fill.* The light samples, heaviest first, go to the bin with the most room below its step's
+   target. A light sample ends every bin within its own size of the target.
+4. *Level each step.* Moves and swaps between a step's heaviest rank and its other ranks close
+   the remaining gaps (until none narrows one).
+5. *Repair.* A step still above the tolerance takes light samples that other steps can spare
+   (they stay within the tolerance), for as long as that lowers its ratio.
+
+Several light thresholds are tried (a fraction of the mean rank share); the first composition
+whose every step is within the tolerance is kept, else the best one.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 
 import numpy as np
 
+from energon.balance.bound import TOLERANCE
 
-def balance_costs(
-    costs: Sequence[float], num_ranks: int, *, max_rounds: int | None = None
-) -> list[list[int]]:
-    """For each rank, the indices (into ``costs``, ascending) of the samples it gets."""
-    if num_ranks < 1:
-        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
-    values = np.asarray(costs, dtype=np.float64)
-    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
-    heap = [(0.0, rank) for rank in range(num_ranks)]
-    ranks: list[list[int]] = [[] for _ in range(num_ranks)]
-    loads = [0.0] * num_ranks
-    for i in order:
-        load, rank = heapq.heappop(heap)
-        ranks[rank].append(i)
-        loads[rank] = load + float(values[i])
-        heapq.heappush(heap, (loads[rank], rank))
-    rounds = max_rounds if max_rounds is not None else 4 * num_ranks + len(values)
-    for _ in range(rounds):
-        if not _improve(values, ranks, loads):
-            break
-    return [sorted(members) for members in ranks]
+LEVELED = 1.001  # a step this even is not leveled further (costs are estimates anyway)
+# light thresholds tried in turn, as fractions of the window's mean rank share
+LIGHT_FRACTIONS = (1 / 8, 1 / 2)
 
 
 def compose_steps(costs: Sequence[float], num_ranks: int, num_steps: int) -> list[list[list[int]]]:
     """``[step][rank]`` -> the indices (into ``costs``, ascending) of the samples that rank gets
-    at that step of a window of ``num_steps`` global steps.
-
-    Steps need not cost the same, only the ranks within a step. A sample heavier than an even
-    share (total / (steps * ranks)) would make its step straggle whatever the split, so the
-    heaviest samples *anchor* steps, ``num_ranks`` of them per step (the heaviest together), and
-    every step gets a *level*: its heaviest anchor, at least the even level left for the others
-    (water filling). Each remaining sample, heaviest first, goes to the bin with the most room
-    below its step's level; moves and swaps within each step then close the remaining gaps.
-    Pure and deterministic (ties broken by index), so every rank computes the same steps.
-    """
+    at that step of a window of ``num_steps`` global steps on ``num_ranks`` ranks. Every index
+    is in exactly one share; steps may hold different numbers of samples."""
     if num_ranks < 1 or num_steps < 1:
         raise ValueError(f"need num_ranks >= 1 and num_steps >= 1, got {num_ranks}, {num_steps}")
     values = np.asarray(costs, dtype=np.float64)
-    floats = values.tolist()  # the same float64 values, read without numpy's per-item cost
+    if len(values) and not (np.isfinite(values).all() and (values >= 0).all()):
+        bad = int(np.flatnonzero(~np.isfinite(values) | (values < 0))[0])
+        raise ValueError(
+            f"sample costs must be finite and >= 0; cost {bad} is {float(values[bad])!r}"
+        )
+    floats = values.tolist()
     order = sorted(range(len(floats)), key=lambda i: (-floats[i], i))
-    bins = num_steps * num_ranks
-    even = float(values.sum()) / bins if len(values) else 0.0
-    anchors = [i for i in order if floats[i] > even]
-    members: list[list[int]] = [[] for _ in range(bins)]
-    loads = [0.0] * bins
-    for n, i in enumerate(anchors):
-        members[n].append(i)
-        loads[n] = floats[i]
-    levels = _step_levels(float(values.sum()), loads, num_ranks, num_steps)
-    heap = [(-(levels[b // num_ranks] - loads[b]), b) for b in range(bins)]
-    heapq.heapify(heap)
-    for i in order[len(anchors) :]:
-        _, b = heapq.heappop(heap)
-        members[b].append(i)
-        loads[b] += floats[i]
-        heapq.heappush(heap, (-(levels[b // num_ranks] - loads[b]), b))
-    steps = []
-    for s in range(num_steps):
-        ranks = members[s * num_ranks : (s + 1) * num_ranks]
-        step_loads = loads[s * num_ranks : (s + 1) * num_ranks]
-        for _ in range(4 * num_ranks + sum(map(len, ranks))):
-            if not _improve(values, ranks, step_loads):
-                break
-        steps.append([sorted(share) for share in ranks])
-    return steps
-
-
-def _step_levels(
-    total: float, anchored: list[float], num_ranks: int, num_steps: int
-) -> list[float]:
-    """Each step's target cost per rank: its heaviest anchor, and one common level ``T`` for
-    the rest such that ``num_ranks * sum(levels) == total`` where the anchors allow it."""
-    tops = [max(anchored[s * num_ranks : (s + 1) * num_ranks]) for s in range(num_steps)]
-    ranked = sorted(tops, reverse=True)
-    fixed = 0.0
-    common = 0.0
-    for j in range(num_steps):  # the j heaviest steps keep their anchor's level
-        common = (total / num_ranks - fixed) / (num_steps - j)
-        if common >= ranked[j]:
+    best: Composition | None = None
+    best_score: tuple[float, float] | None = None
+    for fraction in LIGHT_FRACTIONS:
+        composition = Composition.build(values, order, num_ranks, num_steps, fraction)
+        score = composition.score()
+        if best_score is None or score < best_score:
+            best, best_score = composition, score
+        if score[0] <= TOLERANCE:
             break
-        fixed += ranked[j]
-    else:
-        common = 0.0
-    return [max(common, top) for top in tops]
+    assert best is not None
+    best.repair()
+    return best.shares()
 
 
-def _improve(values: np.ndarray, ranks: list[list[int]], loads: list[float]) -> bool:
-    """One move or swap between the heaviest and the lightest rank that narrows their gap the
-    most; False when none narrows it."""
-    heavy = max(range(len(loads)), key=lambda r: (loads[r], -r))
-    light = min(range(len(loads)), key=lambda r: (loads[r], r))
-    gap = loads[heavy] - loads[light]
-    if gap <= 0:
-        return False
-    a = values[ranks[heavy]]
-    b = np.concatenate([[0.0], values[ranks[light]]])  # 0: a move instead of a swap
-    delta = a[:, None] - b[None, :]  # load moved from heavy to light
-    useful = (delta > 0) & (delta < gap)
-    if not useful.any():
-        return False
-    badness = np.where(useful, np.abs(delta - gap / 2), np.inf)
-    i, j = np.unravel_index(int(np.argmin(badness)), badness.shape)
-    moved = float(delta[i, j])
-    item = ranks[heavy].pop(int(i))
-    ranks[light].append(item)
-    if j > 0:
-        back = ranks[light].pop(int(j) - 1)
-        ranks[heavy].append(back)
-    loads[heavy] -= moved
-    loads[light] += moved
-    return True
+def balance_costs(costs: Sequence[float], num_ranks: int) -> list[list[int]]:
+    """For each rank, the indices (into ``costs``, ascending) of the samples it gets: one step
+    composed alone."""
+    return compose_steps(costs, num_ranks, 1)[0]
 
 
 def straggler_ratio(rank_costs: Sequence[float]) -> float:
     """max / mean of the ranks' costs of one step (1.0: perfectly even)."""
     mean = sum(rank_costs) / len(rank_costs)
     return max(rank_costs) / mean if mean > 0 else 1.0
+
+
+class Composition:
+    """A window's samples in ``steps x ranks`` bins (bin ``b`` is rank ``b % ranks`` of step
+    ``b // ranks``), with each bin's load."""
+
+    def __init__(self, values: np.ndarray, num_ranks: int, num_steps: int) -> None:
+        self.values = values
+        self.floats: list[float] = values.tolist()  # read without numpy's per-item cost
+        self.num_ranks = num_ranks
+        self.num_steps = num_steps
+        self.members: list[list[int]] = [[] for _ in range(num_ranks * num_steps)]
+        self.loads = [0.0] * (num_ranks * num_steps)
+
+    @classmethod
+    def build(
+        cls,
+        values: np.ndarray,
+        order: list[int],
+        num_ranks: int,
+        num_steps: int,
+        light_fraction: float,
+    ) -> Composition:
+        """Skeleton, levels, fill and levelled steps for one light threshold (``order``: the
+        samples heaviest first)."""
+        out = cls(values, num_ranks, num_steps)
+        floats = out.floats
+        bins = num_ranks * num_steps
+        total = float(sum(floats))
+        light = light_fraction * total / bins
+        first = min(bins, len(order))  # one per bin, so that no rank of a step goes empty
+        heavy = first + sum(1 for i in order[first:] if floats[i] > light)
+        out.place_skeleton(order[:heavy])
+        levels = step_levels(out.step_tops(), total, num_ranks)
+        out.fill(order[heavy:], levels)
+        for step in range(num_steps):
+            out.level_step(step)
+        return out
+
+    def place_skeleton(self, heavy: list[int]) -> None:
+        """The heavy samples, heaviest first, each to the lightest bin; then the bins sorted by
+        load (heaviest first) and dealt to the steps in that order."""
+        floats = self.floats
+        members, loads = self.members, self.loads
+        first = min(len(loads), len(heavy))
+        for b, i in enumerate(heavy[:first]):  # one each (a zero cost would take two)
+            members[b].append(i)
+            loads[b] = floats[i]
+        heap = [(loads[b], b) for b in range(len(loads))]
+        heapq.heapify(heap)
+        for i in heavy[first:]:
+            load, b = heapq.heappop(heap)
+            members[b].append(i)
+            loads[b] = load + floats[i]
+            heapq.heappush(heap, (loads[b], b))
+        ordered = sorted(range(len(loads)), key=lambda b: (-loads[b], b))
+        self.members = [members[b] for b in ordered]
+        self.loads = [loads[b] for b in ordered]
+
+    def step_tops(self) -> list[float]:
+        """Each step's heaviest bin (the first of its bins after the skeleton)."""
+        return [self.loads[s * self.num_ranks] for s in range(self.num_steps)]
+
+    def fill(self, light: list[int], levels: list[float]) -> None:
+        """``light`` (heaviest first), each to the bin with the most room below its level."""
+        floats, members, loads = self.floats, self.members, self.loads
+        ranks = self.num_ranks
+        heap = [(loads[b] - levels[b // ranks], b) for b in range(len(loads))]
+        heapq.heapify(heap)
+        for i in light:
+            _, b = heapq.heappop(heap)
+            members[b].append(i)
+            loads[b] += floats[i]
+            heapq.heappush(heap, (loads[b] - levels[b // ranks], b))
+
+    def step_bins(self, step: int) -> range:
+        return range(step * self.num_ranks, (step + 1) * self.num_ranks)
+
+    def ratio(self, step: int) -> float:
+        return straggler_ratio([self.loads[b] for b in self.step_bins(step)])
+
+    def score(self) -> tuple[float, float]:
+        """(the worst step's ratio, the sum of the steps' excess over the tolerance)."""
+        ratios = [self.ratio(s) for s in range(self.num_steps)]
+        return max(ratios), sum(max(0.0, r - TOLERANCE) for r in ratios)
+
+    def level_step(self, step: int) -> None:
+        """Moves and swaps from the step's heaviest rank to its other ranks (lightest first),
+        each narrowing their gap the most, until none narrows one or the step is within
+        ``LEVELED``. Each lowers the sum of the squared loads, so this ends."""
+        bins = self.step_bins(step)
+        while self.ratio(step) > LEVELED:
+            heavy = max(bins, key=lambda b: (self.loads[b], -b))
+            others = sorted((b for b in bins if b != heavy), key=lambda b: (self.loads[b], b))
+            if not any(self.exchange(heavy, light) for light in others):
+                return
+
+    def exchange(self, heavy: int, light: int) -> bool:
+        """The move (one sample from ``heavy`` to ``light``) or swap that narrows the two bins'
+        gap the most (moves ``gap / 2`` most nearly); False when none narrows it."""
+        loads, members, floats = self.loads, self.members, self.floats
+        gap = loads[heavy] - loads[light]
+        eps = gap_epsilon(loads[heavy])
+        if gap <= eps:
+            return False
+        theirs = sorted((floats[j], j) for j in members[light])
+        values = [v for v, _ in theirs]
+        best: tuple[float, int, int] | None = None  # (badness, position in heavy, sample back)
+        for k, i in enumerate(members[heavy]):
+            a = floats[i]
+            if eps < a < gap - eps:  # a move
+                best = min(best or (abs(a - gap / 2), k, -1), (abs(a - gap / 2), k, -1))
+            at = bisect.bisect_left(values, a - gap / 2)
+            for n in (at - 1, at):  # the swaps moving nearest to gap / 2
+                if 0 <= n < len(values) and eps < a - values[n] < gap - eps:
+                    candidate = (abs(a - values[n] - gap / 2), k, theirs[n][1])
+                    best = min(best or candidate, candidate)
+        if best is None:
+            return False
+        _, k, back = best
+        item = members[heavy].pop(k)
+        members[light].append(item)
+        moved = floats[item]
+        if back >= 0:
+            members[light].remove(back)
+            members[heavy].append(back)
+            moved -= floats[back]
+        loads[heavy] -= moved
+        loads[light] += moved
+        return True
+
+    def repair(self) -> None:
+        """Steps above the tolerance, worst first, take spare samples of other steps, until
+        none can. Samples only move from steps that stay within the tolerance to steps above
+        it, and a step within it never goes above it again, so this ends."""
+        moved = True
+        while moved:  # a step that got within the tolerance may spare samples for another
+            moved = False
+            stragglers = [s for s in range(self.num_steps) if self.ratio(s) > TOLERANCE]
+            for step in sorted(stragglers, key=lambda s: (-self.ratio(s), s)):
+                while self.ratio(step) > TOLERANCE and self.take_spare(step):
+                    self.level_step(step)
+                    moved = True
+
+    def take_spare(self, step: int) -> bool:
+        """Moves to the step's lightest rank the sample of another step that lowers this step's
+        ratio the most while its own step stays within the tolerance (and each of its ranks
+        keeps a sample); False when none does."""
+        loads, members, floats = self.loads, self.members, self.floats
+        ranks = self.num_ranks
+        bins = self.step_bins(step)
+        light = min(bins, key=lambda b: (loads[b], b))
+        top = max(loads[b] for b in bins)
+        mean = sum(loads[b] for b in bins) / ranks
+        now = top / mean if mean > 0 else 1.0
+        best: tuple[float, int, int] | None = None  # (ratio after, sample, its bin)
+        for donor in range(self.num_steps):
+            if donor == step:
+                continue
+            donor_bins = self.step_bins(donor)
+            heaviest = max(donor_bins, key=lambda b: (loads[b], -b))
+            runner_up = max((loads[b] for b in donor_bins if b != heaviest), default=0.0)
+            donor_total = sum(loads[b] for b in donor_bins)
+            for b in donor_bins:
+                if len(members[b]) < 2:
+                    continue  # a rank keeps at least one sample
+                others = runner_up if b == heaviest else loads[heaviest]
+                for i in members[b]:
+                    x = floats[i]
+                    after = max(top, loads[light] + x) / (mean + x / ranks)
+                    if after >= now - 1e-12 or (best is not None and (after, i) >= best[:2]):
+                        continue
+                    rest = donor_total - x
+                    if rest > 0 and max(others, loads[b] - x) * ranks <= TOLERANCE * rest:
+                        best = (after, i, b)
+        if best is None:
+            return False
+        _, i, b = best
+        members[b].remove(i)
+        loads[b] -= floats[i]
+        members[light].append(i)
+        loads[light] += floats[i]
+        self.level_step(b // ranks)
+        return True
+
+    def shares(self) -> list[list[list[int]]]:
+        ranks = self.num_ranks
+        return [
+            [sorted(self.members[s * ranks + r]) for r in range(ranks)]
+            for s in range(self.num_steps)
+        ]
+
+
+def gap_epsilon(scale: float) -> float:
+    """Differences below this are rounding, not imbalance (keeps the leveling loop finite)."""
+    return 1e-12 * max(1.0, abs(scale))
+
+
+def step_levels(tops: list[float], total: float, num_ranks: int) -> list[float]:
+    """Each step's target cost per rank: its heaviest bin, and one common level ``T`` for the
+    rest, such that ``num_ranks * sum(levels) == total``; where the work cannot reach every
+    step's heaviest bin (``num_ranks * sum(tops) > total``), the tops scaled down alike."""
+    steps = len(tops)
+    if num_ranks * sum(tops) > total:
+        scale = total / (num_ranks * sum(tops))
+        return [top * scale for top in tops]
+    ranked = sorted(tops, reverse=True)
+    fixed = 0.0
+    common = 0.0
+    for j in range(steps):  # the j heaviest steps keep their top as their level
+        common = (total / num_ranks - fixed) / (steps - j)
+        if common >= ranked[j]:
+            break
+        fixed += ranked[j]
+    return [max(common, top) for top in tops]

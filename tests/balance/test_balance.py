@@ -151,11 +151,6 @@ def test_windows_put_a_heavy_sample_with_heavy_work(seed):
     assert straggler_ratio([sum(costs[i] for i in share) for share in alone]) > 1.5
 
 
-def test_split_with_fewer_samples_than_ranks_leaves_ranks_empty():
-    shares = balance_costs([3.0, 1.0], 4)
-    assert sorted(map(len, shares)) == [0, 0, 1, 1]
-
-
 # -- loader runs ---------------------------------------------------------------------------------
 
 
