@@ -11,6 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "Balance": "energon.balance",
+    "BalanceCostError": "energon.balance",
     "BalancedBatch": "energon.balance",
     "MultimodalCost": "energon.balance",
     "SampleCost": "energon.balance",

@@ -11,11 +11,12 @@ same plan from the plan of the data alone.
 
 from energon.balance.assign import balance_costs, compose_steps
 from energon.balance.config import Balance
-from energon.balance.cost import CostFunction, MultimodalCost, SampleCost
+from energon.balance.cost import BalanceCostError, CostFunction, MultimodalCost, SampleCost
 from energon.balance.packed import BalancedBatch, pack_balanced
 
 __all__ = [
     "Balance",
+    "BalanceCostError",
     "BalancedBatch",
     "CostFunction",
     "MultimodalCost",

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from energon.errors import EnergonError
 from energon.media.metadata import AVMetadata, ImageMetadata
 from energon.source.meta import SampleMeta
 
@@ -140,3 +141,42 @@ def trained_cost(fn: CostFunction, cost: SampleCost, max_length: int, over_lengt
 def _chunks(tokens: int, max_length: int) -> list[int]:
     full, rest = divmod(tokens, max_length)
     return [max_length] * full + ([rest] if rest else [])
+
+
+class BalanceCostError(EnergonError, ValueError):
+    """A sample lacks what the balance cost model needs: one line naming the field, the sample
+    key and the dataset (instead of a bare ``AttributeError`` from deep inside planning)."""
+
+
+MISSING_FIELD_ERRORS = (AttributeError, KeyError, TypeError, IndexError)
+
+
+def cost_failure(exc: BaseException, needed_by: str, key: str | None, dataset: str) -> Exception:
+    """The one-line error for ``exc``, raised by ``needed_by`` on sample ``key`` of ``dataset``
+    (the field: the attribute or item that was missing, where the exception says)."""
+    field = None
+    if isinstance(exc, AttributeError):
+        field = exc.name
+    elif isinstance(exc, KeyError) and exc.args:
+        field = exc.args[0]
+    what = f"lacks field {field!r}, which" if field is not None else "cannot be costed:"
+    detail = str(exc).splitlines()[0] if str(exc) else ""
+    return BalanceCostError(
+        f"balance: sample {key!r} of dataset {dataset!r} {what} {needed_by} needs "
+        f"({type(exc).__name__}: {detail})"
+    )
+
+
+def cost_name(fn: object) -> str:
+    """How an error names a cost function: its class, or a plain function's name."""
+    name = getattr(fn, "__qualname__", None)
+    return name if isinstance(name, str) else type(fn).__qualname__
+
+
+def dataset_name(leaf: object) -> str:
+    """The dataset a leaf reads (its root, file or name)."""
+    for attr in ("root", "path", "name"):
+        value = getattr(leaf, attr, None)
+        if value is not None:
+            return str(value)
+    return type(leaf).__name__

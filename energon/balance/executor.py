@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from energon.balance.assign import compose_steps
+from energon.balance.cost import MISSING_FIELD_ERRORS, cost_failure, dataset_name
 from energon.balance.packed import layout_batch, pack_balanced
 from energon.balance.table import CostTable
 from energon.balance.tail import compose_tail, layers_of, tail_end, tail_steps
@@ -399,6 +400,7 @@ class BalancedExecutor:
         for i in mine:
             position, member, key = window.pool[i]
             for sample in self._load(key, position * (self.spec.batch_size or 1) + member):
+                self._check_length(sample, key)
                 samples.append(sample)
                 if self.balance.group is not None:
                     groups.append(self.balance.group(self._meta(key)))
@@ -424,6 +426,18 @@ class BalancedExecutor:
             value = call_hook(self._encode_batch, own, value)
         padding.mark(value, not samples)
         return value
+
+    def _check_length(self, sample: Value, key: Key) -> None:
+        """``Balance.length`` of an encoded sample, or a one-line error naming the missing
+        field, the sample's key and its dataset (the packer would fail without them)."""
+        try:
+            self.balance.length(sample)
+        except MISSING_FIELD_ERRORS as e:
+            meta = self._meta(key)
+            name = sample.get("__key__") if isinstance(sample, dict) else None
+            name = name or getattr(sample, "__key__", None) or meta.key
+            leaf = self.spec.leaves[meta.source]
+            raise cost_failure(e, "Balance.length", name, dataset_name(leaf)) from e
 
     def _meta(self, key: Key) -> SampleMeta:
         source, index = pointer_target(key)

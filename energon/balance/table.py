@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from energon.balance.cost import CostFunction, SampleCost
+from energon.balance.cost import (
+    MISSING_FIELD_ERRORS,
+    CostFunction,
+    SampleCost,
+    cost_failure,
+    cost_name,
+    dataset_name,
+)
 from energon.media.metadata import deserialize_media_metadata
 from energon.source.meta import SampleMeta, WebdatasetMeta, has_table, meta_reader
 
@@ -52,7 +59,7 @@ class CostTable:
     def cost(self, source: int, index: int) -> SampleCost:
         reader = self.reader(source)
         if not isinstance(reader, WebdatasetMeta):
-            return _checked(self.cost_fn(SampleMeta(reader, source, index)), source, index)
+            return self._cost_of(SampleMeta(reader, source, index))
         shard, inner = reader.locate(index)
         entry = self._shards.get((source, shard))
         if entry is None:
@@ -145,12 +152,24 @@ class CostTable:
             meta._cache["media"] = {
                 part: media[f"{key}.{part}"] for part in sample_parts if f"{key}.{part}" in media
             }
-            costs.append(_checked(self.cost_fn(meta), source, first + inner))
+            costs.append(self._cost_of(meta))
         entry = (first, costs)
         self._shards[(source, shard)] = entry
         while len(self._shards) > CACHED_SHARDS:
             self._shards.popitem(last=False)
         return entry
+
+    def _cost_of(self, meta: SampleMeta) -> SampleCost:
+        """The cost function's value for one sample; a sample lacking what it reads is a
+        :class:`~energon.balance.cost.BalanceCostError` naming the field, key and dataset."""
+        try:
+            value = self.cost_fn(meta)
+        except MISSING_FIELD_ERRORS as e:
+            leaf = self.leaves[meta.source]
+            raise cost_failure(
+                e, f"the cost function {cost_name(self.cost_fn)}", meta.key, dataset_name(leaf)
+            ) from e
+        return _checked(value, meta.source, meta.index)
 
 
 def _cost_of(cost: SampleCost) -> float:

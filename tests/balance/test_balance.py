@@ -19,14 +19,16 @@ from energon import (
     get_savable_loader,
     get_train_dataset,
 )
-from energon.balance import Balance, MultimodalCost, balance_costs
+from energon.balance import Balance, BalanceCostError, MultimodalCost, SampleCost, balance_costs
 from energon.balance.assign import compose_steps, straggler_ratio
 from energon.balance.table import CostTable
 from energon.demo.vlm import VlmTaskEncoder, write_vlm_shards
 from energon.ledger.native import library as native_pointers
+from energon.samples import TextSample
 from energon.samples.padding import is_padding
 from energon.source.meta import SampleMeta, meta_reader
 from energon.state import redistribute_states
+from energon.task_encoder.cooking import basic_sample_keys
 from energon.task_encoder.packing import PackingTaskEncoder
 from tests.helpers.damage import spoil_text_payloads
 from tests.helpers.distributed import run_ranks
@@ -43,7 +45,15 @@ def vlm(tmp_path_factory) -> Path:
 
 
 def loaders(
-    path, world_size, num_workers=0, *, balance=None, num_streams=4, error_handler=None, **kw
+    path,
+    world_size,
+    num_workers=0,
+    *,
+    balance=None,
+    num_streams=4,
+    error_handler=None,
+    task_encoder=None,
+    **kw,
 ):
     out = []
     shuffle = kw.pop("shuffle_buffer_size", 8)
@@ -61,7 +71,7 @@ def loaders(
             shuffle_buffer_size=shuffle,
             max_samples_per_sequence=10,
             num_streams=num_streams,
-            task_encoder=VlmTaskEncoder(),
+            task_encoder=task_encoder or VlmTaskEncoder(),
             balance=balance or Balance(max_length=4096, window=4),
             **kw,
         )
@@ -116,6 +126,39 @@ def test_user_cost_function_must_return_a_sample_cost(vlm):
     (loader,) = loaders(vlm, 1, balance=Balance(max_length=4096, cost=lambda meta: "x"))
     with pytest.raises(TypeError, match="SampleCost"):
         next(iter(loader))
+
+
+def test_a_sample_lacking_the_field_the_cost_function_reads_gets_one_line(vlm):
+    """A cost function that reads a part the sample does not have: one line naming the field,
+    the sample key and the dataset, not a bare KeyError from planning."""
+
+    def png_cost(meta):  # every sample here has jpgs (or none), never a png
+        return SampleCost(1, meta.media["png"].width)
+
+    (loader,) = loaders(vlm, 1, balance=Balance(max_length=4096, cost=png_cost))
+    with pytest.raises(BalanceCostError) as info:
+        next(iter(loader))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "field 'png'" in message and str(vlm) in message and "png_cost" in message
+    key = message.split("sample ", 1)[1].split("'")[1]
+    assert key in {meta_reader(loader.dataset.spec.leaves[0]).key(i) for i in range(NUM_SAMPLES)}
+
+
+class TextOnly(VlmTaskEncoder):
+    """Encodes to a TextSample: no ``tokens`` for Balance.length to count."""
+
+    def encode_sample(self, sample):
+        return TextSample(**basic_sample_keys(sample), text="caption")
+
+
+def test_an_encoded_sample_without_tokens_gets_one_line_naming_the_field(vlm):
+    (loader,) = loaders(vlm, 1, task_encoder=TextOnly())
+    with pytest.raises(BalanceCostError) as info:
+        next(iter(loader))
+    message = str(info.value)
+    assert "\n" not in message and "field 'tokens'" in message and "Balance.length" in message
+    assert str(vlm) in message and "'TextSample' object has no attribute" in message
 
 
 # -- the split -------------------------------------------------------------------------------------
