@@ -11,8 +11,10 @@ from typing import Any
 
 _EXPORTS = {
     "Balance": "energon.balance",
-    "BalanceCostError": "energon.balance",
+    "BalanceCostError": "energon.errors",
     "BalancedBatch": "energon.balance",
+    "FittedCost": "energon.balance",
+    "fit_cost": "energon.balance",
     "MultimodalCost": "energon.balance",
     "SampleCost": "energon.balance",
     "SampleDecoder": "energon.decode",

@@ -11,6 +11,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
         StateError (ValueError)
         NotSimulableError (ValueError)
         PaddingError (TypeError)
+        BalanceCostError (ValueError)
         SampleException (ValueError)
             FatalSampleError
                 ErrorBudgetExceeded
@@ -91,6 +92,11 @@ class NotSimulableError(EnergonError, ValueError):
     """The ledger (or a cursor edit) would need to read data to know what a configuration does:
     a hook decides from decoded samples. The message names the hook and what would make it
     knowable (``@uses_sample_meta``, a journal)."""
+
+
+class BalanceCostError(EnergonError, ValueError):
+    """A sample lacks what the balance cost model needs: one line naming the field, the sample
+    key and the dataset (instead of a bare ``AttributeError`` from deep inside planning)."""
 
 
 class SampleException(EnergonError, ValueError):

@@ -12,16 +12,20 @@ same plan from the plan of the data alone.
 from energon.balance.assign import balance_costs, compose_steps
 from energon.balance.config import Balance
 from energon.balance.cost import BalanceCostError, CostFunction, MultimodalCost, SampleCost
+from energon.balance.fit import CostFit, FittedCost, fit_cost
 from energon.balance.packed import BalancedBatch, pack_balanced
 
 __all__ = [
     "Balance",
     "BalanceCostError",
     "BalancedBatch",
+    "CostFit",
     "CostFunction",
+    "FittedCost",
     "MultimodalCost",
     "SampleCost",
     "balance_costs",
     "compose_steps",
+    "fit_cost",
     "pack_balanced",
 ]

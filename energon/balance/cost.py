@@ -14,7 +14,7 @@ import dataclasses
 import math
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from energon.errors import EnergonError
+from energon.errors import BalanceCostError
 from energon.media.metadata import AVMetadata, ImageMetadata
 from energon.source.meta import SampleMeta
 
@@ -74,22 +74,26 @@ class MultimodalCost:
         return tokens + self.attention_weight * tokens * tokens
 
     def tokens(self, meta: SampleMeta) -> int:
+        return sum(self.token_counts(meta))
+
+    def token_counts(self, meta: SampleMeta) -> tuple[int, int]:
+        """(text tokens, media tokens: image patches, video frames and audio) of a sample."""
         known = meta.tokens
         text = int(known) if known is not None else 0
         media = meta.media
-        total = text
+        vision = 0
         for part, size in meta.part_sizes.items():
             ext = _extension(part)
             info = media.get(part)
             if known is None and ext in TEXT_EXTENSIONS:
-                total += math.ceil(size / self.bytes_per_token)
+                text += math.ceil(size / self.bytes_per_token)
             elif isinstance(info, ImageMetadata):
-                total += self.image_tokens(info.width, info.height)
+                vision += self.image_tokens(info.width, info.height)
             elif isinstance(info, AVMetadata):
-                total += self.av_tokens(info)
+                vision += self.av_tokens(info)
             elif ext in IMAGE_EXTENSIONS:
-                total += min(self.max_image_tokens, math.ceil(size / self.image_bytes_per_token))
-        return total
+                vision += min(self.max_image_tokens, math.ceil(size / self.image_bytes_per_token))
+        return text, vision
 
     def image_tokens(self, width: int, height: int) -> int:
         n = math.ceil(width / self.patch) * math.ceil(height / self.patch)
@@ -141,11 +145,6 @@ def trained_cost(fn: CostFunction, cost: SampleCost, max_length: int, over_lengt
 def _chunks(tokens: int, max_length: int) -> list[int]:
     full, rest = divmod(tokens, max_length)
     return [max_length] * full + ([rest] if rest else [])
-
-
-class BalanceCostError(EnergonError, ValueError):
-    """A sample lacks what the balance cost model needs: one line naming the field, the sample
-    key and the dataset (instead of a bare ``AttributeError`` from deep inside planning)."""
 
 
 MISSING_FIELD_ERRORS = (AttributeError, KeyError, TypeError, IndexError)
