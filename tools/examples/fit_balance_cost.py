@@ -22,10 +22,9 @@ import os
 import random
 import statistics
 import tempfile
-import time
 
 import torch
-from tiny_vlm import TinyVlm, sample_input
+from tiny_vlm import TinyVlm, measure_steps, sample_input, timed_step
 
 from energon import WorkerConfig, get_loader, get_train_dataset
 from energon.balance import Balance, MultimodalCost, fit_cost
@@ -49,28 +48,6 @@ def encoded_samples(root: str, count: int) -> list:
     return [next(it) for _ in range(count)]
 
 
-def timed_step(model: TinyVlm, inputs, repeats: int) -> float:
-    """CPU seconds of forward + backward on ``inputs`` (best of ``repeats``)."""
-    best = float("inf")
-    for _ in range(repeats):
-        model.zero_grad()
-        start = time.thread_time()
-        model(inputs).backward()
-        best = min(best, time.thread_time() - start)
-    return best
-
-
-def measure(model, samples, batches: int, rng: random.Random, args):
-    """``batches`` random batches of 1-8 samples: their (text, media) counts and seconds."""
-    counts, seconds = [], []
-    for _ in range(batches):
-        chosen = rng.sample(samples, rng.randint(1, 8))
-        inputs = [sample_input(s, args.max_length) for s in chosen]
-        counts.append([(i.text_tokens, i.media_tokens) for i in inputs])
-        seconds.append(timed_step(model, inputs, args.repeats))
-    return counts, seconds
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "energon-vlm-fit"))
@@ -88,9 +65,11 @@ def main() -> None:
     model = TinyVlm(args.dim, args.layers)
     timed_step(model, [sample_input(samples[0], args.max_length)], 1)  # warm up
     print(f"timing {args.measure + args.check} batches (load average {os.getloadavg()[0]:.1f}) ...")
-    fit = fit_cost(*measure(model, samples, args.measure, rng, args))
+    fit = fit_cost(*measure_steps(model, samples, args.measure, rng, args.max_length, args.repeats))
     print(fit)
-    check_counts, check_seconds = measure(model, samples, args.check, rng, args)
+    check_counts, check_seconds = measure_steps(
+        model, samples, args.check, rng, args.max_length, args.repeats
+    )
     compare(fit, check_counts, check_seconds)
     cost = fit.cost_function(MultimodalCost())
     print(f"use it: Balance(max_length={args.max_length}, cost={cost!r})")

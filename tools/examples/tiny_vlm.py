@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 import sys
+import time
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -126,3 +128,29 @@ class TinyVlm(nn.Module):
             return x.sum() * 0.0
         logits = self.head(self.norm(x[torch.cat(text_at)]))
         return F.cross_entropy(logits, torch.cat(targets))
+
+
+def timed_step(model: TinyVlm, inputs: list[SampleInput], repeats: int = 1) -> float:
+    """CPU seconds of this thread for forward + backward on ``inputs`` (best of ``repeats``)."""
+    best = float("inf")
+    for _ in range(repeats):
+        model.zero_grad()
+        start = time.thread_time()
+        model(inputs).backward()
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+def measure_steps(
+    model: TinyVlm, samples: list, batches: int, rng: random.Random, max_length: int, repeats: int
+) -> tuple[list[list[tuple[int, int]]], list[float]]:
+    """``batches`` random batches of 1-8 of ``samples`` (``VlmSample``): each one's
+    ``(text tokens, media tokens)`` per sample and its forward + backward CPU seconds, the
+    input of ``energon.fit_cost``."""
+    counts, seconds = [], []
+    for _ in range(batches):
+        chosen = rng.sample(samples, min(len(samples), rng.randint(1, 8)))
+        inputs = [sample_input(s, max_length) for s in chosen]
+        counts.append([(i.text_tokens, i.media_tokens) for i in inputs])
+        seconds.append(timed_step(model, inputs, repeats))
+    return counts, seconds

@@ -4,17 +4,20 @@
 
 Data: ``energon.demo.vlm`` (real JPEGs of six sizes, log-normal texts, some MP4 clips; 0-8
 images per sample), prepared with media metadata. Model: ``tiny_vlm.TinyVlm`` (image patches
-and text tokens, attention within each sample). Every rank runs both configurations on the same
-global steps, one window of ``--window`` steps of each in turn (ABBA), with the same initial
-weights and plain data-parallel training: forward and backward on the rank's samples, one
+and text tokens, attention within each sample). Every rank runs each configuration on the same
+global steps, one window of ``--window`` steps of each in turn (the order rotating by window),
+with the same initial weights and plain data-parallel training: forward and backward on the rank's samples, one
 ``all_reduce`` of the flattened gradients, an SGD step.
 
 - *per-rank* (today): each rank takes its own micro-batch of ``--batch`` samples (positions
   ``r, r + R, ...`` of the plan), as ``SequencePacker`` packing per rank does;
 - *balanced*: ``get_train_dataset(balance=Balance(max_length, window=W))``: each window's samples
-  composed into steps of near-equal cost per rank (``MultimodalCost`` from the index).
+  composed into steps of near-equal cost per rank (``MultimodalCost`` from the index);
+- *balanced, fitted cost* (``--fit-steps N``, default 32): the same with a cost fitted to this
+  model's measured forward + backward times (``energon.fit_cost``; rank 0 times ``N`` batches
+  before training).
 
-Both see exactly the same samples per window (checked). Loading is not timed: each step's batch
+All see exactly the same samples per window (checked). Loading is not timed: each step's batch
 is drawn first, then all ranks meet at a barrier and the step is timed from there. Per rank and
 step: wall time of forward + backward (``compute``), wall time of the ``all_reduce`` (``wait``:
 the all-reduce itself plus waiting for the slowest rank), and CPU time of forward + backward
@@ -29,18 +32,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
 import time
+from itertools import islice
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from tiny_vlm import TinyVlm, sample_input
+from tiny_vlm import TinyVlm, measure_steps, sample_input
 
 from energon import WorkerConfig, get_savable_loader, get_train_dataset
-from energon.balance import Balance
+from energon.balance import Balance, FittedCost, fit_cost
 from energon.demo.vlm import VlmTaskEncoder, write_vlm_shards
 from energon.format.layout import DATASET_YAML_FILENAME, nv_meta_dir
 
@@ -60,8 +65,7 @@ def dataset(root: str, samples: int) -> str:
     return path
 
 
-def loader(path: str, rank: int, args, balanced: bool):
-    balance = Balance(args.max_length, window=args.window) if balanced else None
+def loader(path: str, rank: int, args, balance: Balance | None):
     return iter(
         get_savable_loader(
             get_train_dataset(
@@ -70,11 +74,34 @@ def loader(path: str, rank: int, args, balanced: bool):
                 batch_size=args.batch,
                 shuffle_buffer_size=64,
                 max_samples_per_sequence=32,
-                task_encoder=VlmTaskEncoder() if balanced else ListBatches(),
+                task_encoder=VlmTaskEncoder() if balance else ListBatches(),
                 balance=balance,
             )
         )
     )
+
+
+def fitted_cost(path: str, rank: int, args, state: dict) -> FittedCost:
+    """Rank 0 times forward + backward of the model on batches of the data (its CPU time) and
+    fits the cost (``energon.fit_cost``); every rank gets the same fit."""
+    fit = [None]
+    if rank == 0:
+        model = TinyVlm(args.dim, args.layers, args.heads)
+        model.load_state_dict(state)
+        samples = [
+            s
+            for batch in islice(
+                loader(path, 0, argparse.Namespace(**{**vars(args), "ranks": 1}), None), 12
+            )
+            for s in batch
+        ]
+        counts, seconds = measure_steps(
+            model, samples, args.fit_steps, random.Random(0), args.max_length, 2
+        )
+        fit[0] = fit_cost(counts, seconds)
+        print(f"fitted on {args.fit_steps} steps: {fit[0]}", flush=True)
+    dist.broadcast_object_list(fit, src=0)
+    return fit[0].cost_function()
 
 
 class Trainer:
@@ -118,24 +145,26 @@ class Trainer:
 def rank_main(rank: int, args, path: str, store: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks, init_method=f"file://{store}")
-    torch.manual_seed(0)  # the same initial weights on every rank and in both configurations
+    torch.manual_seed(0)  # the same initial weights on every rank and in every configuration
     state = TinyVlm(args.dim, args.layers, args.heads).state_dict()
-    names = ("per-rank", "balanced")
+    balances = {"per-rank": None, "balanced": Balance(args.max_length, window=args.window)}
+    if args.fit_steps:
+        cost = fitted_cost(path, rank, args, state)
+        balances["balanced, fitted cost"] = Balance(args.max_length, cost=cost, window=args.window)
+    names = list(balances)
     trainers = {name: Trainer(args, state) for name in names}
-    loaders = {name: loader(path, rank, args, name == "balanced") for name in names}
-    keys = {name: [] for name in names}
+    loaders = {name: loader(path, rank, args, balance) for name, balance in balances.items()}
+    keys: dict[str, list] = {name: [] for name in names}
     for window in range(args.steps // args.window):
-        order = names if window % 2 == 0 else names[::-1]
-        for name in order:
+        for name in names[window % len(names) :] + names[: window % len(names)]:
             for _ in range(args.window):
                 batch = next(loaders[name])
-                members = batch.samples if name == "balanced" else batch
+                members = batch if balances[name] is None else batch.samples
                 keys[name].append(sorted(s.__key__ for s in members))
                 trainers[name].step([sample_input(s, args.max_length) for s in members])
     gathered = [None] * args.ranks
-    dist.all_gather_object(
-        gathered, {"records": {n: t.records for n, t in trainers.items()}, "keys": keys}
-    )
+    mine = {"records": {n: t.records for n, t in trainers.items()}, "keys": keys}
+    dist.all_gather_object(gathered, mine)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(gathered, f)
@@ -145,15 +174,15 @@ def rank_main(rank: int, args, path: str, store: str, out: str) -> None:
 
 def summarize(ranks: list[dict], args) -> dict:
     """Per configuration: the measured and the per-core (CPU time) step figures."""
-    for w in range(args.steps // args.window):  # same samples per window in both
+    names = list(ranks[0]["records"])
+    for w in range(args.steps // args.window):  # the same samples per window in each
         span = slice(w * args.window, (w + 1) * args.window)
-        seen = {
-            n: sorted(k for r in ranks for step in r["keys"][n][span] for k in step)
-            for n in ("per-rank", "balanced")
-        }
-        assert seen["per-rank"] == seen["balanced"], f"window {w}: different samples"
+        seen = [
+            sorted(k for r in ranks for step in r["keys"][n][span] for k in step) for n in names
+        ]
+        assert all(s == seen[0] for s in seen), f"window {w}: different samples"
     out = {}
-    for name in ("per-rank", "balanced"):
+    for name in names:
         steps = list(zip(*(r["records"][name] for r in ranks)))  # [step][rank]
         wall = [statistics.mean(rec["step"] for rec in step) for step in steps]
         tokens = [sum(rec["tokens"] for rec in step) for step in steps]
@@ -192,9 +221,12 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=192)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument(
+        "--fit-steps", type=int, default=32, help="steps timed to fit a cost (0: no fitted run)"
+    )
     args = parser.parse_args()
-    if args.steps % (2 * args.window):
-        parser.error("--steps must be a multiple of 2 x --window (ABBA windows)")
+    if args.steps % args.window:
+        parser.error("--steps must be a multiple of --window")
     path = dataset(args.root, args.samples)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,7 +244,7 @@ def main() -> None:
 def report(result: dict, args, load_before, elapsed: float) -> None:
     print(
         f"{args.ranks} gloo ranks on {os.cpu_count()} cores, {args.batch} samples per rank and "
-        f"step, {args.steps} steps of each configuration (windows of {args.window}, ABBA), "
+        f"step, {args.steps} steps of each configuration (windows of {args.window} in turn), "
         f"max length {args.max_length}, TinyVlm dim {args.dim} x {args.layers} layers; "
         f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}; "
         f"{elapsed:.0f} s"
@@ -227,16 +259,22 @@ def report(result: dict, args, load_before, elapsed: float) -> None:
         ("straggler ratio of compute CPU time, median", "cpu_straggler_median", "{:.3f}"),
         ("straggler ratio of compute CPU time, worst", "cpu_straggler_worst", "{:.3f}"),
     ]
-    print("| | per-rank batches (today) | balanced | gain |")
-    print("| --- | --: | --: | --: |")
+    names = list(result)
+    header = ["", "per-rank batches (today)"] + [f"{n} (gain)" for n in names[1:]]
+    print("| " + " | ".join(header) + " |")
+    print("| --- |" + " --: |" * (len(header) - 1))
     for label, key, fmt in rows:
-        a, b = result["per-rank"][key], result["balanced"][key]
-        gain = (
-            f"{a / b:.2f}x"
-            if key.endswith("step_s")
-            else (f"{b / a:.2f}x" if "tokens" in key else "")
-        )
-        print(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {gain} |")
+        base = result[names[0]][key]
+        cells = [fmt.format(base)]
+        for name in names[1:]:
+            value = result[name][key]
+            gain = ""
+            if key.endswith("step_s"):
+                gain = f" ({base / value:.2f}x)"
+            elif "tokens" in key:
+                gain = f" ({value / base:.2f}x)"
+            cells.append(fmt.format(value) + gain)
+        print(f"| {label} | " + " | ".join(cells) + " |")
     print(json.dumps(result))
     sys.stdout.flush()
 
