@@ -65,6 +65,7 @@ _EXPORTS = {
     "MultiChoiceVQASample": "energon.samples",
     "OCRSample": "energon.samples",
     "Sample": "energon.samples",
+    "SamplePiece": "energon.samples.piece",
     "SimilarityInterleavedSample": "energon.samples",
     "SourceInfo": "energon.samples",
     "TextSample": "energon.samples",

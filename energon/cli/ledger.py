@@ -192,6 +192,9 @@ def text_lines(record: Any) -> list[str]:
             )
             if sample.row is not None:
                 where += f" row group {sample.row_group} row {sample.row}"
+            if sample.part is not None:  # packing split the sample across packs
+                start, stop = sample.part
+                where += f" part {start}..{'end' if stop is None else stop}"
             flavors = f" {json.dumps(sample.subflavors)}" if sample.subflavors else ""
             lines.append(
                 f"{indent}{sample.key}  {sample.dataset} [{sample.split}] {where} epoch {epoch}"

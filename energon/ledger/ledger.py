@@ -28,7 +28,7 @@ from energon.ledger.journal import JournalReader, sources_digest
 from energon.ledger.simulate import assumptions, simulated_spec
 from energon.ledger.timeline import Segment, segment_at, timeline
 from energon.pipeline import snapshot as snapshots
-from energon.pipeline.keys import Key, outputs_of, pointer_target, pointers_of, stream_key
+from energon.pipeline.keys import Key, outputs_of, pointer_parts, pointer_target, stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.plan.edits import PlanEdits, edits_from_json
@@ -59,6 +59,9 @@ class SampleRecord:
     subflavors: dict[str, Any]
     row_group: int | None = None  # Parquet/Arrow: the row group in the file (shard) ...
     row: int | None = None  # ... and the row in the file
+    # the part of the sample this output holds, [start, stop) in the packer's units (stop None:
+    # to its end), where packing split it across packs; None: the whole sample
+    part: list[int | None] | None = None
 
 
 @dataclasses.dataclass
@@ -248,7 +251,7 @@ class Ledger:
         step, rank, k = self.step_of(position)
         outputs = []
         for output in outputs_of(key):
-            outputs.append([self._sample(p, walker) for p in pointers_of(output)])
+            outputs.append([self._sample(p, walker, part) for p, part in pointer_parts(output)])
         excluded = []
         if walker is not None and walker.sim is not None:
             excluded = [self._sample(p, None) for p in walker.sim.excluded]
@@ -267,7 +270,9 @@ class Ledger:
             excluded=excluded,
         )
 
-    def _sample(self, pointer: Key, walker: StreamWalker | None) -> SampleRecord:
+    def _sample(
+        self, pointer: Key, walker: StreamWalker | None, part: tuple[int, int | None] | None = None
+    ) -> SampleRecord:
         source, index = pointer_target(pointer)
         meta = SampleMeta(meta_reader(self.spec.sources[source].leaf), source, index)
         described = meta.describe()
@@ -284,6 +289,7 @@ class Ledger:
             subflavors=described["subflavors"],
             row_group=described.get("row_group"),
             row=described.get("row"),
+            part=list(part) if part is not None else None,
         )
 
     # -- building blocks shared with exposure counting and cursor edits -------------------------

@@ -57,6 +57,7 @@ class Reference:
     repetitions: float = 1.0
     token_config: dict[str, Any] | None = None  # only for Megatron token prefixes (or nested YAMLs)
     where: str = ""  # "<file>: splits.train.blend[0]", for error messages
+    pack_whole: bool = False  # packing never splits its samples across packs
 
 
 @dataclasses.dataclass
@@ -83,6 +84,7 @@ class Join:
     repetitions: float = 1.0
     named: bool = False
     where: str = ""
+    pack_whole: bool = False
 
 
 @dataclasses.dataclass
@@ -97,6 +99,7 @@ class Blend:
     repetitions: float = 1.0
     token_config: dict[str, Any] | None = None
     where: str = ""
+    pack_whole: bool = False  # ... for every dataset below
     # what the weights share (``blend`` only): a built-in name, {__module__, __function__} or,
     # from Python, a function
     blend_by: Any = None
@@ -124,6 +127,7 @@ _REFERENCE_KEYS = {
     "aux",
     "subset",
     "token_config",
+    "pack_whole",
 }
 _JOIN_MEMBER_KEYS = {
     "path",
@@ -141,8 +145,9 @@ _JOIN_KEYS = {
     "subflavors",
     "shuffle_over_epochs_multiplier",
     "subset",
+    "pack_whole",
 }
-_BLEND_KEYS = {"subset", "subflavors", "token_config"}
+_BLEND_KEYS = {"subset", "subflavors", "token_config", "pack_whole"}
 _NONMATCH = ("error", "skip", "none")
 
 
@@ -273,6 +278,7 @@ def parse_node(node: Any, where: str) -> Any:
             token_config=parse_token_config(node.get("token_config"), where),
             where=where,
             blend_by=_blend_by(node.get("blend_by"), where),
+            pack_whole=_flag(node, "pack_whole", where),
         )
     if "join" in node:
         return _parse_join(node, where, weight, repetitions)
@@ -305,7 +311,15 @@ def _reference(node: dict, where: str) -> Reference:
         subset=_subset(node.get("subset"), where),
         token_config=parse_token_config(node.get("token_config"), where),
         where=where,
+        pack_whole=_flag(node, "pack_whole", where),
     )
+
+
+def _flag(node: dict, key: str, where: str) -> bool:
+    value = node.get(key, False)
+    if not isinstance(value, bool):
+        raise MetadatasetError(f"{where}: '{key}' must be true or false, got {value!r}")
+    return value
 
 
 def _parse_join(node: dict, where: str, weight: Weight, repetitions: float) -> Join:
@@ -366,6 +380,7 @@ def _parse_join(node: dict, where: str, weight: Weight, repetitions: float) -> J
         repetitions=repetitions,
         named=named,
         where=where,
+        pack_whole=_flag(node, "pack_whole", where),
     )
 
 

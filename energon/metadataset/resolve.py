@@ -55,6 +55,7 @@ class Source:
     aux: dict[str, str] = dataclasses.field(default_factory=dict)
     # the blends above this source, outermost first: (blend level, entry number); see _Level
     weight_path: tuple[tuple[_Level, int], ...] = ()
+    pack_whole: bool = False  # packing never splits its samples across packs
 
     def __len__(self) -> int:
         return self.end - self.start
@@ -66,6 +67,7 @@ class Source:
             "weight": self.weight,
             "repetitions": self.repetitions,
             "shuffle_over_epochs": self.shuffle_over_epochs,
+            **({"pack_whole": True} if self.pack_whole else {}),
         }
 
     def config(self) -> dict[str, Any]:
@@ -108,6 +110,7 @@ class _Context:
     token_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     token_where: str = ""
     in_blend: bool = False  # below a blend (blend_by may only be set on the outermost one)
+    pack_whole: bool = False  # a level above says: never split these samples across packs
 
 
 class Blender:
@@ -346,7 +349,7 @@ def _with_token_config(ctx: _Context, mapping: dict[str, Any] | None, where: str
 
 def _resolve_blend(node: Blend, ctx: _Context) -> Resolved:
     blend_by = _resolve_blend_by(node, ctx)
-    ctx = dataclasses.replace(ctx, in_blend=True)
+    ctx = dataclasses.replace(ctx, in_blend=True, pack_whole=ctx.pack_whole or node.pack_whole)
     ctx = _with_token_config(ctx, node.token_config, f"{node.where}: token_config")
     ctx = _with_subflavors(ctx, node.subflavors)
     ctx = _with_subset(ctx, node.subset, "blend", leaf=False)
@@ -424,7 +427,9 @@ def _resolve_reference(ref: Reference, ctx: _Context) -> Resolved:
     split_part = ref.split_part or ctx.split_part
     ctx = _with_subflavors(ctx, ref.subflavors)
     ctx = dataclasses.replace(
-        ctx, shuffle=_combine_shuffle(ctx.shuffle, ref.shuffle_over_epochs_multiplier)
+        ctx,
+        shuffle=_combine_shuffle(ctx.shuffle, ref.shuffle_over_epochs_multiplier),
+        pack_whole=ctx.pack_whole or ref.pack_whole,
     )
     ctx = _with_token_config(ctx, ref.token_config, f"{ref.where}: token_config")
     if path.endswith(".yaml"):
@@ -449,6 +454,7 @@ def _resolve_reference(ref: Reference, ctx: _Context) -> Resolved:
         shuffle_over_epochs=ctx.shuffle,
         aux=aux,
         weight_path=ctx.weight_path,
+        pack_whole=ctx.pack_whole,
     )
     return Resolved([source], "none")
 
@@ -550,6 +556,7 @@ def _resolve_join(node: Join, ctx: _Context) -> Source:
         repetitions=ctx.repetitions,
         shuffle_over_epochs=_combine_shuffle(ctx.shuffle, node.shuffle_over_epochs_multiplier),
         weight_path=ctx.weight_path,
+        pack_whole=ctx.pack_whole or node.pack_whole,
     )
 
 

@@ -13,6 +13,9 @@ carries its key in ``__restore_key__``. This module is the only place that knows
                                                    ``input`` names, under ``current_batch_index``
                                                    ``batch`` (None if unknown)
 ``("Pack", pack_index, sub, members)``             output ``sub`` of the packer called on ``members``
+``("Piece", start, stop, key)``                    units ``[start, stop)`` (``stop`` None: to the end)
+                                                   of the item ``key`` names: a member of a pack that
+                                                   holds only part of a sample split across packs
 ``("Batch", batch_index, members)``                the batch of the items that the keys ``members``
                                                    name
 ``("Stream", stream_id, item, key)``               the loader-level key of a yielded item: item
@@ -34,7 +37,7 @@ from energon.errors import StateError
 
 Key: TypeAlias = tuple  # nested tuples of str and int, shaped as the table above says
 
-MAP, PACK, BATCH, STREAM = "Map", "Pack", "Batch", "Stream"
+MAP, PACK, BATCH, STREAM, PIECE = "Map", "Pack", "Batch", "Stream", "Piece"
 LEGACY_POINTER_KIND = "Webdataset"  # loader state version 1 tagged every pointer so
 
 
@@ -48,6 +51,30 @@ def map_key(hook: str, sample_index: int, sub: int, input_key: Key, batch_index:
 
 def pack_key(pack_index: int, sub: int, members: tuple[Key, ...]) -> Key:
     return (PACK, pack_index, sub, members)
+
+
+def piece_key(start: int, stop: int | None, key: Key) -> Key:
+    return (PIECE, start, stop, key)
+
+
+def piece_parts(key: Key) -> tuple[int, int | None, Key]:
+    """(start, stop, key of the whole item) of a piece key."""
+    if not (
+        isinstance(key, tuple)
+        and len(key) == 4
+        and key[0] == PIECE
+        and _is_int(key[1])
+        and key[1] >= 0
+        and (key[2] is None or (_is_int(key[2]) and key[2] > key[1]))
+        and isinstance(key[3], tuple)
+        and key[3][:1] != (PIECE,)
+    ):
+        raise _malformed(key, "a Piece key")
+    return key[1], key[2], key[3]
+
+
+def is_piece(key: Key) -> bool:
+    return len(key) == 4 and key[0] == PIECE
 
 
 def batch_key(batch_index: int, members: tuple[Key, ...]) -> Key:
@@ -124,14 +151,18 @@ def batch_members(key: Key) -> tuple[Key, ...]:
 
 
 def is_pointer(key: Key) -> bool:
-    return len(key) == 3 and key[0] not in (MAP, PACK, BATCH, STREAM) and isinstance(key[2], int)
+    return (
+        len(key) == 3
+        and key[0] not in (MAP, PACK, BATCH, STREAM, PIECE)
+        and isinstance(key[2], int)
+    )
 
 
 def is_group(key: Key) -> bool:
     """Whether an item was made from several samples (a pack or a batch, or a hook's output on
     one)."""
-    while key[0] == MAP:
-        key = map_parts(key)[2]
+    while key[0] in (MAP, PIECE):
+        key = map_parts(key)[2] if key[0] == MAP else piece_parts(key)[2]
     return key[0] in (PACK, BATCH)
 
 
@@ -147,19 +178,28 @@ def outputs_of(key: Key) -> list[Key]:
 def pointers_of(key: Key) -> list[Key]:
     """The sample pointers an item was made from, in order (a sample: one; a pack or a batch: its
     members'; a hook's output: its input's)."""
+    return [pointer for pointer, _ in pointer_parts(key)]
+
+
+def pointer_parts(key: Key) -> list[tuple[Key, tuple[int, int | None] | None]]:
+    """The sample pointers an item was made from, in order, each with the part of the sample it
+    holds: ``(start, stop)`` where packing split the sample across packs, else None."""
     if is_pointer(key):
-        return [key]
+        return [(key, None)]
+    if key[0] == PIECE:
+        start, stop, inner = piece_parts(key)
+        return [(pointer, (start, stop)) for pointer, _ in pointer_parts(inner)]
     if key[0] == MAP:
-        return pointers_of(map_parts(key)[2])
+        return pointer_parts(map_parts(key)[2])
     if key[0] == PACK:
         members = pack_parts(key)[2]
     elif key[0] == BATCH:
         members = batch_members(key)
     elif key[0] == STREAM:
-        return pointers_of(key[3])
+        return pointer_parts(key[3])
     else:
         raise ValueError(f"not a restore key: {key!r}")
-    return [p for member in members for p in pointers_of(member)]
+    return [part for member in members for part in pointer_parts(member)]
 
 
 def _is_int(value: Any) -> bool:

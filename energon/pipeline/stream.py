@@ -22,6 +22,7 @@ from energon.errors import (
 )
 from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.keys import Key, is_group, pointer_target, pointers_of
+from energon.pipeline.packing import PackStage
 from energon.pipeline.pointers import PointerSource, build_pointer_stages
 from energon.pipeline.snapshot import (
     StreamSnapshot,
@@ -39,7 +40,6 @@ from energon.pipeline.stages import (
     Hook,
     LoadStage,
     MapStage,
-    PackStage,
 )
 from energon.plan.reader import ReadObserver
 from energon.samples.batch import Batch
@@ -265,6 +265,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 stream=stream_id,
                 num_streams=spec.num_streams,
                 view=_view_for(spec, te.select_samples_to_pack),
+                whole_sources=[source.pack_whole for source in spec.sources],
             )
         )
     elif postencode is not None:

@@ -7,6 +7,8 @@ from energon.task_encoder.base import (
     SkipSample,
     TaskEncoder,
     hook_context,
+    last_packing_round,
+    may_split,
     stateless,
     uses_sample_meta,
 )
@@ -21,6 +23,8 @@ __all__ = [
     "basic_sample_keys",
     "cooker",
     "hook_context",
+    "last_packing_round",
+    "may_split",
     "select_cooker",
     "stateless",
     "uses_sample_meta",

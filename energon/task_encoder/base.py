@@ -33,6 +33,8 @@ __all__ = [
     "SkipSample",
     "TaskEncoder",
     "hook_context",
+    "last_packing_round",
+    "may_split",
     "stateless",
     "uses_sample_meta",
 ]
@@ -41,13 +43,40 @@ __all__ = [
 class _HookContext:
     """Where in the stream the hook being called is (set by the pipeline around every call)."""
 
-    __slots__ = ("sample_index", "batch_index", "seed", "cache_pool")
+    __slots__ = ("sample_index", "batch_index", "seed", "cache_pool", "packing")
 
     def __init__(self) -> None:
         self.sample_index: int | None = None
         self.batch_index: int | None = None
         self.seed: int = 0
         self.cache_pool: Any = None  # the loader's ``cache_pool=`` (cookers with need_cache get it)
+        self.packing: PackingRound | None = None  # while select_samples_to_pack runs
+
+
+@dataclasses.dataclass(frozen=True)
+class PackingRound:
+    """What ``select_samples_to_pack`` may ask about the buffer it was given
+    (``hook_context.packing`` while it runs; :func:`may_split`, :func:`last_packing_round`).
+
+    ``whole``: ids of the buffered samples (as the hook sees them) of datasets marked
+    ``pack_whole`` (never split across packs); ``last``: the pass ends, nothing follows this
+    buffer, so whatever the hook leaves in it is lost (counted as skipped)."""
+
+    whole: frozenset[int] = frozenset()
+    last: bool = False
+
+
+def may_split(sample: Any) -> bool:
+    """Whether ``select_samples_to_pack`` may split ``sample`` (one it was given) across packs:
+    False for samples of datasets marked ``pack_whole`` in the metadataset."""
+    round_ = hook_context.packing
+    return round_ is None or id(sample) not in round_.whole
+
+
+def last_packing_round() -> bool:
+    """Whether this call of ``select_samples_to_pack`` gets the last buffer of a finite pass (a
+    packer that keeps samples back for the next call must group them now)."""
+    return hook_context.packing is not None and hook_context.packing.last
 
 
 hook_context = _HookContext()

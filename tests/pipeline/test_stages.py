@@ -11,10 +11,11 @@ import pytest
 
 from energon.errors import SkipSample
 from energon.pipeline.executor import ItemMeta
+from energon.pipeline.packing import PackStage
 from energon.pipeline.pointers import PointerSource, build_pointer_stages
 from energon.pipeline.snapshot import PackedSnapshot, error_state, unpacked
 from energon.pipeline.stage import Stage
-from energon.pipeline.stages import BatchStage, GroupBatchStage, LoadStage, MapStage, PackStage
+from energon.pipeline.stages import BatchStage, GroupBatchStage, LoadStage, MapStage
 from energon.pipeline.stream import build_stream
 from energon.plan.mixing import QuotaSchedule
 from energon.plan.reader import SliceReader

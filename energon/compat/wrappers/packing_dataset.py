@@ -21,7 +21,7 @@ from energon.compat.wrappers.base import (
     set_sample_restore_key,
 )
 from energon.compat.wrappers.buffer import SavableSampleBuffer
-from energon.pipeline.stages import PackStage
+from energon.pipeline.packing import PackStage
 
 __all__ = [
     "BaseWrapperDataset",
