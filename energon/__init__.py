@@ -94,6 +94,8 @@ _EXPORTS = {
     "cooker": "energon.task_encoder",
     "stateless": "energon.task_encoder",
     "uses_sample_meta": "energon.task_encoder",
+    "may_split": "energon.task_encoder",
+    "last_packing_round": "energon.task_encoder",
     "WorkerConfig": "energon.worker",
     # the reference-shaped surface (energon.compat): wrappers, factories, loaders, cache pools
     "CachePool": "energon.compat.cache",

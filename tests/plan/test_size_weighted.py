@@ -76,14 +76,14 @@ def test_every_window_holds_each_source_within_one_percent_of_its_weight(weights
     minimum = 100 * n * sizes.largest
     totals = [sum(row) for row in prefix]
     windows = 0
-    for a in range(0, len(prefix), 37):
-        for b in range(a + 1, len(prefix), 53):
-            width = totals[b] - totals[a]
-            if width < minimum:
-                continue
-            windows += 1
-            for i in range(n):
-                assert abs((prefix[b][i] - prefix[a][i]) / width - shares[i]) <= 0.01
+    pairs = [(a, b) for a in range(0, len(prefix), 37) for b in range(a + 1, len(prefix), 53)]
+    for a, b in [*pairs, (0, len(prefix) - 1)]:
+        width = totals[b] - totals[a]
+        if width < minimum:
+            continue
+        windows += 1
+        for i in range(n):
+            assert abs((prefix[b][i] - prefix[a][i]) / width - shares[i]) <= 0.01
     assert windows or totals[-1] < minimum
 
 
