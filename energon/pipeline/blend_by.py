@@ -15,14 +15,16 @@ estimated from the index, or stored with the data first (docs/metadatasets.md sa
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from energon.plan.sharding import slice_bounds
 from energon.source.meta import SampleMeta, WebdatasetMeta, meta_reader
 
 #: the built-in sizes, by name
@@ -30,7 +32,7 @@ BUILTIN_SIZES = ("samples", "tokens", "bytes")
 #: parts whose bytes count as text for the ``tokens`` estimate
 TEXT_PARTS = frozenset({"txt", "text", "json", "jsonl", "md", "html", "cls"})
 BYTES_PER_TOKEN = 4
-BLOCK = 1024  # WebDataset samples sized at once (a slice of a shard; looked up together)
+BLOCK = 1024  # at most this many WebDataset samples sized at once (part of a slice)
 CACHED_BLOCKS = 256
 
 SizeFunction = Callable[[SampleMeta], float]
@@ -71,10 +73,11 @@ class EstimatedTokens:
     def of_shard(self, reader: WebdatasetMeta, shard: int, begin: int, end: int) -> np.ndarray:
         """Samples ``begin <= i < end`` of a WebDataset shard at once, from one query of their
         part sizes."""
-        rows = [row for row in reader.shard_part_rows(shard, begin, end) if _is_text(row[1])]
-        inner = np.fromiter((row[0] - begin for row in rows), dtype=np.int64, count=len(rows))
-        sizes = np.fromiter((row[2] for row in rows), dtype=np.float64, count=len(rows))
-        text = np.bincount(inner, weights=sizes, minlength=end - begin)
+        text = [0] * (end - begin)
+        for inner, name, size in reader.shard_part_rows(shard, begin, end):
+            if _is_text(name):
+                text[inner - begin] += size
+        text = np.asarray(text, dtype=np.float64)
         return np.maximum(1.0, np.ceil(text / BYTES_PER_TOKEN))
 
 
@@ -82,6 +85,7 @@ def _tokens_of_text(text: int) -> float:
     return float(max(1, math.ceil(text / BYTES_PER_TOKEN)))
 
 
+@functools.cache
 def _is_text(part: str) -> bool:
     return part.rsplit(".", 1)[-1].lower() in TEXT_PARTS
 
@@ -132,11 +136,12 @@ class BlendBy:
 class SampleSizes:
     """``size(source, index)``: the size of a pipeline's samples under one size function.
 
-    WebDataset samples are sized a *block* at a time: up to :data:`BLOCK` samples of one shard
-    inside the stream's range of that source (``ranges[source]``; a stream reads only its own
-    range), with one query (three for a user function) instead of several per sample, so sizing
-    costs about the same per sample however long the run; the last :data:`CACHED_BLOCKS` blocks are
-    kept. Other leaves answer from their memory-mapped indices sample by sample.
+    WebDataset samples are sized a *block* at a time, one query for the block (three for a user
+    function) instead of several per sample: up to :data:`BLOCK` samples of one of the slices the
+    stream reads (``bounds[source]``: the slice boundaries of its readers, cut at shard starts), so
+    that what is sized is what is read next, and each sample is sized about once per epoch; the
+    last :data:`CACHED_BLOCKS` blocks are kept. Without ``bounds`` the slices are the shards inside
+    ``ranges[source]``. Other leaves answer from their memory-mapped indices sample by sample.
     """
 
     def __init__(
@@ -145,17 +150,25 @@ class SampleSizes:
         function: SizeFunction,
         name: str = "",
         ranges: Sequence[tuple[int, int]] | None = None,
+        bounds: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.leaves = list(leaves)
         self.function = function
         self.name = name or getattr(function, "__qualname__", "size")
         self.ranges = list(ranges) if ranges is not None else [(0, len(leaf)) for leaf in leaves]
+        if bounds is None:
+            bounds = [
+                slice_bounds(start, end, [int(s) for s in leaf.shard_starts], None)
+                for leaf, (start, end) in zip(self.leaves, self.ranges)
+            ]
+        self.bounds = [[int(b) for b in source_bounds] for source_bounds in bounds]
         self._readers: dict[int, Any] = {}
-        self._blocks: OrderedDict[tuple[int, int, int], tuple[int, list[float]]] = OrderedDict()
+        self._blocks: dict[tuple[int, int], list[float]] = {}
         self._last: tuple[int, int, int, list[float]] | None = None  # source, first, end, sizes
 
     def __getstate__(self) -> dict[str, Any]:
-        return {key: getattr(self, key) for key in ("leaves", "function", "name", "ranges")}
+        names = ("leaves", "function", "name", "ranges", "bounds")
+        return {key: getattr(self, key) for key in names}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
@@ -169,51 +182,43 @@ class SampleSizes:
     def size(self, source: int, index: int) -> float:
         last = self._last
         if last is not None and last[0] == source and last[1] <= index < last[2]:
-            return last[3][index - last[1]]  # the common case: the block of the last pick
+            return last[3][index - last[1]]  # the block of the last pick
         reader = self._reader(source)
         if not isinstance(reader, WebdatasetMeta):
             return self._checked(SampleMeta(reader, source, index))
-        shard, inner = reader.locate(index)
-        where = (source, shard, inner // BLOCK)
-        block = self._blocks.get(where)
-        if block is None:
-            block = self._blocks[where] = self._block(reader, source, shard, inner // BLOCK)
-            while len(self._blocks) > CACHED_BLOCKS:
-                self._blocks.popitem(last=False)
-        else:
-            self._blocks.move_to_end(where)
-        first, sizes = block
-        if not first <= index < first + len(sizes):
+        bounds = self.bounds[source]
+        number = bisect.bisect_right(bounds, index) - 1  # the slice, then the block in it
+        if not 0 <= number < len(bounds) - 1:
             raise IndexError(
                 f"sample {index} of source {source} is outside this stream's range "
                 f"{self.ranges[source]}"
             )
-        self._last = (source, first, first + len(sizes), sizes)
-        return sizes[index - first]
+        start = bounds[number]
+        first = start + (index - start) // BLOCK * BLOCK
+        block = self._blocks.get((source, first))
+        if block is None:  # blocks are read through once an epoch: the oldest go first
+            end = min(bounds[number + 1], first + BLOCK)
+            block = self._blocks[(source, first)] = self._sized(reader, source, first, end)
+            if len(self._blocks) > CACHED_BLOCKS:
+                del self._blocks[next(iter(self._blocks))]
+        self._last = (source, first, first + len(block), block)
+        return block[index - first]
 
-    def _block(
-        self, reader: WebdatasetMeta, source: int, shard: int, number: int
-    ) -> tuple[int, list[float]]:
-        """(first leaf index, sizes) of block ``number`` of ``shard`` (its samples
-        ``number * BLOCK <= i < (number + 1) * BLOCK``) inside the stream's range: a built-in's
-        vectorised ``of_shard``, else the function on each sample's metadata (filled for the
-        block at once)."""
-        start, stop = self.ranges[source]
-        shard_first = reader.shard_first(shard)
-        first = max(start, shard_first + number * BLOCK)
-        end = min(
-            stop, shard_first + reader.shard_length(shard), shard_first + (number + 1) * BLOCK
-        )
-        begin, finish = first - shard_first, end - shard_first
+    def _sized(self, reader: WebdatasetMeta, source: int, first: int, end: int) -> list[float]:
+        """The sizes of samples ``first <= i < end`` (inside one shard): a built-in's vectorised
+        ``of_shard``, else the function on each sample's metadata (filled for the block at
+        once)."""
+        shard, begin = reader.locate(first)
+        finish = begin + (end - first)
         of_shard = getattr(self.function, "of_shard", None)
         if of_shard is None:
             metas = reader.shard_metas(source, shard, begin, finish)
-            return first, [self._checked(meta) for meta in metas]
+            return [self._checked(meta) for meta in metas]
         values = of_shard(reader, shard, begin, finish).tolist()
         for i, value in enumerate(values):
             if not (value > 0 and math.isfinite(value)):
                 self._checked(SampleMeta(reader, source, first + i))  # raises, naming the sample
-        return first, values
+        return values
 
     def _checked(self, meta: SampleMeta) -> float:
         value = self.function(meta)

@@ -376,7 +376,13 @@ def pointer_source(
     sizes = None
     if isinstance(schedule, SizeWeightedSchedule):
         blend_by = spec.blend_by
-        sizes = SampleSizes(spec.leaves, blend_by.function, blend_by.name, ranges)  # type: ignore[arg-type]
+        sizes = SampleSizes(
+            spec.leaves,
+            blend_by.function,  # type: ignore[arg-type]
+            blend_by.name,
+            ranges,
+            bounds=[reader.bounds for reader in readers],
+        )
     return PointerSource(
         readers, schedule, kinds=spec.pointer_kinds(), repeat=spec.repeat, sizes=sizes
     )
