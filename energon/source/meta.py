@@ -155,11 +155,15 @@ class WebdatasetMeta(MetaReader):
         shard's samples ``begin <= i < end`` (default: all), from one query."""
         tar_id, _ = self._where(self.shard_first(shard))
         end = self.shard_length(shard) if end is None else end
-        return self._connection().execute(
-            "SELECT sample_index, part_name, content_byte_size FROM sample_parts "
-            "WHERE tar_file_id=? AND sample_index>=? AND sample_index<?",
-            (tar_id, begin, end),
-        ).fetchall()
+        return (
+            self._connection()
+            .execute(
+                "SELECT sample_index, part_name, content_byte_size FROM sample_parts "
+                "WHERE tar_file_id=? AND sample_index>=? AND sample_index<?",
+                (tar_id, begin, end),
+            )
+            .fetchall()
+        )
 
     def shard_metas(
         self, source: int, shard: int, begin: int = 0, end: int | None = None
