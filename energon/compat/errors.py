@@ -7,6 +7,7 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any
 
+from energon.compat.sample_utils import format_sample_compact, format_sample_detailed
 from energon.errors import (
     SYSTEM_EXCEPTIONS,
     EmptyDatasetError,
@@ -19,7 +20,7 @@ from energon.errors import (
     log_exception,
     reraise_exception,
 )
-from energon.samples.render import format_sample_compact, format_sample_detailed
+from energon.samples.source_info import SourceInfo, get_source_info
 
 __all__ = [
     "SYSTEM_EXCEPTIONS",
@@ -29,9 +30,11 @@ __all__ = [
     "FatalSampleError",
     "SampleException",
     "SkipSample",
+    "SourceInfo",
     "StateError",
     "format_sample_compact",
     "format_sample_detailed",
+    "get_source_info",
     "handle_restore_errors",
     "log_exception",
     "reraise_exception",

@@ -96,7 +96,7 @@ REFERENCE_MODULES: dict[str, str] = {
     "metadataset.metadataset": "energon.compat.metadataset",
     "metadataset.metadataset_v2": "energon.compat.metadataset",
     "metadataset.dataset_loader": "energon.compat.metadataset",
-    "sample_utils": "energon.samples.render",
+    "sample_utils": "energon.compat.sample_utils",
     "savable_loader": "energon.loader.data_loader",
     "source_info": "energon.samples.source_info",
     "task_encoder": "energon.compat.task_encoder",

@@ -385,3 +385,35 @@ out["mock"] = [m.get(), m.ds, m.pool, m.fname]
 return out
 """
 )
+
+program("sample_utils_formats")(
+    """
+import dataclasses
+import numpy as np
+import torch
+from megatron.energon.sample_utils import default_get_batch_keys, format_sample_compact, format_sample_detailed
+
+@dataclasses.dataclass
+class MyBatch(Batch):
+    x: torch.Tensor
+    keys: list
+
+cap = CaptioningSample(__key__="k1", __restore_key__=("Webdataset", 0, 1), __subflavors__={"a": 1},
+                       image=torch.zeros(3, 4, 5), caption="hello world")
+batch = MyBatch(__key__=["a", "b"], __restore_key__=(), x=torch.ones(2, 2), keys=["a", "b"])
+values = [
+    cap, batch, list(range(30)), {i: i for i in range(30)}, "plain", 5, None, b"\\x00" * 100,
+    {"f": 1.5, "b": True, "n": None, "l": [[1, 2], (3, 4)], "t": (1, "a"), "s": "q" * 300},
+    {"t": torch.arange(6).reshape(2, 3).float(), "n": np.ones((2, 2)), "i": np.arange(7), "b": torch.zeros(2, dtype=torch.bool)},
+    [torch.tensor(3.0), torch.zeros(0), np.array(["a", "b"]), np.float32(3), torch.arange(10).to(torch.int32)],
+    {"a": {"b": {"c": {"d": {"e": 1}}}}},
+]
+out = {"detailed": [format_sample_detailed(v) for v in values], "compact": [format_sample_compact(v) for v in values]}
+out["options"] = [format_sample_detailed({"a": [1, 2]}, indent="  "), format_sample_compact([[[[[1]]]]]),
+                  format_sample_compact({"a": [1, {"b": (2, [3])}]}, depth=2), format_sample_compact("y" * 60, max_str_len=10),
+                  format_sample_compact(list(range(5)), max_items=2)]
+t = TextSample(__key__="k", __restore_key__=(), text="t")
+out["keys"] = [default_get_batch_keys(x) for x in (cap, batch, [batch], [t, t], {"__key__": "x"}, {"a": 1}, [{"__key__": "a"}], 5, ["a"])]
+return out
+"""
+)

@@ -202,6 +202,23 @@ def describe_command(command: Any) -> dict[str, Any]:
     return {"command_name": command.name, "params": params, "subcommands": sorted(sub)}
 
 
+def has_member(cls: Any, name: str) -> bool:
+    """A class attribute, a dataclass field, an annotated attribute or an ``__init__`` parameter
+    (instances have it) of ``cls`` or its bases."""
+    if hasattr(cls, name):
+        return True
+    if not inspect.isclass(cls):
+        return False
+    if name in getattr(cls, "__dataclass_fields__", {}):
+        return True
+    if any(name in getattr(base, "__annotations__", {}) for base in cls.__mro__):
+        return True
+    try:
+        return name in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _member_object(cls: type, name: str) -> Any:
     value = inspect.getattr_static(cls, name)
     return value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
@@ -360,12 +377,12 @@ def _compare_user_class(where: str, ref: dict[str, Any], obj: Any, report: Repor
         )
     for member, ref_sig in ref.get("members", {}).items():
         report.user_checked["members"] += 1
+        if not has_member(obj, member):
+            report.gaps["user"].append(f"{where}.{member}: missing")
+            continue
         try:
             value = _member_object(obj, member)
-        except AttributeError:
-            if hasattr(obj, member):  # an instance attribute set in __init__ is not findable here
-                continue
-            report.gaps["user"].append(f"{where}.{member}: missing")
+        except AttributeError:  # an instance attribute (field, __init__ parameter)
             continue
         if ref_sig is None:
             continue
@@ -401,7 +418,7 @@ def check_name(
                 f"{where}{_sig_text(ref['signature'])}  vs ours {_sig_text(describe_signature(obj))}"
             )
     for member in members:
-        if not hasattr(obj, member):
+        if not has_member(obj, member):
             report.gaps["members"].append(f"{where}.{member}")
     if not strict:
         return
