@@ -17,6 +17,7 @@ from energon import epath
 from energon.av import AVData, AVDecoder
 from energon.compat.jsonl.jsonl_prepare import JsonlPreparator
 from energon.compat.webdataset.prepare import WebdatasetPreparator
+from energon.compat.webdataset.structs import DatasetSubset
 from energon.decode import SampleDecoder
 from energon.errors import EmptyDatasetError
 from energon.format.layout import MAIN_FOLDER_NAME
@@ -91,31 +92,6 @@ __all__ = [
     "VidQASample",
     "VidQAWebdataset",
 ]
-
-
-class DatasetSubset:
-    """A window of a split: ``absolute_range=(start, end)`` samples (end None: to the end), then
-    ``range=(from, to)`` as fractions of that window."""
-
-    def __init__(
-        self,
-        *,
-        range: tuple[float, float] | None = None,  # noqa: A002 - the reference's name
-        absolute_range: tuple[int, int | None] | None = None,
-    ) -> None:
-        self.range = range
-        self.absolute_range = absolute_range
-
-    def compute_subset(self, total: int) -> tuple[int, int]:
-        start, end = 0, total
-        if self.absolute_range is not None:
-            a, b = self.absolute_range
-            start, end = max(0, a), total if b is None else min(total, b)
-        if self.range is not None:
-            lo, hi = self.range
-            length = end - start
-            start, end = start + int(lo * length), start + int(hi * length)
-        return start, end
 
 
 _KEEP: Any = object()

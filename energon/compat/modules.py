@@ -33,7 +33,6 @@ _FLAVOR_MODULES = (
     "flavors.webdataset.default_generic_webdataset",
     "flavors.webdataset.standard_webdataset",
     "flavors.webdataset.joined_webdataset",
-    "flavors.webdataset.structs",
 )
 
 _WRAPPER_MODULES = (
@@ -80,10 +79,32 @@ REFERENCE_MODULES: dict[str, str] = {
     "flavors": "energon.compat.flavors",
     **{path: "energon.compat.flavors" for path in _FLAVOR_MODULES},
     "flavors.webdataset.config": "energon.compat.webdataset_config",
-    "flavors.webdataset.prepare": "energon.compat.webdataset.prepare",
-    "flavors.jsonl.jsonl_prepare": "energon.compat.jsonl.jsonl_prepare",
+    **{
+        f"flavors.webdataset.{name}": f"energon.compat.webdataset.{name}"
+        for name in (
+            "aggregator_pool",
+            "field_access",
+            "indexing",
+            "itar",
+            "itar_reader",
+            "metadata",
+            "prepare",
+            "sample_loader",
+            "sharder",
+            "structs",
+            "thread_local_sqlite",
+        )
+    },
+    **{
+        f"flavors.jsonl.{name}": f"energon.compat.jsonl.{name}"
+        for name in (
+            "ijsonl",
+            "ijsonl_reader",
+            "jsonl_prepare",
+        )
+    },
+    "retry_stream": "energon.compat.retry_stream",
     "flavors.webdataset.sample_decoder": "energon.decode",
-    "flavors.webdataset.indexing": "energon.format.sqlite_index",
     "flavors.webdataset.empty_dataset_error": "energon.errors",
     "loader": "energon.loader",
     "media": "energon.media",

@@ -15,25 +15,169 @@ from pathlib import Path
 from typing import Any
 
 from energon import epath
+from energon.compat.bracecollapse import collapse
+from energon.compat.epathlib import EPath
+from energon.compat.eyaml import load_yaml
+from energon.compat.typed_converter import to_json_object
+from energon.compat.webdataset.aggregator_pool import AggregatorPool, BaseAggregator
+from energon.compat.webdataset.indexing import SqliteIndexWriter
+from energon.compat.webdataset.itar import TarIndexWriter
+from energon.compat.webdataset.metadata import get_dataset_info
+from energon.compat.webdataset.structs import ShardInfo, WebdatasetInfo, WebdatasetSplits
+from energon.errors import DuplicateSampleKeyError
 from energon.format.layout import (
     INDEX_SQLITE_FILENAME,
     INDEX_UUID_FILENAME,
     INFO_JSON_FILENAME,
+    INFO_YAML_FILENAME,
     MAIN_FOLDER_NAME,
     SPLIT_YAML_FILENAME,
 )
 from energon.format.prepare import prepare_dataset as prepare_webdataset
 from energon.format.tar import iter_tar_members, split_member_name
 from energon.media.extract import MediaFilterConfig
+from energon.media.metadata import serialize_media_metadata
+from energon.samples.edataclass import edataclass
 
 __all__ = [
+    "INDEX_BATCH_SIZE",
     "INDEX_SQLITE_FILENAME",
     "INDEX_UUID_FILENAME",
     "INFO_JSON_FILENAME",
+    "INFO_YAML_FILENAME",
     "MAIN_FOLDER_NAME",
+    "AggregatorPool",
+    "BaseAggregator",
+    "DuplicateSampleKeyError",
+    "EPath",
+    "IndexAggregatable",
+    "IndexMediaMetadata",
+    "IndexSample",
+    "IndexSamplePart",
+    "IndexShardInfo",
     "MediaFilterConfig",
+    "ShardInfo",
+    "SqliteIndexWriter",
+    "SqliteIndexWriterAggregator",
+    "TarIndexWriter",
+    "WebdatasetInfo",
     "WebdatasetPreparator",
+    "WebdatasetSplits",
+    "collapse",
+    "edataclass",
+    "get_dataset_info",
+    "load_yaml",
+    "serialize_media_metadata",
+    "to_json_object",
 ]
+
+INDEX_BATCH_SIZE = 4096  # rows per insert batch
+
+
+class IndexAggregatable:
+    """An item a preparation worker sends to the index aggregator."""
+
+
+@edataclass
+class IndexSample(IndexAggregatable):
+    """A row of the ``samples`` table."""
+
+    tar_file_id: int
+    sample_key: str
+    sample_index: int
+    byte_offset: int | None
+    byte_size: int | None
+
+
+@edataclass
+class IndexSamplePart(IndexAggregatable):
+    """A row of the ``sample_parts`` table."""
+
+    tar_file_id: int
+    sample_index: int
+    part_name: str
+    content_byte_offset: int
+    content_byte_size: int
+
+
+@edataclass
+class IndexMediaMetadata(IndexAggregatable):
+    """A row of the ``media_metadata`` table."""
+
+    entry_key: str
+    metadata_type: str
+    metadata_json: str
+
+
+@edataclass
+class IndexShardInfo(IndexAggregatable):
+    """A scanned shard: its info and the part names found in it."""
+
+    shard_info: ShardInfo
+    parts: set[str]
+
+
+class SqliteIndexWriterAggregator(BaseAggregator):
+    """Writes the rows the preparation workers send into ``index.sqlite``; the result is the
+    shard infos received and every part name seen."""
+
+    def __init__(
+        self,
+        sqlite_path: EPath,
+        total_tasks: int,
+        progress_fn: Callable[[Iterator[Any], int], Iterator[Any]] | None = None,
+        enable_sample_tables: bool = True,
+        enable_media_metadata: bool = False,
+        media_filter: MediaFilterConfig | None = None,
+        reset_tables: bool = True,
+        progress_on_media: bool = False,
+        sqlite_local_build_path: Path | None = None,
+    ) -> None:
+        self.sqlite_path = sqlite_path
+        self.total_tasks = total_tasks
+        self.progress_fn = progress_fn
+        self.enable_sample_tables = enable_sample_tables
+        self.enable_media_metadata = enable_media_metadata
+        self.media_filter = media_filter
+        self.reset_tables = reset_tables
+        self.shards: list[ShardInfo] = []
+        self.found_parts: set[str] = set()
+        self.writer: SqliteIndexWriter | None = None
+
+    def on_start(self, aggregator_pool: AggregatorPool) -> None:
+        self.writer = SqliteIndexWriter(
+            self.sqlite_path,
+            enable_sample_tables=self.enable_sample_tables,
+            enable_media_metadata=self.enable_media_metadata,
+            reset_tables=self.reset_tables,
+        )
+        if self.media_filter is not None:
+            self.writer.append_media_filter(
+                strategy=self.media_filter.strategy.value,
+                patterns=self.media_filter.patterns_column,
+            )
+
+    def on_item(self, items: list[IndexAggregatable], aggregator_pool: AggregatorPool) -> None:
+        assert self.writer is not None
+        for kind, write in (
+            (IndexSample, self.writer.append_samples),
+            (IndexSamplePart, self.writer.append_parts),
+            (IndexMediaMetadata, self.writer.append_media_metadata_batch),
+        ):
+            rows = [item for item in items if isinstance(item, kind)]
+            if rows:
+                write(rows)
+        for item in items:
+            if isinstance(item, IndexShardInfo):
+                self.shards.append(item.shard_info)
+                self.found_parts |= set(item.parts)
+
+    def on_finish(self, aggregator_pool: AggregatorPool) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    def get_final_result_data(self) -> tuple[list[ShardInfo], set[str]]:
+        return self.shards, self.found_parts
 
 
 def _workers(requested: int) -> int:
