@@ -171,10 +171,18 @@ class AVDecodeError(SampleException):
 class FieldAccessError(SampleException):
     """No option of a field's spec could be resolved for a sample."""
 
-    def __init__(self, field: str, spec: str, key: str | None, reason: str) -> None:
-        super().__init__(
-            f"Sample {key!r}: cannot fill field {field!r} from field map spec {spec!r}: {reason}"
-        )
+    def __init__(
+        self, field: str, spec: str | None = None, key: str | None = None, reason: str = ""
+    ) -> None:
+        """``FieldAccessError(field, spec, key, reason)``; with one argument (the reference's
+        ``megatron.energon.flavors.webdataset.field_access`` form) that is the message."""
+        if spec is None:
+            super().__init__(field)
+        else:
+            super().__init__(
+                f"Sample {key!r}: cannot fill field {field!r} from field map spec {spec!r}: "
+                f"{reason}"
+            )
         self.field = field
         self.spec = spec
         self.key = key

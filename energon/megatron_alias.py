@@ -36,6 +36,18 @@ class _KeepBindingsModule(types.ModuleType):
                 return
         super().__setattr__(name, value)
 
+    def __getattr__(self, name: str) -> types.ModuleType:
+        return reference_submodule(self, name)
+
+
+def reference_submodule(module: types.ModuleType, name: str) -> types.ModuleType:
+    """``from megatron.energon.<path> import <submodule>``: Python looks the submodule up under the
+    energon module's own name; look it up under the reference paths the module serves instead."""
+    for path in sorted(getattr(module, "__energon_reference_paths__", ())):
+        if energon_module_for(f"{path}.{name}") is not None:
+            return importlib.import_module(f"{path}.{name}")
+    raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+
 
 class _AliasLoader(importlib.abc.Loader):
     """Hands out the already imported energon module instead of creating a new one."""
@@ -47,6 +59,8 @@ class _AliasLoader(importlib.abc.Loader):
         module = importlib.import_module(self.target)
         if type(module) is types.ModuleType:
             module.__class__ = _KeepBindingsModule
+        paths = module.__dict__.setdefault("__energon_reference_paths__", set())
+        paths.add(spec.name)
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:

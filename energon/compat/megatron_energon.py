@@ -49,6 +49,12 @@ def __getattr__(name: str) -> Any:
     try:
         return getattr(energon, name)
     except AttributeError:
+        pass
+    from energon.megatron_alias import reference_submodule
+
+    try:
+        return reference_submodule(sys.modules[__name__], name)
+    except AttributeError:
         raise AttributeError(f"module 'megatron.energon' has no attribute {name!r}") from None
 
 

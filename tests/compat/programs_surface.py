@@ -417,3 +417,132 @@ out["keys"] = [default_get_batch_keys(x) for x in (cap, batch, [batch], [t, t], 
 return out
 """
 )
+
+program("webdataset_internals")(
+    WRITE_SHARDS
+    + """
+import threading
+from pathlib import Path
+from megatron.energon.epathlib import EPath
+from megatron.energon.flavors import BaseWebdatasetFactory
+from megatron.energon.flavors.webdataset import metadata, sharder, field_access, itar, itar_reader, indexing, structs
+from megatron.energon.flavors.webdataset.thread_local_sqlite import ThreadLocalSqlite
+root = write_shards(Path(data["files"]) / "wds_i", text_shards("z", 3, 4))
+tars = sorted(str(p.relative_to(root)) for p in root.glob("**/*.tar"))
+BaseWebdatasetFactory.prepare_dataset(root, tars, split_parts_ratio=[("train", 1)], shuffle_seed=None, workers=1)
+p = EPath(root)
+out = {}
+info = metadata.get_dataset_info(p)
+meta = metadata.WebdatasetMeta.from_config(p, split_part="train")
+out["metadata"] = [info["shard_counts"], metadata.check_dataset_info_present(p), metadata.check_dataset_info_present(EPath(data["files"])),
+                   metadata.get_dataset_type(p).name, metadata.get_dataset_type(EPath(data["jsonl"])).name, metadata.get_dataset_type(EPath(data["mds"])).name,
+                   metadata.get_dataset_type(EPath(data["files"])).name, metadata.get_info_shard_files(p),
+                   [[s.name, s.count, str(s.path) == str(p / s.name)] for s in meta.shards], meta.split_part_files, sorted(meta.sample_excludes)]
+slices = []
+for rank, world, workers in ((0, 2, 2), (1, 2, 2), (0, 1, 0), (2, 3, 2)):
+    w = WorkerConfig(rank=rank, world_size=world, num_workers=workers)
+    slices.append([sharder.Sharder.slice_workers(100, w, max_samples_per_sequence=None),
+                   sharder.Sharder.slice_workers(100, w, max_samples_per_sequence=10),
+                   sharder.Sharder.slice_workers(100, w, max_samples_per_sequence=7, subset=structs.DatasetSubset(range=(0.25, 0.9))),
+                   sharder.Sharder.split_samples_to_workers(0, 100, w, rotation_offset=1),
+                   sharder.Sharder.shard_workers(meta.shards, w, max_samples_per_sequence=3)])
+out["slices"] = slices
+out["subset"] = [structs.DatasetSubset(range=(0.2, 0.8)).compute_subset(100), structs.DatasetSubset(absolute_range=(10, None), range=(0.5, 1.0)).compute_subset(100)]
+fa = field_access.split_field_access("txt,json[t][1][x]")
+out["field_access"] = [fa, field_access.field_access({"json": {"t": [1, {"x": 2}]}}, fa), field_access.field_access({"txt": 3}, fa)]
+try:
+    field_access.field_access({"a": 1}, field_access.split_field_access("x,y"))
+except field_access.FieldAccessError as e:
+    from megatron.energon.errors import SampleException
+    out["field_access"].append([str(e), isinstance(e, SampleException)])
+shard = p / "parts" / "z-01.tar"
+reader = itar.TarIndexReader(shard)
+out["itar"] = [len(reader), list(reader), itar.get_itar_byte_offset(shard, 2), itar.CachedItarOffsetReader().get_itar_byte_offset(shard, 3)]
+with itar.open_itar(shard, byte_offset=reader[1], byte_size=reader[2] - reader[1]) as tar:
+    out["itar"].append([m.name for m in tar.getmembers()])
+with open(str(shard), "rb") as f:
+    with itar.ITarFile.open(fileobj=f, mode="r:") as tar:
+        tar.offset = reader[2]
+        member = tar.next()
+        out["itar"].append([member.name, tar.extractfile(member).read().decode()])
+    sub = itar.SubFileReader(f, 512, 6)
+    out["itar"].append([sub.read().decode(), sub.tell(), sub.seek(2), sub.read(2).decode()])
+def plain(sample):
+    return None if sample is None else {k: (v.decode() if isinstance(v, bytes) else str(v) if k == "__sources__" else v) for k, v in sample.items()}
+by_index = itar_reader.ShardInfosITarReader(p, meta.shards)
+txt_only = itar_reader.ShardInfosITarReader(p, meta.shards, part_filter=lambda part: part == "txt")
+out["readers"] = [len(by_index), plain(by_index[0]), plain(by_index[9]), plain(txt_only[5])]
+try:
+    by_index[12]
+except IndexError:
+    out["readers"].append("IndexError")
+by_key = itar_reader.SqliteITarEntryReader(p)
+entries = itar_reader.SqliteITarEntryReader(p, key_is_full_entryname=True)
+data_, source = entries["z01_002.json"]
+out["by_key"] = [len(by_key), plain(by_key["z02_001"]), data_.decode(), [str(source.dataset_path) == str(p), source.index, source.shard_name, list(source.file_names)],
+                 list(by_key.list_all_samples())[:3], list(by_key.list_all_sample_parts())[:3], list(by_key.list_sample_parts("z00_003")), by_key.get_total_size()]
+for bad in ("z00_000.txt",):
+    try:
+        by_key[bad]
+    except KeyError:
+        out["by_key"].append("KeyError")
+index = indexing.SqliteIndexReader(p / ".nv-meta" / "index.sqlite")
+out["index"] = [index.db_has_sample_parts(), index.db_has_media_metadata(), index.get_sample_count(), index.get_total_size(),
+                repr(index.get_sample_pointer_by_key("z01_001")), repr(index.get_sample_part("z01_001", "json"))]
+jpath = EPath(Path(data["files"]) / "join.bin")
+writer = indexing.JoinIndexWriter(jpath)
+writer.append((0, 0, 10), (1, 20, 30))
+writer.append((2, 5, 6), (-1, -1, -1))
+writer.close()
+jr = indexing.JoinIndexReader(jpath)
+column = indexing.JoinIndexReader(jpath, column=1)
+out["join"] = [len(jr), jr[0], jr[1], [column[0], column[1]], list(indexing.JoinIndexReader(jpath).get_as_tensor().shape), (Path(data["files"]) / "join.bin").read_bytes().hex()]
+tw = itar.TarIndexWriter(EPath(Path(data["files"]) / "x.tar"))
+for offset in (0, 1024, 4096):
+    tw.append(offset)
+tw.close()
+out["tar_index_writer"] = (Path(data["files"]) / "x.tar.idx").read_bytes().hex()
+db = ThreadLocalSqlite(str(p / ".nv-meta" / "index.sqlite"))
+counts = []
+threads = [threading.Thread(target=lambda: counts.append(db.select_one("SELECT COUNT(*) FROM samples")[0])) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+out["thread_local"] = [counts, len(db.select_all("SELECT sample_key FROM samples"))]
+return out
+"""
+)
+
+program("jsonl_internals")(
+    """
+from pathlib import Path
+from megatron.energon.epathlib import EPath
+from megatron.energon.flavors import CrudeJsonlDatasetFactory
+from megatron.energon.flavors.jsonl import ijsonl, ijsonl_reader
+path = Path(data["files"]) / "j.jsonl"
+path.write_text("".join(json.dumps({"i": i}) + "\\n" for i in range(4)))
+CrudeJsonlDatasetFactory.prepare_dataset(path)
+p = EPath(path)
+r = ijsonl.IJsonlIndexReader(p)
+c = ijsonl.CachedIJsonlOffsetReader(p)
+out = {"index": [len(r), r[0], r[2], ijsonl.IJsonlIndexReader.count_samples(p), ijsonl.IJsonlIndexReader.size(p),
+                 c.get_ijsonl_byte_offset(1), c.get_total_size(), ijsonl.IJSONL_SUFFIX]}
+with open(path, "rb") as f:
+    jf = ijsonl.IJsonlFile(f)
+    first = jf.next()
+    jf.seek(r[2])
+    out["file"] = [first.decode(), jf.next().decode()]
+reader = ijsonl_reader.IJsonlReader(p)
+data_, source = reader["3.json"]
+# (the reference lists the keys of lines 0..n-1 as 1..n, which are not its entry names: left out)
+out["reader"] = [data_.decode(), [str(source.dataset_path) == str(p), source.index, source.shard_name, list(source.file_names)],
+                 list(reader.list_sample_parts("1")), reader.get_total_size()]
+w = ijsonl.IJsonlIndexWriter(EPath(Path(data["files"]) / "w.jsonl"))
+for offset in (0, 5, 9):
+    w.append(offset)
+w.close()
+out["writer"] = (Path(data["files"]) / "w.jsonl.idx").read_bytes().hex()
+return out
+"""
+)

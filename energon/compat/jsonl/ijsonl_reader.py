@@ -79,7 +79,7 @@ class IJsonlReader:
 
     def list_sample_parts(self, sample_key: str) -> Generator[tuple[str, int, int], None, None]:
         index = self._index(sample_key)
-        yield "json", self.ijsonl_file.get_ijsonl_byte_offset(index)[1], 0
+        yield f"{index}.json", self.ijsonl_file.get_ijsonl_byte_offset(index)[1], 0
 
     def get_total_size(self) -> int:
         return self.ijsonl_file.get_total_size()
