@@ -22,7 +22,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
+from energon.compat.epathlib import EPath
+from energon.compat.fork_hook import ForkMixin
+from energon.compat.jsonl.ijsonl_reader import IJsonlReader
+from energon.compat.local_copy import ensure_local_copy
+from energon.compat.media import MediaMetadataBase
+from energon.compat.webdataset.itar_reader import SqliteITarEntryReader
+from energon.compat.webdataset.thread_local_sqlite import ThreadLocalSqlite
+from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
+from energon.media.metadata import deserialize_media_metadata
 from energon.samples import SourceInfo, add_source_info
+from energon.samples.edataclass import edataclass
 from energon.source.file_store import (
     DecodeFileStore,
     FileStore,
@@ -38,23 +48,35 @@ __path__: list[str] = []  # a package for the alias: cache.base/.file_store/.no_
 T = TypeVar("T")
 
 __all__ = [
+    "INDEX_SQLITE_FILENAME",
+    "MAIN_FOLDER_NAME",
     "CacheFileLazy",
     "CachePool",
     "DecodeFileStore",
     "DirectLazy",
+    "EPath",
     "FileCacheLazy",
     "FileStore",
     "FileStoreCachePool",
     "FileStoreDecoder",
     "FileStoreWrapper",
+    "ForkMixin",
+    "IJsonlReader",
     "JsonlFileStore",
     "Lazy",
+    "MediaMetadataBase",
     "MockLazy",
     "NoCachePool",
     "PrimaryFileStore",
+    "SourceInfo",
+    "SqliteITarEntryReader",
     "SystemFileStore",
+    "ThreadLocalSqlite",
     "WebdatasetFileStore",
     "aux_file_stores",
+    "deserialize_media_metadata",
+    "edataclass",
+    "ensure_local_copy",
 ]
 
 

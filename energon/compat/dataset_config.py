@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 
 from energon import epath
+from energon.compat.epathlib import EPath
+from energon.compat.eyaml import load_yaml
 from energon.compat.flavors import (
     BaseCoreDatasetFactory,
     CrudeWebdataset,
@@ -16,11 +18,25 @@ from energon.compat.flavors import (
     StandardWebdatasetFactory,
     _open_webdataset_source,
 )
+from energon.compat.typed_converter import JsonParser
+from energon.compat.webdataset.metadata import EnergonDatasetType, get_dataset_type
 from energon.decode import SampleDecoder
+from energon.format.layout import MAIN_FOLDER_NAME
+from energon.samples.base import CrudeSample
 from energon.source.dataset_config import load_sample_builder
 from energon.worker import WorkerConfig
 
-__all__ = ["get_dataset_from_config", "load_config"]
+__all__ = [
+    "MAIN_FOLDER_NAME",
+    "CrudeSample",
+    "EPath",
+    "EnergonDatasetType",
+    "JsonParser",
+    "get_dataset_from_config",
+    "get_dataset_type",
+    "load_config",
+    "load_yaml",
+]
 
 
 def get_dataset_from_config(

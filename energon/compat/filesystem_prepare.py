@@ -6,9 +6,34 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from energon.compat.epathlib import EPath
+from energon.compat.webdataset.aggregator_pool import AggregatorPool
+from energon.compat.webdataset.prepare import (
+    INDEX_BATCH_SIZE,
+    IndexAggregatable,
+    IndexMediaMetadata,
+    SqliteIndexWriterAggregator,
+)
+from energon.compat.webdataset.structs import ShardInfo
+from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
+from energon.media.extract import MediaFilterConfig
+from energon.media.metadata import serialize_media_metadata
 from energon.media.prepare import prepare_folder_media
 
-__all__ = ["prepare_filesystem_dataset"]
+__all__ = [
+    "INDEX_BATCH_SIZE",
+    "INDEX_SQLITE_FILENAME",
+    "MAIN_FOLDER_NAME",
+    "AggregatorPool",
+    "EPath",
+    "IndexAggregatable",
+    "IndexMediaMetadata",
+    "MediaFilterConfig",
+    "ShardInfo",
+    "SqliteIndexWriterAggregator",
+    "prepare_filesystem_dataset",
+    "serialize_media_metadata",
+]
 
 
 def prepare_filesystem_dataset(

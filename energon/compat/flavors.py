@@ -9,15 +9,30 @@ factories are one class underneath: they differ only in how the sample builder i
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from energon import epath
 from energon.av import AVData, AVDecoder
+from energon.compat.deprecation import warn_deprecated
+from energon.compat.epathlib import EPath
+from energon.compat.jsonl.ijsonl import IJsonlIndexReader
 from energon.compat.jsonl.jsonl_prepare import JsonlPreparator
+from energon.compat.module_loader import ModuleLoader
+from energon.compat.savable import FlexState, Savable
+from energon.compat.webdataset.field_access import field_access, split_field_access
+from energon.compat.webdataset.indexing import JoinIndexReader
+from energon.compat.webdataset.itar_reader import JoinIndexFileITarReader
+from energon.compat.webdataset.metadata import WebdatasetMeta
 from energon.compat.webdataset.prepare import WebdatasetPreparator
-from energon.compat.webdataset.structs import DatasetSubset
+from energon.compat.webdataset.sample_loader import RawSampleData, WebdatasetSampleLoaderDataset
+from energon.compat.webdataset.sharder import Sharder
+from energon.compat.webdataset.structs import DatasetSubset, FilteredSample, ShardInfo
+from energon.compat.wrappers.base import add_sample_restore_key, set_sample_restore_key
+from energon.compat.wrappers.map_dataset import MapDataset
 from energon.decode import SampleDecoder
 from energon.errors import EmptyDatasetError
 from energon.format.layout import MAIN_FOLDER_NAME
@@ -41,11 +56,16 @@ from energon.samples import (
     VQAOCRSample,
     VQASample,
 )
+from energon.samples.edataclass import edataclass
+from energon.samples.source_info import SourceInfo
 from energon.source.dataset_config import SampleBuilder, load_sample_builder
+from energon.source.file_store import FileStore
 from energon.task_encoder import base as core_task_encoder
 from energon.worker import WorkerConfig
 
 __path__: list[str] = []  # a package for the alias: flavors.* and flavors.webdataset.* map here
+
+DEBUG_SHARD_PRINT = False  # the reference's debug switch; energon logs through WorkerConfig
 
 T_sample = TypeVar("T_sample", covariant=True)
 
@@ -64,24 +84,38 @@ __all__ = [
     "DefaultCrudeJsonlDatasetFactory",
     "DefaultDecoderWebdatasetFactory",
     "DefaultGenericWebdatasetFactory",
+    "EPath",
     "EmptyDatasetError",
+    "FileStore",
+    "FilteredSample",
+    "FlexState",
+    "IJsonlIndexReader",
     "ImageClassificationSample",
     "ImageClassificationWebdataset",
     "ImageSample",
     "ImageWebdataset",
     "InterleavedSample",
     "InterleavedWebdataset",
+    "JoinIndexFileITarReader",
+    "JoinIndexReader",
     "JoinedWebdatasetFactory",
+    "MapDataset",
+    "ModuleLoader",
     "MultiChoiceVQASample",
     "MultiChoiceVQAWebdataset",
     "OCRSample",
     "OCRWebdataset",
     "PinMemoryMixin",
+    "RawSampleData",
     "Sample",
     "SampleDecoder",
+    "Savable",
     "SavableDataset",
+    "ShardInfo",
+    "Sharder",
     "SimilarityInterleavedSample",
     "SimilarityInterleavedWebdataset",
+    "SourceInfo",
     "StandardWebdatasetFactory",
     "TextSample",
     "TextWebdataset",
@@ -91,7 +125,44 @@ __all__ = [
     "VQAWebdataset",
     "VidQASample",
     "VidQAWebdataset",
+    "WebdatasetMeta",
+    "WebdatasetSampleLoaderDataset",
+    "add_sample_restore_key",
+    "edataclass",
+    "field_access",
+    "set_sample_restore_key",
+    "split_field_access",
+    "warn_deprecated",
 ]
+
+
+class ExtendableDataclassMixin:
+    """``Cls.extend(instance, **new_fields)``: a ``Cls`` with the fields of ``instance`` (an
+    instance of a base dataclass) plus the new ones."""
+
+    @classmethod
+    def extend(cls, src: Any, **kwargs: Any) -> Any:
+        fields = {f.name: getattr(src, f.name) for f in dataclasses.fields(src) if f.init}
+        return cls(**{**fields, **kwargs})
+
+
+class State(ExtendableDataclassMixin):
+    """Base of the reference's dataclass states (energon's states are plain dicts)."""
+
+
+def legacy_handler(handler: Callable[..., None]) -> Callable[..., None]:
+    """An error handler taking ``(exception, key, sources)``; a two-argument handler
+    ``(exception, key)`` is wrapped."""
+    try:
+        params = inspect.signature(handler).parameters
+    except (TypeError, ValueError):
+        return handler
+    positional = [
+        p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(positional) == 2 and not any(p.kind == p.VAR_POSITIONAL for p in params.values()):
+        return lambda exc, key, sources=None: handler(exc, key)
+    return handler
 
 
 _KEEP: Any = object()

@@ -17,9 +17,21 @@ from typing import Any
 import yaml
 
 from energon import epath
+from energon.compat.dataset_config import get_dataset_from_config, load_config
+from energon.compat.epathlib import EPath
+from energon.compat.flavors import BaseCoreDatasetFactory
+from energon.compat.typed_converter import JsonParser
+from energon.compat.webdataset.metadata import (
+    EnergonDatasetType,
+    check_dataset_info_present,
+    get_dataset_type,
+)
+from energon.compat.webdataset.structs import DatasetSubset
 from energon.format.join_index import prepare_metadataset
 from energon.metadataset.resolve import TraversedDatasetReference, resolve_dataset
 from energon.metadataset.resolve import traverse_metadataset as core_traverse
+from energon.samples.edataclass import edataclass
+from energon.source.file_store import FileStore
 from energon.worker import WorkerConfig
 
 __path__: list[str] = []  # a package for the alias: metadataset.* map here
@@ -27,14 +39,25 @@ __path__: list[str] = []  # a package for the alias: metadataset.* map here
 __all__ = [
     "AuxDatasetReference",
     "AuxFilesystemReference",
+    "BaseCoreDatasetFactory",
     "DatasetBlendMode",
     "DatasetLoader",
     "DatasetLoaderInterface",
+    "DatasetSubset",
+    "EPath",
+    "EnergonDatasetType",
+    "FileStore",
+    "JsonParser",
     "LoadedDataset",
     "LoadedDatasetList",
     "Metadataset",
     "MetadatasetV2",
     "TraversedDatasetReference",
+    "check_dataset_info_present",
+    "edataclass",
+    "get_dataset_from_config",
+    "get_dataset_type",
+    "load_config",
     "load_dataset",
     "prepare_metadataset",
     "traverse_metadataset",
@@ -246,6 +269,14 @@ class MetadatasetV2(DatasetLoaderInterface):
 
     def prepare(self, split_part: str | None = None) -> Sequence[Any]:
         return prepare_metadataset(str(self.path)) or []
+
+
+class MockJsonParser(JsonParser):
+    """A ``JsonParser`` that accepts any data without checking it (the reference uses it to read
+    a metadataset YAML's structure without building objects)."""
+
+    def raw_to_typed(self, raw_data: Any, inst_type: Any, *args: Any, **kwargs: Any) -> Any:
+        return raw_data
 
 
 def _epath(path: Any) -> Any:

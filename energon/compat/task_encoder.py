@@ -17,8 +17,17 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from energon.compat.cache import aux_file_stores
-from energon.compat.metadataset import DatasetBlendMode, loaded_datasets_for
+from energon.compat.cache import CachePool, aux_file_stores
+from energon.compat.deprecation import warn_deprecated
+from energon.compat.epathlib import EPath
+from energon.compat.flavors import BaseCoreDatasetFactory, CrudeWebdataset, ExtendableDataclassMixin
+from energon.compat.metadataset import (
+    DatasetBlendMode,
+    LoadedDataset,
+    load_dataset,
+    loaded_datasets_for,
+)
+from energon.compat.rng import SystemRng
 from energon.compat.wrappers import (
     BatchDataset,
     BlendDataset,
@@ -31,35 +40,63 @@ from energon.compat.wrappers import (
     RepeatDataset,
     ShuffleBufferDataset,
 )
+from energon.compat.wrappers.log_sample_dataset import LogSampleDataset
+from energon.decode.sample_decoder import SampleDecoder
 from energon.loader import build as core_build
 from energon.loader.build import get_train_dataset, get_val_dataset
+from energon.loader.savable_dataset import SavableDataset
 from energon.samples import Batch
+from energon.samples.base import CrudeSample, PinMemoryMixin, Sample
 from energon.samples.collate import batch_list, batch_pad_stack, batch_stack, generic_batch
-from energon.source.file_store import DecodeFileStore, PrimaryFileStore
+from energon.samples.edataclass import edataclass
+from energon.samples.source_info import SourceInfo
+from energon.source.file_store import DecodeFileStore, FileStore, PrimaryFileStore
 from energon.task_encoder.base import AugmentTaskEncoder, DefaultTaskEncoder, TaskEncoder, stateless
 from energon.task_encoder.composition import register_composition
 from energon.task_encoder.cooking import Cooker, basic_sample_keys, cooker, select_cooker
+from energon.worker import WorkerConfig
 
 __path__: list[str] = []  # a package for the alias: task_encoder.base/.cooking/.loader map here
 
 __all__ = [
+    "get_cooker_need_cache",
+    "get_cooker_need_primary",
     "AugmentTaskEncoder",
+    "BaseCoreDatasetFactory",
     "Batch",
+    "CachePool",
     "Cooker",
+    "CrudeSample",
+    "CrudeWebdataset",
     "DefaultTaskEncoder",
+    "EPath",
+    "ExtendableDataclassMixin",
+    "FileStore",
+    "LoadedDataset",
+    "LogSampleDataset",
+    "PinMemoryMixin",
+    "Sample",
+    "SampleDecoder",
+    "SavableDataset",
+    "SourceInfo",
+    "SystemRng",
     "TaskEncoder",
+    "WorkerConfig",
     "basic_sample_keys",
     "batch_list",
     "batch_pad_stack",
     "batch_stack",
     "cooker",
+    "edataclass",
     "generic_batch",
     "get_failure_tolerance",
     "get_stateless",
     "get_train_dataset",
     "get_val_dataset",
     "get_val_datasets",
+    "load_dataset",
     "stateless",
+    "warn_deprecated",
 ]
 
 
@@ -80,6 +117,16 @@ def get_val_datasets(path: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
         )
         for dataset, source in core_build.get_val_datasets(path, **kwargs)
     ]
+
+
+def get_cooker_need_cache(fn: Callable) -> bool:
+    """Whether a cook function was marked ``@cooker(need_cache=True)``."""
+    return bool(getattr(fn, "__need_cache__", False))
+
+
+def get_cooker_need_primary(fn: Callable) -> bool:
+    """Whether a cook function was marked ``@cooker(need_primary=True)``."""
+    return bool(getattr(fn, "__need_primary__", False))
 
 
 def get_stateless(fn: Callable) -> bool:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
+from energon.compat.webdataset.prepare import INDEX_BATCH_SIZE
 from energon.format.layout import MAIN_FOLDER_NAME
 
 __all__ = [
+    "INDEX_BATCH_SIZE",
     "INDEX_SQLITE_FILENAME",
     "INDEX_UUID_FILENAME",
     "INFO_JSON_FILENAME",

@@ -10,9 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from energon import epath
+from energon.compat.epathlib import EPath
+from energon.compat.jsonl.ijsonl import IJsonlFile, IJsonlIndexWriter
 from energon.format.jsonl import prepare_jsonl
 
-__all__ = ["JsonlPreparator"]
+__all__ = [
+    "EPath",
+    "IJsonlFile",
+    "IJsonlIndexWriter",
+    "JsonlPreparator",
+]
 
 
 class JsonlPreparator:
