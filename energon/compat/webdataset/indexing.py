@@ -8,7 +8,7 @@ import os
 import sqlite3
 import struct
 from collections.abc import Generator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any  # noqa: F401 - TYPE_CHECKING: a reference name
 
 import numpy as np
 import torch
@@ -17,16 +17,20 @@ from energon import epath
 from energon.compat.epathlib import EPath
 from energon.compat.local_copy import ensure_local_copy
 from energon.compat.webdataset.itar import ITarRawSamplePartPointer, ITarSamplePointer
+from energon.compat.webdataset.structs import ShardInfo
 from energon.compat.webdataset.thread_local_sqlite import ThreadLocalSqlite
 from energon.errors import DuplicateSampleKeyError
 from energon.format.join_index import HEADER_SIZE, MAGIC
 from energon.format.sqlite_index import INDEXES, MEDIA_SCHEMA, SAMPLE_SCHEMA
 from energon.media.store import record_media_filter, replace_media_rows
-
-if TYPE_CHECKING:
-    from energon.compat.webdataset.prepare import IndexMediaMetadata, IndexSample, IndexSamplePart
+from energon.samples.edataclass import edataclass
 
 __all__ = [
+    "IndexAggregatable",
+    "IndexMediaMetadata",
+    "IndexSample",
+    "IndexSamplePart",
+    "IndexShardInfo",
     "TYPE_CHECKING",
     "DuplicateSampleKeyError",
     "EPath",
@@ -39,6 +43,49 @@ __all__ = [
     "ThreadLocalSqlite",
     "ensure_local_copy",
 ]
+
+
+class IndexAggregatable:
+    """An item a preparation worker sends to the index aggregator."""
+
+
+@edataclass
+class IndexSample(IndexAggregatable):
+    """A row of the ``samples`` table."""
+
+    tar_file_id: int
+    sample_key: str
+    sample_index: int
+    byte_offset: int | None
+    byte_size: int | None
+
+
+@edataclass
+class IndexSamplePart(IndexAggregatable):
+    """A row of the ``sample_parts`` table."""
+
+    tar_file_id: int
+    sample_index: int
+    part_name: str
+    content_byte_offset: int
+    content_byte_size: int
+
+
+@edataclass
+class IndexMediaMetadata(IndexAggregatable):
+    """A row of the ``media_metadata`` table."""
+
+    entry_key: str
+    metadata_type: str
+    metadata_json: str
+
+
+@edataclass
+class IndexShardInfo(IndexAggregatable):
+    """A scanned shard: its info and the part names found in it."""
+
+    shard_info: ShardInfo
+    parts: set[str]
 
 
 class SqliteIndexWriter:

@@ -20,7 +20,14 @@ from energon.compat.epathlib import EPath
 from energon.compat.eyaml import load_yaml
 from energon.compat.typed_converter import to_json_object
 from energon.compat.webdataset.aggregator_pool import AggregatorPool, BaseAggregator
-from energon.compat.webdataset.indexing import SqliteIndexWriter
+from energon.compat.webdataset.indexing import (
+    IndexAggregatable,
+    IndexMediaMetadata,
+    IndexSample,
+    IndexSamplePart,
+    IndexShardInfo,
+    SqliteIndexWriter,
+)
 from energon.compat.webdataset.itar import TarIndexWriter
 from energon.compat.webdataset.metadata import get_dataset_info
 from energon.compat.webdataset.structs import ShardInfo, WebdatasetInfo, WebdatasetSplits
@@ -72,49 +79,6 @@ __all__ = [
 ]
 
 INDEX_BATCH_SIZE = 4096  # rows per insert batch
-
-
-class IndexAggregatable:
-    """An item a preparation worker sends to the index aggregator."""
-
-
-@edataclass
-class IndexSample(IndexAggregatable):
-    """A row of the ``samples`` table."""
-
-    tar_file_id: int
-    sample_key: str
-    sample_index: int
-    byte_offset: int | None
-    byte_size: int | None
-
-
-@edataclass
-class IndexSamplePart(IndexAggregatable):
-    """A row of the ``sample_parts`` table."""
-
-    tar_file_id: int
-    sample_index: int
-    part_name: str
-    content_byte_offset: int
-    content_byte_size: int
-
-
-@edataclass
-class IndexMediaMetadata(IndexAggregatable):
-    """A row of the ``media_metadata`` table."""
-
-    entry_key: str
-    metadata_type: str
-    metadata_json: str
-
-
-@edataclass
-class IndexShardInfo(IndexAggregatable):
-    """A scanned shard: its info and the part names found in it."""
-
-    shard_info: ShardInfo
-    parts: set[str]
 
 
 class SqliteIndexWriterAggregator(BaseAggregator):
