@@ -7,7 +7,7 @@ preallocated output. That yields a contiguous CHW tensor, like the reference, an
 the interleaved HWC conversion followed by a permute (see ``docs/samples.md`` for measurements). Images are always decoded
 at full size (no ``draft``/``reduce``).
 
-JPEGs that simplejpeg decodes exactly as Pillow does (the optional extra ``fast``, see
+JPEGs that simplejpeg decodes exactly as Pillow does (installed by default where it has wheels, see
 :mod:`energon.decode.jpeg`) skip Pillow: the interleaved pixels go to their planes in one pass
 (:mod:`energon.decode.planar`) straight into the pooled output.
 """

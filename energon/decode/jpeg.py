@@ -1,9 +1,9 @@
 """Fast JPEG -> RGB / gray decoding with simplejpeg (libjpeg-turbo), when it is installed.
 
 Pillow decodes JPEGs with libjpeg-turbo too, but goes through its own image object, a mode
-conversion and a copy per band. ``simplejpeg`` (``pip install energon-loader[fast]``) decodes
-straight into a numpy buffer with the same library and the same settings (accurate integer DCT,
-fancy upsampling), so the pixels equal Pillow's (tests/decode/test_jpeg.py checks real JPEGs of
+conversion and a copy per band. ``simplejpeg`` (a default dependency where PyPI has its wheels)
+decodes straight into a numpy buffer with the same library and the same settings (accurate integer
+DCT, fancy upsampling), so the pixels equal Pillow's (tests/decode/test_jpeg.py checks real JPEGs of
 several sizes, chroma subsamplings, progressive and grayscale ones).
 
 Only the cases whose result is Pillow's are taken here; everything else returns None and the caller
@@ -28,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image
 
-try:  # optional extra "fast"
+try:  # not installed where PyPI has no wheel of it (pyproject.toml)
     import simplejpeg
 except ImportError:  # pragma: no cover - depends on the environment
     simplejpeg = None

@@ -48,7 +48,9 @@ def decoded_images(root: str, count: int) -> list[np.ndarray]:
         for payload in iter_payloads(task, "jpg"):
             pixels = decode_jpeg(payload, "RGB")
             if pixels is None:
-                raise SystemExit("needs simplejpeg (pip install -e '.[fast]')")
+                raise SystemExit(
+                    "needs simplejpeg (pip install -e '.[fast]' where it is not a default dependency)"
+                )
             images.append(pixels)
     return images
 
