@@ -115,7 +115,8 @@ class BatchArena:
     """Per-loader arena; created in the main process before the workers are forked."""
 
     def __init__(self, num_workers: int) -> None:
-        self.prefix = f"energon-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.owner = os.getpid()  # the main process, which reads the batches
+        self.prefix = f"energon-{self.owner}-{uuid.uuid4().hex[:8]}"
         # 1 = in use; written by whichever process holds the last reference.
         self.flags = multiprocessing.RawArray("b", max(1, num_workers) * BLOCKS_PER_WORKER)
         # the worker whose batch the main process is blocked on (NO_WORKER, ANY_WORKER)
@@ -146,6 +147,18 @@ class BatchArena:
         """Called in the process that makes batches (a worker, or the main process)."""
         self.worker = worker
         _active.arena = self
+        if os.getpid() != self.owner:
+            # the main process removes the files when it ends; if it was killed, this worker does
+            multiprocessing.util.Finalize(None, self._remove_files_if_orphaned, exitpriority=0)
+
+    def _owner_gone(self) -> bool:
+        """In a worker: whether the main process has died (the worker was re-parented)."""
+        return os.getpid() != self.owner and os.getppid() != self.owner
+
+    def _remove_files_if_orphaned(self) -> None:
+        if self._owner_gone():
+            for block in self._blocks.values():
+                _unlink_quietly(block.name)
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """An uninitialised contiguous tensor in a free block, or None (then allocate normally)."""
@@ -166,8 +179,10 @@ class BatchArena:
         """A block within the worker's budget, waiting for the main process to free one while
         the main process is not waiting for this worker; past the budget when it is."""
         while True:
-            if self.closing.value:
-                return None  # the batch will never be read; do not hold up the shutdown
+            if self.closing.value or self._owner_gone():
+                # the batch will never be read: do not hold up the shutdown, and do not wait
+                # forever for a main process that was killed (torch's worker loop then ends)
+                return None
             block = self._claim_block(nbytes, within_budget=True)
             if block is not None:
                 return block
