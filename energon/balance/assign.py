@@ -7,22 +7,24 @@ ranks' costs. The bound this module keeps is stated and checked in :mod:`energon
 
 How a window is composed (:func:`compose_steps`):
 
-1. *Skeleton.* The ``steps x ranks`` heaviest samples (one per bin, so that no rank of a step
-   goes empty) and the other samples heavier than a *light* threshold go to the bins heaviest
-   first, each to the lightest bin; the bins, sorted by load, are dealt to the steps
+1. *Skeleton.* The samples heavier than a *light* threshold go to the ``steps x ranks`` bins
+   heaviest first, each to the lightest bin; the bins, sorted by load, are dealt to the steps
    ``ranks`` at a time, so the heaviest bins share a step.
 2. *Levels.* Each step gets a target per rank: at least its heaviest bin, and one common level
    for the rest, so that the targets add up to the window's work (water filling). Where the
    work cannot reach every step's heaviest bin, the targets are scaled down in proportion.
 3. *Fill.* The light samples, heaviest first, go to the bin with the most room below its step's
-   target. A light sample ends every bin within its own size of the target.
+   target. A light sample ends every bin within its own size of the target. The ``steps x
+   ranks`` lightest samples come last, one per bin, so that no rank of a step goes empty.
 4. *Level each step.* Moves and swaps between a step's heaviest rank and its other ranks close
    the remaining gaps (until none narrows one).
 5. *Repair.* A step still above the tolerance takes light samples that other steps can spare
    (they stay within the tolerance), for as long as that lowers its ratio.
 
-Several light thresholds are tried (a fraction of the mean rank share); the first composition
-whose every step is within the tolerance is kept, else the best one.
+Several light thresholds are tried: the level that the heaviest samples leave the other steps
+(:func:`anchor_level`: samples above it anchor steps), then fractions of the mean rank share
+(medium samples spread over the bins); the first composition whose every step is within the
+tolerance is kept, else the best one.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from energon.balance.bound import TOLERANCE
 
 LEVELED = 1.001  # a step this even is not leveled further (costs are estimates anyway)
 # light thresholds tried in turn, as fractions of the window's mean rank share
-LIGHT_FRACTIONS = (1 / 8, 1 / 2)
+LIGHT_FRACTIONS = (1 / 8, 1 / 2, 1.0)
 
 
 def compose_steps(costs: Sequence[float], num_ranks: int, num_steps: int) -> list[list[list[int]]]:
@@ -56,8 +58,11 @@ def compose_steps(costs: Sequence[float], num_ranks: int, num_steps: int) -> lis
     order = sorted(range(len(floats)), key=lambda i: (-floats[i], i))
     best: Composition | None = None
     best_score: tuple[float, float] | None = None
-    for fraction in LIGHT_FRACTIONS:
-        composition = Composition.build(values, order, num_ranks, num_steps, fraction)
+    total = float(sum(floats))
+    mean_share = total / (num_ranks * num_steps)
+    thresholds = [fraction * mean_share for fraction in LIGHT_FRACTIONS]
+    for light in thresholds:
+        composition = Composition.build(values, order, num_ranks, num_steps, light)
         score = composition.score()
         if best_score is None or score < best_score:
             best, best_score = composition, score
@@ -99,7 +104,7 @@ class Composition:
         order: list[int],
         num_ranks: int,
         num_steps: int,
-        light_fraction: float,
+        light: float,
     ) -> Composition:
         """Skeleton, levels, fill and levelled steps for one light threshold (``order``: the
         samples heaviest first)."""
@@ -107,12 +112,15 @@ class Composition:
         floats = out.floats
         bins = num_ranks * num_steps
         total = float(sum(floats))
-        light = light_fraction * total / bins
-        first = min(bins, len(order))  # one per bin, so that no rank of a step goes empty
-        heavy = first + sum(1 for i in order[first:] if floats[i] > light)
+        # the `bins` lightest samples finish the bins, one each, so that no rank goes empty;
+        # with no more samples than bins, each gets a bin of its own in the skeleton
+        finishers = bins if len(order) > bins else 0
+        rest = len(order) - finishers
+        heavy = sum(1 for i in order[:rest] if floats[i] > light) if finishers else rest
         out.place_skeleton(order[:heavy])
         levels = step_levels(out.step_tops(), total, num_ranks)
-        out.fill(order[heavy:], levels)
+        out.fill(order[heavy:rest], levels)
+        out.finish(order[rest:], levels)
         for step in range(num_steps):
             out.level_step(step)
         return out
@@ -152,6 +160,18 @@ class Composition:
             members[b].append(i)
             loads[b] += floats[i]
             heapq.heappush(heap, (loads[b] - levels[b // ranks], b))
+
+    def finish(self, finishers: list[int], levels: list[float]) -> None:
+        """``finishers`` (heaviest first, one per bin), each to the bin with the most room
+        below its level among those without one yet."""
+        floats, members, loads = self.floats, self.members, self.loads
+        ranks = self.num_ranks
+        heap = [(loads[b] - levels[b // ranks], b) for b in range(len(loads))]
+        heapq.heapify(heap)
+        for i in finishers:
+            _, b = heapq.heappop(heap)
+            members[b].append(i)
+            loads[b] += floats[i]
 
     def step_bins(self, step: int) -> range:
         return range(step * self.num_ranks, (step + 1) * self.num_ranks)

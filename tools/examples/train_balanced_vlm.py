@@ -218,8 +218,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24, help="steps of each configuration")
     parser.add_argument("--window", type=int, default=4, help="Balance.window (global steps)")
     parser.add_argument("--max-length", type=int, default=4096)
-    parser.add_argument("--dim", type=int, default=192)
-    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument(
         "--fit-steps", type=int, default=32, help="steps timed to fit a cost (0: no fitted run)"
