@@ -4,10 +4,12 @@
 ``energon prepare mix.yaml`` writes, for every ``join`` of every split, the file
 ``<mix>.yaml.cache/join_index_<sha256>.bin`` in the reference's ``JIDX0001`` layout: 8 magic bytes,
 an int64 column count, then one row per joined sample of int64 ``(shard, byte offset, byte size)``
-triples, one per member (``-1, -1, -1`` for a missing secondary with ``nonmatch: none``). Unlike the
-reference, the file name also depends on each member's split and on sorted excludes, so the same
-join in two splits gets two indices and every process computes the same name. Reading joined
-samples is :mod:`energon.source.join`'s job.
+triples, one per member (``-1, -1, -1`` for a missing secondary with ``nonmatch: none``). A member
+may be a WebDataset or a prepared Parquet/Arrow dataset; for a Parquet member the triple is
+``(file, row in the file, row group in the file)`` (``shard`` and ``file`` both number the
+member's split list). Unlike the reference, the file name also depends on each member's split and
+on sorted excludes, so the same join in two splits gets two indices and every process computes the
+same name. Reading joined samples is :mod:`energon.source.join`'s job.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ from energon.format.layout import (
     SPLIT_YAML_FILENAME,
     nv_meta_dir,
 )
+from energon.format.parquet import (
+    ROWS,
+    is_prepared_parquet,
+    key_column_of,
+    read_parquet_index,
+    row_keys,
+)
 from energon.format.split import read_split
 from energon.format.sqlite_index import read_index_uuid
 from energon.metadataset.config import Blend, Join, JoinMember, MetadatasetError, load_metadataset
@@ -51,6 +60,7 @@ class JoinMemberSplit:
     dataset_config: str
     split_config: str
     name: str | None
+    kind: str = "webdataset"  # or "parquet" (a prepared Parquet/Arrow dataset)
 
 
 def resolve_join_member(member: JoinMember, base_dir: str, split_part: str) -> JoinMemberSplit:
@@ -81,6 +91,7 @@ def resolve_join_member(member: JoinMember, base_dir: str, split_part: str) -> J
         dataset_config=member.dataset_config or DATASET_YAML_FILENAME,
         split_config=member.split_config or SPLIT_YAML_FILENAME,
         name=member.name,
+        kind="parquet" if is_prepared_parquet(root) else "webdataset",
     )
 
 
@@ -164,7 +175,56 @@ def build_join_index(members: list[JoinMemberSplit], target: str) -> tuple[int, 
 
 
 def _member_samples(m: JoinMemberSplit) -> dict[str, Any]:
-    """Samples of the member's split (excludes removed) in split order, from its sqlite index."""
+    """Keys and ``(shard, offset, size)`` of the member's samples (excludes removed), in split
+    order; keys must be unique."""
+    table = _parquet_member_rows(m) if m.kind == "parquet" else _tar_member_samples(m)
+    if len(set(table["key"])) != len(table["key"]):
+        raise MetadatasetError(
+            f"join member {m.root}: sample keys are not unique in split {m.split_part}"
+        )
+    return table
+
+
+def _parquet_member_rows(m: JoinMemberSplit) -> dict[str, Any]:
+    """Rows of a Parquet member's split as ``(file, row, row group)`` with their keys (the key
+    column's values, else ``<file>/<row>``; only the key column is read)."""
+    index = read_parquet_index(m.root)
+    by_name = {f["name"]: i for i, f in enumerate(index.files)}
+    starts, groups = index.group_starts, index.table()
+    key_column = key_column_of(m.root, m.dataset_config)
+    keys: list[str] = []
+    where: list[np.ndarray] = []
+    for position, name in enumerate(m.shards):
+        if name in m.excluded_shards:
+            continue
+        if name not in by_name:
+            raise DatasetNotPreparedError(
+                f"join member {m.root}: split {m.split_part!r} lists {name}, which was not "
+                f"prepared (run `energon prepare {m.root}`)"
+            )
+        file = by_name[name]
+        rows = int(index.files[file]["rows"])
+        path = os.path.join(m.root, name)
+        file_keys = row_keys(path, index.files[file]["format"], name, rows, key_column)
+        file_groups = groups[starts[file] : starts[file + 1]]
+        group_of_row = np.repeat(np.arange(len(file_groups)), file_groups[:, ROWS])
+        kept = [
+            row
+            for row in range(rows)
+            if (name, file_keys[row] if key_column else str(row)) not in m.excluded_keys
+        ]
+        keys.extend(file_keys[row] for row in kept)
+        kept_rows = np.asarray(kept, dtype=np.int64)
+        where.append(
+            np.stack([np.full(len(kept), position), kept_rows, group_of_row[kept_rows]], axis=1)
+        )
+    table = np.concatenate(where) if where else np.zeros((0, 3), dtype=np.int64)
+    return {"key": keys, "shard": table[:, 0], "offset": table[:, 1], "size": table[:, 2]}
+
+
+def _tar_member_samples(m: JoinMemberSplit) -> dict[str, Any]:
+    """Samples of a WebDataset member's split (excludes removed) in split order, from its sqlite
+    index."""
     tar_ids = {name: i for i, name in enumerate(read_info(m.root))}
     position = {
         tar_ids[s]: i for i, s in enumerate(m.shards) if s in tar_ids and s not in m.excluded_shards
@@ -182,13 +242,8 @@ def _member_samples(m: JoinMemberSplit) -> dict[str, Any]:
         if r[0] in position and (m.shards[position[r[0]]], r[1]) not in m.excluded_keys
     ]
     rows.sort(key=lambda r: (position[r[0]], r[2]))
-    keys = [r[1] for r in rows]
-    if len(set(keys)) != len(keys):
-        raise MetadatasetError(
-            f"join member {m.root}: sample keys are not unique in split {m.split_part}"
-        )
     return {
-        "key": keys,
+        "key": [r[1] for r in rows],
         "shard": np.array([position[r[0]] for r in rows], dtype=np.int64),
         "offset": np.array([r[3] for r in rows], dtype=np.int64),
         "size": np.array([r[4] for r in rows], dtype=np.int64),

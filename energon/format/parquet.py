@@ -237,6 +237,44 @@ def _arrow_batch_rows(opened: Any, file_format: bool) -> list[int]:
     return [batch.num_rows for batch in opened]
 
 
+def read_column(path: str, fmt: str, column: str) -> list[Any]:
+    """All values of one column of a Parquet or Arrow file, in row order (only that column's
+    chunks are read from a Parquet file; an Arrow file is memory-mapped)."""
+    pa = require_pyarrow()
+    local = epath.local_copy(path)
+    if fmt == "parquet":
+        return pa.parquet.read_table(local, columns=[column]).column(column).to_pylist()
+    with pa.memory_map(local) as source:
+        is_file = source.read(6) == b"ARROW1"
+        source.seek(0)
+        opened = pa.ipc.open_file(source) if is_file else pa.ipc.open_stream(source)
+        return opened.read_all().column(column).to_pylist()
+
+
+def row_keys(path: str, fmt: str, name: str, rows: int, key_column: str | None) -> list[str]:
+    """Every row's ``__key__``: the key column's values, else ``<file>/<row>``. An empty key is
+    an error naming the file and row (a key identifies a row in joins and excludes)."""
+    if key_column is None:
+        return [f"{name}/{row}" for row in range(rows)]
+    values = read_column(path, fmt, key_column)
+    empty = next((row for row, value in enumerate(values) if value is None), None)
+    if empty is not None:
+        raise ParquetFormatError(f"{path}: row {empty} has no key (column {key_column!r} is null)")
+    return [str(value) for value in values]
+
+
+def key_column_of(root: str, dataset_config: str) -> str | None:
+    """The ``key_column`` that ``.nv-meta/<dataset_config>`` names, if any."""
+    import yaml
+
+    path = epath.join(root, MAIN_FOLDER_NAME, dataset_config)
+    if not epath.is_file(path):
+        return None
+    data = yaml.safe_load(epath.read_text(path))
+    column = data.get("key_column") if isinstance(data, dict) else None
+    return None if column is None else str(column)
+
+
 # ---------------------------------------------------------------------------------------------
 # Discovering files
 

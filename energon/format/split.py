@@ -27,7 +27,6 @@ from energon.format.layout import (
 )
 
 _NUMBER_RE = re.compile(r"(\d+)")
-_SHARD_KEY_SEPARATOR_RE = re.compile(r"\.(?:tar|tgz)/")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,16 +127,22 @@ class SplitConfig:
         return [s for s in self.split_parts[split_part] if s not in excluded]
 
     def sample_excludes(self) -> set[tuple[str, str]]:
-        """``(shard name, sample key)`` pairs from ``<shard>.tar/<key>`` exclude entries."""
+        """``(shard name, sample key)`` pairs from ``<shard>/<key>`` exclude entries (a tar
+        shard, or a Parquet/Arrow file, of some split, then a key)."""
         known = self._known_shards()
-        result: set[tuple[str, str]] = set()
-        for entry in self.exclude:
-            if entry in known:
-                continue
-            m = _SHARD_KEY_SEPARATOR_RE.search(entry)
-            if m is not None:
-                result.add((entry[: m.end() - 1], entry[m.end() :]))
-        return result
+        pairs = (split_sample_entry(entry, known) for entry in self.exclude if entry not in known)
+        return {pair for pair in pairs if pair is not None}
+
+
+def split_sample_entry(entry: str, known: set[str]) -> tuple[str, str] | None:
+    """``(shard, key)`` of an exclude entry ``<shard>/<key>`` whose shard is in ``known`` (the
+    longest such shard name; a key may itself contain ``/``), else None."""
+    cut = entry.rfind("/")
+    while cut > 0:
+        if entry[:cut] in known and cut + 1 < len(entry):
+            return entry[:cut], entry[cut + 1 :]
+        cut = entry.rfind("/", 0, cut)
+    return None
 
 
 def read_split(root: PathLike, split_config: str = SPLIT_YAML_FILENAME) -> SplitConfig:
@@ -213,10 +218,7 @@ def _warn_unmatched_excludes(config: SplitConfig) -> None:
     """An exclude entry that names no shard of any split excludes nothing: likely a typo."""
     known = config._known_shards()
     for entry in config.exclude:
-        if entry in known:
-            continue
-        m = _SHARD_KEY_SEPARATOR_RE.search(entry)
-        if m is None or entry[: m.end() - 1] not in known:
+        if entry not in known and split_sample_entry(entry, known) is None:
             warn_unmatched_exclude(config.source, entry, "it names no shard of any split")
 
 

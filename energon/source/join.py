@@ -1,9 +1,11 @@
 """The join leaf: rows of a prepared join index, each the samples of several datasets with the same
 key, combined by a joiner.
 
-Loading row ``i`` reads every member's sample bytes directly (one pread each, at the offsets the
-index stores), builds each member's sample with that member's ``dataset.yaml`` and calls the joiner.
-The index itself (its layout, building it, its file name) is :mod:`energon.format.join_index`'s.
+Loading row ``i`` reads every member's sample directly and builds it with that member's
+``dataset.yaml``, then calls the joiner. A WebDataset member's sample is one pread at the byte
+range the index stores; a Parquet member's is a row (file, row) that its own
+:class:`~energon.source.parquet.ParquetLeaf` reads by row group. The index itself (its layout,
+building it, its file name) is :mod:`energon.format.join_index`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from energon.format.join_index import JoinMemberSplit, read_join_rows
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.samples import SourceInfo
 from energon.source.dataset_config import load_sample_builder
+from energon.source.parquet import ParquetLeaf
 from energon.source.shard_reader import shard_reader
 from energon.source.webdataset import tar_byte_index
 
@@ -33,9 +36,79 @@ class JoinSpec:
     joiner: Any = None
 
 
+class TarMember:
+    """A WebDataset member: a sample is the tar bytes at ``(shard, offset, size)``."""
+
+    kind = "webdataset"
+
+    def __init__(self, member: JoinMemberSplit, subflavors: dict[str, Any]) -> None:
+        self.member = member
+        self.builder = load_sample_builder(member.root, member.dataset_config)
+        self.subflavors = {**self.builder.subflavors, **subflavors}
+
+    def load(self, row: tuple[int, int, int], index: int, decoder: Any, restore_key: tuple) -> Any:
+        """The member's sample of join row ``index``."""
+        shard, offset, size = row
+        member, builder = self.member, self.builder
+        path = os.path.join(member.root, member.shards[shard])
+        data = shard_reader().read(path, offset, offset + size, tar_byte_index)
+        members = split_sample_bytes(data, base_offset=offset, path=path)
+        key, parts = _decode(members, builder, decoder, path, offset, member.root)
+        base = {
+            "__key__": key,
+            "__restore_key__": restore_key,
+            "__subflavors__": dict(self.subflavors),
+            "__sources__": (
+                SourceInfo(
+                    dataset_path=member.root,
+                    index=index,
+                    shard_name=member.shards[shard],
+                    file_names=tuple(n for n, _ in members),
+                ),
+            ),
+        }
+        return builder.build(parts, base, member.shards[shard])
+
+
+class ParquetMember:
+    """A Parquet/Arrow member: a sample is row ``row`` of file ``file`` (the triple's third
+    number, the row group, is for people reading the index), read by the member's own leaf."""
+
+    kind = "parquet"
+
+    def __init__(self, member: JoinMemberSplit, subflavors: dict[str, Any]) -> None:
+        self.member = member
+        self.leaf = ParquetLeaf.open(
+            member.root,
+            split_part=member.split_part,
+            split_config=member.split_config,
+            dataset_config=member.dataset_config,
+            subflavors=subflavors,
+        )
+        self.builder = self.leaf.builder
+        self._files = {name: i for i, name in enumerate(self.leaf.shard_names)}
+
+    def leaf_index(self, row: tuple[int, int, int]) -> int:
+        """The member leaf's index of the row a join-index triple names."""
+        file, in_file, _ = row
+        return self.leaf.shard_starts[self._files[self.member.shards[file]]] + in_file
+
+    def load(self, row: tuple[int, int, int], index: int, decoder: Any, restore_key: tuple) -> Any:
+        return self.leaf.load(self.leaf_index(row), decoder, restore_key)
+
+
+def join_member(member: JoinMemberSplit, subflavors: dict[str, Any]) -> TarMember | ParquetMember:
+    """The reader of one join member, by its kind."""
+    return (
+        ParquetMember(member, subflavors)
+        if member.kind == "parquet"
+        else TarMember(member, subflavors)
+    )
+
+
 class JoinLeaf:
-    """Rows of a join index as one leaf: loading row ``i`` reads every member's sample bytes
-    directly (one pread each), builds each member's sample and calls the joiner."""
+    """Rows of a join index as one leaf: loading row ``i`` reads every member's sample directly
+    (a tar byte range, or a Parquet row), builds each member's sample and calls the joiner."""
 
     kind = "join"
     remote = False  # joins are built and read on local files
@@ -47,7 +120,7 @@ class JoinLeaf:
         self.subflavors = subflavors
         self.root = self.members[0].root
         self.split_part = self.members[0].split_part
-        self.builders = [load_sample_builder(m.root, m.dataset_config) for m in self.members]
+        self.readers = [join_member(m, subflavors) for m in self.members]
         self.builder = _JoinBuilder(getattr(self.joiner, "__name__", None), subflavors, self.joiner)
         self.excluded: frozenset[int] = frozenset()
         primary_shards = read_join_rows(self.index_path, len(self.members))[:, 0, 0]
@@ -79,30 +152,10 @@ class JoinLeaf:
         """Local files only: nothing to hint."""
 
     def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
-        row = self._table()[index].tolist()
-        samples = []
-        for member, builder, (shard, offset, size) in zip(self.members, self.builders, row):
-            if shard < 0:
-                samples.append(None)
-                continue
-            path = os.path.join(member.root, member.shards[shard])
-            data = shard_reader().read(path, offset, offset + size, tar_byte_index)
-            members = split_sample_bytes(data, base_offset=offset, path=path)
-            key, parts = _decode(members, builder, decoder, path, offset, member.root)
-            base = {
-                "__key__": key,
-                "__restore_key__": restore_key,
-                "__subflavors__": {**builder.subflavors, **self.subflavors},
-                "__sources__": (
-                    SourceInfo(
-                        dataset_path=member.root,
-                        index=index,
-                        shard_name=member.shards[shard],
-                        file_names=tuple(n for n, _ in members),
-                    ),
-                ),
-            }
-            samples.append(builder.build(parts, base, member.shards[shard]))
+        samples = [
+            None if row[0] < 0 else reader.load(tuple(row), index, decoder, restore_key)
+            for reader, row in zip(self.readers, self._table()[index].tolist())
+        ]
         return self._join(samples, restore_key)
 
     def _join(self, samples: list[Any], restore_key: tuple) -> Any:

@@ -311,7 +311,8 @@ class TokenMeta(MetaReader):
 
 
 class JoinMeta(MetaReader):
-    """Row ``i`` of a join: the primary member's shard, byte range and key."""
+    """Row ``i`` of a join: the primary member's shard, byte range and key (a Parquet primary's
+    file, row group and row, through that member's own reader)."""
 
     @cached_property
     def _primary(self) -> WebdatasetMeta:
@@ -324,6 +325,12 @@ class JoinMeta(MetaReader):
             )
         )
 
+    @cached_property
+    def _parquet(self) -> ParquetMeta | None:
+        """The Parquet primary's reader (None for a WebDataset primary)."""
+        reader = self.leaf.readers[0]
+        return ParquetMeta(reader.leaf) if reader.kind == "parquet" else None
+
     def __getstate__(self) -> dict[str, Any]:
         return {"leaf": self.leaf}
 
@@ -331,14 +338,26 @@ class JoinMeta(MetaReader):
         shard, offset, size = self.leaf._table()[index][0].tolist()
         return shard, offset, size
 
+    def _parquet_index(self, index: int) -> int:
+        return self.leaf.readers[0].leaf_index(self._row(index))
+
     def shard_name(self, index: int) -> str:
         return self.leaf.members[0].shards[self._row(index)[0]]
 
     def byte_range(self, index: int) -> tuple[int | None, int | None]:
+        if self._parquet is not None:
+            return self._parquet.byte_range(self._parquet_index(index))
         _, offset, size = self._row(index)
         return offset, size
 
+    def location(self, index: int) -> dict[str, int]:
+        if self._parquet is not None:
+            return self._parquet.location(self._parquet_index(index))
+        return {}
+
     def key(self, index: int) -> str | None:
+        if self._parquet is not None:
+            return self._parquet.key(self._parquet_index(index))
         from energon.format.info import read_info
         from energon.source.webdataset import tar_byte_index
 

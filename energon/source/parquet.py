@@ -46,10 +46,11 @@ from energon.format.parquet import (
     read_parquet_index,
     require_pyarrow,
     row_group_table,
+    row_keys,
     scan_files,
     table_format,
 )
-from energon.format.split import read_split
+from energon.format.split import read_split, warn_unmatched_exclude
 from energon.samples.source_info import make_source_info
 from energon.source.dataset_config import (
     SampleBuilder,
@@ -217,6 +218,7 @@ class ParquetLeaf:
             options,
             {**builder.subflavors, **(subflavors or {})},
         )
+        leaf.excluded = leaf._resolve_sample_excludes(split.sample_excludes(), split.source)
         return leaf._checked()
 
     @classmethod
@@ -408,38 +410,62 @@ class ParquetLeaf:
         )
 
     def key_indices(self, keys: set[str]) -> tuple[list[int], set[str]]:
-        """Indices of the rows with these keys (for cursor edits that exclude keys)."""
+        """Indices of the rows with these keys (for cursor edits that exclude keys). Without a
+        key column, keys are ``<file>/<row>`` and nothing is read."""
+        indices, hits = [], set()
         if self.options.key_column is None:
             by_name = {n: i for i, n in enumerate(self.shard_names)}
-            indices, hits = [], set()
             for key in keys:
                 name, _, row = key.rpartition("/")
-                if (
-                    name in by_name
-                    and row.isdigit()
-                    and int(row) < self.shard_counts[by_name[name]]
-                ):
-                    indices.append(self._starts[by_name[name]] + int(row))
+                file = by_name.get(name)
+                if file is not None and row.isdigit() and int(row) < self.shard_counts[file]:
+                    indices.append(self._starts[file] + int(row))
                     hits.add(key)
             return indices, hits
-        return self._key_column_indices(keys)
-
-    def _key_column_indices(self, keys: set[str]) -> tuple[list[int], set[str]]:
-        pa = require_pyarrow()
-        indices, hits = [], set()
-        for file, path in enumerate(self.files.paths):
-            local = epath.local_copy(path)
-            if self.files.formats[file] == "parquet":
-                table = pa.parquet.read_table(local, columns=[self.options.key_column])
-            else:
-                with pa.memory_map(local) as source:
-                    table = pa.ipc.open_stream(source).read_all() if _stream(source) else None
-                    table = table if table is not None else pa.ipc.open_file(source).read_all()
-            for row, value in enumerate(table.column(self.options.key_column).to_pylist()):
-                if str(value) in keys:
+        for file in range(len(self.shard_names)):
+            for row, key in enumerate(self._file_keys(file)):
+                if key in keys:
                     indices.append(self._starts[file] + row)
-                    hits.add(str(value))
+                    hits.add(key)
         return indices, hits
+
+    def _file_keys(self, file: int) -> list[str]:
+        """The ``__key__`` of every row of one file (reads the key column, if there is one)."""
+        return row_keys(
+            self.files.paths[file],
+            self.files.formats[file],
+            self.shard_names[file],
+            self.shard_counts[file],
+            self.options.key_column,
+        )
+
+    def _resolve_sample_excludes(
+        self, excludes: set[tuple[str, str]], source: str
+    ) -> frozenset[int]:
+        """Global indices of ``<file>/<key>`` excludes of ``split.yaml``: ``<key>`` is a value of
+        the key column, or (without one) the row number, so that the entry is the row's key. An
+        entry that matches no row is a warning naming it, as for tar shards."""
+        by_name = {n: i for i, n in enumerate(self.shard_names)}
+        wanted: dict[int, set[str]] = {}
+        for name, key in excludes:
+            if name in by_name:
+                wanted.setdefault(by_name[name], set()).add(key)
+        found: set[int] = set()
+        for file, keys in sorted(wanted.items()):
+            if self.options.key_column is None:
+                rows = {
+                    k: [int(k)] for k in keys if k.isdigit() and int(k) < self.shard_counts[file]
+                }
+            else:
+                rows = {}
+                for row, key in enumerate(self._file_keys(file)):
+                    if key in keys:
+                        rows.setdefault(key, []).append(row)
+            for key in sorted(keys - set(rows)):
+                name = self.shard_names[file]
+                warn_unmatched_exclude(source, f"{name}/{key}", f"{name} has no row {key!r}")
+            found.update(self._starts[file] + row for hits in rows.values() for row in hits)
+        return frozenset(found)
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -495,11 +521,3 @@ def _group_offsets(groups: np.ndarray, file_size: int) -> Any:
         return None
     index = RecordOffsets(bounds)
     return lambda path: index
-
-
-def _stream(source: Any) -> bool:
-    """An Arrow file in the stream format (no ``ARROW1`` magic); rewinds ``source``."""
-    source.seek(0)
-    is_stream = source.read(6) != b"ARROW1"
-    source.seek(0)
-    return is_stream
