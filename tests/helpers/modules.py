@@ -139,3 +139,23 @@ def run_fresh(script: str, *args: str, timeout: float = 300) -> subprocess.Compl
         cwd=REPO_ROOT,
         env=env,
     )
+
+
+def unit_of(module: str) -> str:
+    """The top-level unit a module belongs to: ``energon.pipeline.stages`` -> ``pipeline``,
+    ``energon.errors`` -> ``errors`` (the package root itself is ``""``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded into top-level units (the package root left out: it only
+    re-exports, lazily)."""
+    units: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        unit = unit_of(module)
+        if not unit:
+            continue
+        edges = units.setdefault(unit, set())
+        edges.update(t for t in map(unit_of, targets) if t and t != unit)
+    return units
