@@ -13,6 +13,10 @@ time:
   row groups, and the columns (written last: its presence means "prepared");
 - ``.nv-meta/parquet_row_groups.npy``: one int64 row per row group, all files concatenated:
   ``(file number, first row in its file, rows, byte offset, byte size)`` (memory-mapped by readers);
+- ``.nv-meta/parquet_column_chunks.npy``: per row group (same order) and Parquet leaf column, the
+  column chunk's ``(byte offset, byte size)`` (``-1`` for Arrow files), so that remote reads can
+  fetch only the columns a field map uses; ``parquet.json`` names each leaf column's top-level
+  column (``leaf_columns``). Datasets prepared without it fetch whole row groups;
 - ``.nv-meta/split.yaml``: files per split, in the WebDataset format (files take the place of shards);
 - ``.nv-meta/dataset.yaml`` (optional): how columns become sample fields, in the WebDataset format;
 - ``.nv-meta/index.uuid``: changes with every prepare (join indices depend on it).
@@ -46,6 +50,7 @@ ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 TABLE_SUFFIXES = PARQUET_SUFFIXES + ARROW_SUFFIXES
 PARQUET_INFO_FILENAME = "parquet.json"
 ROW_GROUPS_FILENAME = "parquet_row_groups.npy"
+CHUNKS_FILENAME = "parquet_column_chunks.npy"
 INFO_FORMAT = "energon-parquet"
 INFO_VERSION = 1
 # columns of the row-group table
@@ -85,6 +90,9 @@ class FileLayout:
     groups: np.ndarray  # int64 [row groups, 4]: first row, rows, byte offset, byte size
     columns: list[tuple[str, str]]  # (name, Arrow type)
     prelude: tuple[int, int] = (0, 0)  # Arrow: bytes of the schema (and dictionary) messages
+    # Parquet: int64 [row groups, leaf columns, 2]: each column chunk's byte offset and size
+    chunks: np.ndarray | None = None
+    leaf_columns: list[str] | None = None  # Parquet: the top-level column of each leaf column
 
     @property
     def rows(self) -> int:
@@ -168,28 +176,51 @@ def _scan_parquet(path: str, name: str, size: int, etag: str) -> FileLayout:
     source = RangedFile(lambda a, b: epath.read_range(path, a, b), size, path)
     metadata = pq.ParquetFile(source, pre_buffer=False).metadata
     groups = np.zeros((metadata.num_row_groups, 4), dtype=np.int64)
+    chunks = np.zeros((metadata.num_row_groups, metadata.num_columns, 2), dtype=np.int64)
     row = 0
     for g in range(metadata.num_row_groups):
         group = metadata.row_group(g)
-        start, end = parquet_group_span(group)
+        chunks[g] = [column_chunk_range(group.column(c)) for c in range(group.num_columns)]
+        start = int(chunks[g, :, 0].min()) if group.num_columns else 0
+        end = int((chunks[g, :, 0] + chunks[g, :, 1]).max()) if group.num_columns else 0
         groups[g] = (row, group.num_rows, start, end - start)
         row += group.num_rows
     schema = metadata.schema.to_arrow_schema()
     columns = [(field.name, str(field.type)) for field in schema]
-    return FileLayout(name, "parquet", size, etag, groups, columns)
+    leaves = leaf_columns(schema)
+    if len(leaves) != metadata.num_columns:  # a layout this does not know: whole row groups
+        return FileLayout(name, "parquet", size, etag, groups, columns)
+    return FileLayout(
+        name, "parquet", size, etag, groups, columns, chunks=chunks, leaf_columns=leaves
+    )
 
 
-def parquet_group_span(group: Any) -> tuple[int, int]:
-    """(first byte, end) of a Parquet row group's column chunks."""
-    start, end = None, 0
-    for c in range(group.num_columns):
-        chunk = group.column(c)
-        first = chunk.data_page_offset
-        if chunk.has_dictionary_page and chunk.dictionary_page_offset:
-            first = min(first, chunk.dictionary_page_offset)
-        start = first if start is None else min(start, first)
-        end = max(end, first + chunk.total_compressed_size)
-    return (start or 0), end
+def column_chunk_range(chunk: Any) -> tuple[int, int]:
+    """(byte offset, byte size) of one Parquet column chunk (its dictionary page first)."""
+    first = chunk.data_page_offset
+    if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+        first = min(first, chunk.dictionary_page_offset)
+    return first, chunk.total_compressed_size
+
+
+def leaf_columns(schema: Any) -> list[str]:
+    """The top-level column of each Parquet leaf column, in file order (a struct, list or map
+    column stores one column chunk per leaf). Column names may contain dots, so this counts
+    leaves in the Arrow schema instead of splitting ``path_in_schema``."""
+    return [field.name for field in schema for _ in range(_leaf_count(field.type))]
+
+
+def _leaf_count(arrow_type: Any) -> int:
+    types = require_pyarrow().types
+    if types.is_struct(arrow_type):
+        return sum(_leaf_count(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
+    if types.is_map(arrow_type):
+        return _leaf_count(arrow_type.key_type) + _leaf_count(arrow_type.item_type)
+    if types.is_list(arrow_type) or types.is_large_list(arrow_type):
+        return _leaf_count(arrow_type.value_type)
+    if types.is_fixed_size_list(arrow_type):
+        return _leaf_count(arrow_type.value_type)
+    return 1
 
 
 def _scan_arrow(path: str, name: str, size: int, etag: str) -> FileLayout:
@@ -336,6 +367,8 @@ class ParquetIndex:
     columns: list[tuple[str, str]]
     energon_version: str | None
     table_path: str  # the row-group table (a local file; for remote datasets a cached copy)
+    chunks_path: str | None = None  # the column-chunk table (None: prepared without one)
+    leaf_columns: list[str] | None = None  # top-level column of each leaf column
 
     @property
     def group_starts(self) -> np.ndarray:
@@ -374,6 +407,16 @@ def read_parquet_index(root: str) -> ParquetIndex:
         raise ParquetFormatError(
             f"{table_path}: the row-group table does not match {path}; run `energon prepare {root}`"
         )
+    leaves = data.get("leaf_columns")
+    if leaves is not None:  # prepared with the column-chunk table
+        index.leaf_columns = [str(c) for c in leaves]
+        index.chunks_path = epath.local_copy(epath.join(root, MAIN_FOLDER_NAME, CHUNKS_FILENAME))
+        chunks = np.load(index.chunks_path, mmap_mode="r")
+        if chunks.shape != (len(table), len(leaves), 2):
+            raise ParquetFormatError(
+                f"{index.chunks_path}: the column-chunk table does not match {path}; run "
+                f"`energon prepare {root}`"
+            )
     return index
 
 
@@ -384,6 +427,19 @@ def row_group_table(layouts: Sequence[FileLayout]) -> np.ndarray:
         for i, f in enumerate(layouts)
     ]
     return np.concatenate(parts) if parts else np.zeros((0, 5), dtype=np.int64)
+
+
+def column_chunk_table(layouts: Sequence[FileLayout]) -> np.ndarray | None:
+    """The ``.npy`` table of :data:`CHUNKS_FILENAME` (rows as in the row-group table; ``-1`` for
+    Arrow files), or None when no file is Parquet."""
+    leaves = next((f.chunks.shape[1] for f in layouts if f.chunks is not None), None)
+    if leaves is None or any(f.format == "parquet" and f.chunks is None for f in layouts):
+        return None
+    parts = [
+        f.chunks if f.chunks is not None else np.full((len(f.groups), leaves, 2), -1, np.int64)
+        for f in layouts
+    ]
+    return np.concatenate(parts).astype(np.int64)
 
 
 def write_parquet_index(
@@ -403,6 +459,11 @@ def write_parquet_index(
     buffer = io.BytesIO()
     np.save(buffer, row_group_table(layouts), allow_pickle=False)
     epath.write_bytes(epath.join(meta, ROW_GROUPS_FILENAME), buffer.getvalue())
+    chunks = column_chunk_table(layouts)
+    if chunks is not None:
+        buffer = io.BytesIO()
+        np.save(buffer, chunks, allow_pickle=False)
+        epath.write_bytes(epath.join(meta, CHUNKS_FILENAME), buffer.getvalue())
     split_text = split_config_text(split_parts)
     epath.write_bytes(epath.join(meta, split_config), split_text.encode())
     epath.write_bytes(epath.join(meta, INDEX_UUID_FILENAME), str(uuid.uuid4()).encode())
@@ -416,6 +477,8 @@ def write_parquet_index(
         "columns": [list(c) for c in columns],
         "files": [f.info() for f in layouts],
     }
+    if chunks is not None:
+        info["leaf_columns"] = next(f.leaf_columns for f in layouts if f.chunks is not None)
     epath.write_bytes(info_path(root), json.dumps(info, indent=1).encode())
 
 

@@ -41,6 +41,7 @@ from energon.format.parquet import (
     FIRST_ROW,
     OFFSET,
     SIZE,
+    column_chunk_table,
     discover_table_files,
     is_prepared_parquet,
     read_parquet_index,
@@ -57,7 +58,8 @@ from energon.source.dataset_config import (
     parse_dataset_config,
     read_dataset_yaml,
 )
-from energon.source.parquet_read import FileRef, table_reader
+from energon.source.parquet_read import HOLE_BYTES, FileRef, coalesce_ranges, table_reader
+from energon.source.prefetch import CHUNK_BYTES
 from energon.source.shard_reader import RecordOffsets, cumulative_starts, shard_reader
 
 #: ``dataset.yaml`` keys that only Parquet datasets have
@@ -107,6 +109,40 @@ def _check_fields(builder: SampleBuilder, columns: list[str], where: str) -> Non
             )
 
 
+class ColumnChunks:
+    """Where each row group's column chunks lie (``parquet_column_chunks.npy`` of a prepared
+    dataset, or the footers of one used as it is): remote reads fetch only the wanted ones."""
+
+    def __init__(self, source: np.ndarray | str, leaf_columns: list[str]) -> None:
+        self.source = source  # [row groups, leaf columns, 2], or the path of a prepared one
+        self.leaf_columns = leaf_columns
+        self._mapped: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_mapped": None}
+
+    def table(self) -> np.ndarray:
+        if isinstance(self.source, np.ndarray):
+            return self.source
+        if self._mapped is None:
+            self._mapped = np.load(self.source, mmap_mode="r")
+        return self._mapped
+
+    def mask(self, wanted: tuple[str, ...] | None) -> np.ndarray | None:
+        """Which leaf columns ``wanted`` needs; None when it needs all of them."""
+        if wanted is None:
+            return None
+        mask = np.array([column in wanted for column in self.leaf_columns], dtype=bool)
+        return None if mask.all() else mask
+
+    def ranges(self, rows: slice, mask: np.ndarray) -> list[tuple[int, int]]:
+        """The requests that fetch the masked column chunks of row-group table rows ``rows``."""
+        chunks = np.asarray(self.table()[rows][:, mask]).reshape(-1, 2)
+        return coalesce_ranges(
+            zip(chunks[:, 0], chunks[:, 0] + chunks[:, 1]), HOLE_BYTES, CHUNK_BYTES
+        )
+
+
 @dataclasses.dataclass
 class _Files:
     """The split's files and where their row groups are in the row-group table."""
@@ -135,6 +171,7 @@ class ParquetLeaf:
         builder: SampleBuilder,
         options: ColumnOptions,
         subflavors: dict[str, Any],
+        chunks: ColumnChunks | None = None,
     ) -> None:
         self.root = root
         self.split_part = split_part
@@ -149,6 +186,8 @@ class ParquetLeaf:
         self.shard_counts = files.rows
         self._starts = [int(s) for s in cumulative_starts(files.rows)]
         self._wanted = _wanted_columns(builder, options, columns)
+        self.chunks = chunks
+        self._leaf_mask = chunks.mask(self._wanted) if chunks is not None else None
         self._mapped: np.ndarray | None = None
         self._refs: dict[int, FileRef] = {}
         self._firsts: dict[int, list[int]] = {}
@@ -217,6 +256,7 @@ class ParquetLeaf:
             builder,
             options,
             {**builder.subflavors, **(subflavors or {})},
+            ColumnChunks(index.chunks_path, index.leaf_columns) if index.chunks_path else None,
         )
         leaf.excluded = leaf._resolve_sample_excludes(split.sample_excludes(), split.source)
         return leaf._checked()
@@ -247,7 +287,7 @@ class ParquetLeaf:
         )
         columns = [name for name, _ in layouts[0].columns]
         builder = SampleBuilder("crude")
-        leaf = cls(
+        return cls(
             root,
             "",
             files,
@@ -256,8 +296,8 @@ class ParquetLeaf:
             builder,
             ColumnOptions(),
             dict(subflavors or {}),
-        )
-        return leaf._checked()
+            _footer_chunks(layouts),
+        )._checked()
 
     def _checked(self) -> ParquetLeaf:
         if len(self) == 0:
@@ -326,10 +366,21 @@ class ParquetLeaf:
                 size=self.files.sizes[file],
                 groups=groups,
                 prelude=self.files.preludes[file],
-                index=_group_offsets(groups, self.files.sizes[file]) if self.remote else None,
+                index=self._byte_index(file, groups),
             )
             self._refs[file] = ref
         return ref
+
+    def _projects(self, file: int) -> bool:
+        """Remote reads of this file fetch only the wanted columns' chunks (not all columns)."""
+        return self._leaf_mask is not None and self.files.formats[file] == "parquet"
+
+    def _byte_index(self, file: int, groups: np.ndarray) -> Any:
+        """Record boundaries for remote reads: row groups (a read that no hint covered fetches
+        ahead to a row-group end), or None when only some columns are wanted (exact reads)."""
+        if not self.remote or self._projects(file):
+            return None
+        return _group_offsets(groups, self.files.sizes[file])
 
     def sample_location(self, index: int) -> dict[str, Any]:
         """Where row ``index`` lies: its file, row group (and that group's byte offset) and row."""
@@ -339,7 +390,8 @@ class ParquetLeaf:
 
     def prefetch(self, first: int, end: int, later: bool = False) -> None:
         """Hint that rows ``[first, end)`` will be read soon: their row groups' bytes are fetched
-        in the background (object storage only)."""
+        in the background (object storage only); only the wanted columns' chunks when the
+        dataset's index knows where they are."""
         if not self.remote or first >= end:
             return
         reader = shard_reader()
@@ -348,7 +400,12 @@ class ParquetLeaf:
             last = min(end, self._starts[file + 1]) - 1
             _, _, last_group, _ = self.locate(last)
             ref = self.file_ref(file)
-            if ref.index is not None:
+            if self._projects(file):
+                table_first = self.files.group_ranges[file][0]
+                rows = slice(table_first + group, table_first + last_group + 1)
+                for start, stop in self.chunks.ranges(rows, self._leaf_mask):
+                    reader.prefetch_bytes(ref.path, start, stop, later)
+            elif ref.index is not None:
                 reader.prefetch(ref.path, group, last_group + 1, ref.index, later)
             first = last + 1
 
@@ -509,6 +566,14 @@ _DECODED_EXTENSIONS = frozenset(
     [*IMAGE_EXTENSIONS, *AV_EXTENSIONS]
     + "txt text transcript cls cls2 index inx id json jsn npy npz pth pyd pickle pkl gz".split()
 )
+
+
+def _footer_chunks(layouts: list[Any]) -> ColumnChunks | None:
+    """The column chunks the files' footers describe (None for Arrow files)."""
+    table = column_chunk_table(layouts)
+    if table is None:
+        return None
+    return ColumnChunks(table, next(f.leaf_columns for f in layouts if f.chunks is not None))
 
 
 def _group_offsets(groups: np.ndarray, file_size: int) -> Any:

@@ -3,8 +3,8 @@
 A reader never decodes single rows: it decodes a *window* (a whole row group, or a run of its
 rows) of the wanted columns only, keeps it, and serves the following rows from it. All bytes come
 through the process's :func:`~energon.source.shard_reader.shard_reader` (pread locally; ranged GETs
-of prefetched row groups remotely), so object storage is read by byte range and never downloaded
-whole.
+remotely, of the prefetched column chunks of the wanted columns, see :func:`coalesce_ranges`), so
+object storage is read by byte range and never downloaded whole.
 
 Memory (per process; ``ENERGON_PARQUET_READ_BUDGET`` bytes, default 256 MiB, sets ``budget``):
 
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from energon.errors import DamagedSampleError, SampleReadError
-from energon.format.parquet import RangedFile, require_pyarrow
+from energon.format.parquet import RangedFile, leaf_columns, require_pyarrow
 from energon.source.shard_reader import ByteIndex, shard_reader
 
 READ_BUDGET = int(os.environ.get("ENERGON_PARQUET_READ_BUDGET", 256 << 20))
@@ -44,6 +44,8 @@ WINDOW_SHARE = 16  # a window holds at most budget / WINDOW_SHARE
 MAX_CURSORS = 4  # open streams through row groups larger than a window
 STREAM_BUFFER = 64 << 10  # pyarrow's read buffer per column of a stream
 MAX_FILES = 32  # open files (footers) per process
+# remote: column chunks this close together are fetched in one request, gap included
+HOLE_BYTES = int(os.environ.get("ENERGON_PARQUET_HOLE_BYTES", 64 << 10))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,21 +159,22 @@ class TableReader:
         if file.format == "arrow":
             return self._keep(file.path, group, columns, self._arrow_batch(file, group, columns))
         handle = self._parquet(file)
-        rows_per_window = self._rows_per_window(handle.metadata.row_group(group), columns)
+        leaves = leaf_columns(handle.schema_arrow)
+        rows_per_window = self._rows_per_window(handle.metadata.row_group(group), leaves, columns)
         rows = int(file.groups[group][1])
         if rows_per_window >= rows:
             table = handle.read_row_group(group, columns=_names(columns), use_threads=False)
             return self._keep(file.path, group, columns, _window(0, table))
         return self._stream_to(file, group, row, columns, rows_per_window)
 
-    def _rows_per_window(self, group_meta: Any, columns: Any) -> int:
-        """Rows of one window: the row group's estimated decoded size (footer) per row."""
+    def _rows_per_window(self, group_meta: Any, leaves: list[str], columns: Any) -> int:
+        """Rows of one window: the row group's estimated decoded size (footer) per row.
+        ``leaves``: the top-level column of each leaf column."""
         wanted = None if columns is None else set(columns)
         size = 0
         for c in range(group_meta.num_columns):
-            chunk = group_meta.column(c)
-            if wanted is None or chunk.path_in_schema.split(".", 1)[0] in wanted:
-                size += chunk.total_uncompressed_size
+            if wanted is None or c >= len(leaves) or leaves[c] in wanted:
+                size += group_meta.column(c).total_uncompressed_size
         rows = max(1, group_meta.num_rows)
         if size <= self.window_limit:
             return rows
@@ -276,6 +279,19 @@ class TableReader:
         if len(self._files) > MAX_FILES:
             self._files.popitem(last=False)
         return found
+
+
+def coalesce_ranges(ranges: Any, hole: int, limit: int) -> list[tuple[int, int]]:
+    """Byte ranges ``[start, end)`` (any order) as few requests: sorted, merged across gaps of at
+    most ``hole`` bytes while a request stays within ``limit`` bytes (a larger range stays
+    whole). Why: a request costs a round trip, a small gap costs less than one."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted((int(a), int(b)) for a, b in ranges):
+        if merged and start - merged[-1][1] <= hole and end - merged[-1][0] <= limit:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _names(columns: tuple[str, ...] | None) -> list[str] | None:

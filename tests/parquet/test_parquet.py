@@ -233,3 +233,28 @@ def test_cli_prepare_and_info(pq_ds, tmp_path):
     assert sorted(s.__key__ for s in _val(root, split_part="train")) == sorted(
         s.__key__ for s in _val(pq_ds, split_part="train") + _val(pq_ds, split_part="val")
     )
+
+
+def test_column_chunks_are_mapped_to_their_top_level_columns(tmp_path):
+    """Struct, list and map columns store a chunk per leaf, and names may hold dots: the index
+    maps every column chunk to its column (what remote reads of a field map's columns use)."""
+    from energon.format.parquet import scan_file
+
+    table = pa.table(
+        {
+            "image.png": [b"png"] * 3,
+            "image": [{"bytes": b"jpg", "path": "a.jpg"}] * 3,
+            "tags": [["a", "b"]] * 3,
+            "meta": pa.array([[("k", 1)]] * 3, type=pa.map_(pa.string(), pa.int64())),
+            "txt": ["text"] * 3,
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=2)
+    layout = scan_file(str(tmp_path / "t.parquet"), "t.parquet")
+    assert layout.leaf_columns == ["image.png", "image", "image", "tags", "meta", "meta", "txt"]
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    for g in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            chunk = meta.row_group(g).column(c)
+            assert layout.chunks[g, c, 1] == chunk.total_compressed_size
+            assert layout.chunks[g, c, 0] in (chunk.data_page_offset, chunk.dictionary_page_offset)

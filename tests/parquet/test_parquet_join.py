@@ -212,3 +212,17 @@ def test_sample_excludes_of_a_parquet_split(roots, tmp_path):
         for k in (f"{n}/{r}" for n, c in zip(files, leaf.shard_counts) for r in range(c))
         if k != f"{files[1]}/0"
     ]
+
+
+def test_an_unprepared_parquet_member_names_the_fix(roots, tmp_path):
+    """A folder of Parquet files used as it is has no split or index uuid to join by."""
+    import shutil
+
+    from energon.errors import DatasetNotPreparedError
+
+    shutil.copytree(roots / "b_pq", tmp_path / "raw", ignore=shutil.ignore_patterns(".nv-meta"))
+    shutil.copytree(roots / "a", tmp_path / "a")
+    path = join_yaml(tmp_path, "raw.yaml", "a", "raw", "error")
+    result = CliRunner().invoke(cli, ["prepare", str(path)])
+    assert isinstance(result.exception, DatasetNotPreparedError)
+    assert f"energon prepare {tmp_path / 'raw'}" in str(result.exception)

@@ -109,3 +109,65 @@ def test_a_remote_file_used_as_it_is(pq_ds, tmp_path):
 
     keys = pq.read_table(pq_ds / name, columns=["key"]).column("key").to_pylist()
     assert [s["key"] for s in samples] == keys
+
+
+def test_remote_reads_fetch_only_the_columns_the_field_map_uses(tmp_path):
+    """A field map that uses the small columns of a file with a large binary column: remote
+    reads (prefetched and not) fetch the used column chunks, not whole row groups. The same
+    files read as crude rows (every column) fetch all their bytes, for comparison."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from energon.format.parquet import prepare_parquet
+
+    folder = tmp_path / "wide"
+    (folder / "data").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for f in range(2):
+        rows = range(f * 24, f * 24 + 24)
+        table = pa.table(
+            {
+                "key": [f"row{i:03d}" for i in rows],
+                "txt": [f"the text of row {i}".encode() for i in rows],
+                "blob": [rng.bytes(50_000) for _ in rows],
+            }
+        )
+        pq.write_table(table, folder / f"data/{f}.parquet", row_group_size=4)
+    prepare_parquet(folder, progress=False)
+    data_bytes = sum(p.stat().st_size for p in folder.rglob("*.parquet"))
+    used = 0
+    for path in folder.rglob("*.parquet"):
+        meta = pq.ParquetFile(path).metadata
+        for g in range(meta.num_row_groups):
+            used += sum(meta.row_group(g).column(c).total_compressed_size for c in range(2))
+    expected = [(f"row{i:03d}", f"the text of row {i}") for i in range(48)]
+    got = {}
+    for name, yaml in (
+        (
+            "text",
+            "sample_type: {__module__: energon, __class__: TextSample}\n"
+            "field_map: {text: txt}\nkey_column: key\n",
+        ),
+        ("crude", "__module__: energon\n__class__: CrudeWebdataset\n"),
+    ):
+        (folder / ".nv-meta" / "dataset.yaml").write_text(yaml)
+        upload_to_s3(folder, f"s3://{BUCKET}/{name}")
+        reset_shard_reader()
+        reset_table_reader()
+        remote_stats().reset()
+        wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+        samples = get_val_dataset(
+            f"s3://{BUCKET}/{name}", split_part="train", worker_config=wc, batch_size=None
+        )
+        rows = list(get_savable_loader(samples))
+        if name == "text":
+            assert [(s.__key__, s.text) for s in rows] == expected
+        else:
+            assert [(s["key"], s["txt"]) for s in rows] == expected
+        got[name] = remote_stats().as_dict()
+    print(got, used, data_bytes)
+    assert got["crude"]["bytes_read"] >= data_bytes - 2 * 65536  # every column chunk
+    footers = 2 * 65536  # pyarrow reads the last 64 KiB of each file for its footer
+    assert got["text"]["bytes_read"] <= used + footers + 2 * 65536
+    assert got["text"]["bytes_read"] < data_bytes / 10
