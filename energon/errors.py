@@ -7,6 +7,8 @@ Each error also keeps the builtin base class callers catch today (``ValueError``
 configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps working:
 
     EnergonError (Exception)
+        ArgumentError (ValueError)
+            ArgumentTypeError (TypeError)
         EmptyDatasetError
         StateError (ValueError)
         NotSimulableError (ValueError)
@@ -24,6 +26,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
             FieldAccessError
             TokenSampleError
         SkipSample
+        DatasetNotFoundError (FileNotFoundError)
         DatasetNotPreparedError (FileNotFoundError)
         DatasetInfoError (ValueError)
         SplitConfigError (ValueError)
@@ -46,6 +49,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
             ThrottledError
         UseBotocore
         MegatronEnergonInstalledError (RuntimeError)
+        MissingDependencyError (ImportError)
         WatchdogTimeout (TimeoutError)
         JsonValueError (ValueError)
         GcFreezeError (RuntimeError)
@@ -70,6 +74,23 @@ from typing import Any, Protocol
 
 class EnergonError(Exception):
     """Base class of energon's own errors."""
+
+
+class ArgumentError(EnergonError, ValueError):
+    """A public function (or an ``energon`` command) got a bad argument. ``argument`` is its name,
+    so that the command line can say which option it was (``--from-step`` for ``from_step``)."""
+
+    def __init__(self, argument: str, reason: str) -> None:
+        self.argument = argument
+        self.reason = reason
+        super().__init__(f"{argument}: {reason}")
+
+    def __reduce__(self):  # keeps the fields across process boundaries (loader workers)
+        return (type(self), (self.argument, self.reason))
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong type (``except TypeError`` catches it, as it caught the builtin)."""
 
 
 class EmptyDatasetError(EnergonError):
@@ -198,6 +219,10 @@ class SkipSample(EnergonError):  # noqa: N818 - the reference's public name
 
 # ---------------------------------------------------------------------------------------------
 # A dataset, its metadata or a config is missing or malformed
+
+
+class DatasetNotFoundError(EnergonError, FileNotFoundError):
+    """A dataset, metadataset or data file a configuration (or an argument) names does not exist."""
 
 
 class DatasetNotPreparedError(EnergonError, FileNotFoundError):
@@ -339,6 +364,11 @@ class UseBotocore(EnergonError):  # noqa: N818 - a signal, not a failure
 
 class MegatronEnergonInstalledError(EnergonError, RuntimeError):
     """A real megatron-energon is installed; ``energon.megatron_alias`` would shadow it."""
+
+
+class MissingDependencyError(EnergonError, ImportError):
+    """An optional package a feature needs is not installed; the message says which, and how to
+    install it."""
 
 
 class WatchdogTimeout(EnergonError, TimeoutError):

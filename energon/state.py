@@ -125,8 +125,9 @@ def check_state_shape(state: Any) -> dict[str, Any]:
         raise StateError(f"a loader state must be a dict, got {type(state).__name__}")
     if state.get("format") != STATE_FORMAT:
         raise StateError(
-            f"not an energon loader state (format={state.get('format')!r}); states of "
-            "megatron-energon (pickled objects) cannot be restored"
+            f"not an energon loader state: expected a dict with format {STATE_FORMAT!r} (what "
+            f"save_state_rank returns), got one with format {state.get('format')!r} and keys "
+            f"{sorted(state)[:8]}"
         )
     if state.get("version") not in READABLE_VERSIONS:
         raise StateError(
@@ -247,17 +248,59 @@ def upgrade_state(state: dict[str, Any], pointer_kinds: list[str]) -> dict[str, 
     return dict(state, version=STATE_VERSION, streams=streams)
 
 
-def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Human-readable list of what differs between two fingerprints."""
-    diffs = []
-    for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key), current.get(key)
-        if a != b:
-            diffs.append(f"{key}: saved {_short(a)} != now {_short(b)}")
-    return diffs
+def fingerprint_differences(
+    saved: dict[str, Any], current: dict[str, Any], limit: int = 12
+) -> list[str]:
+    """Human-readable list of what differs between two fingerprints, each at the innermost field
+    that differs (``datasets[1].weight: saved 0.4 != now 0.5``), so that a long value cut short
+    cannot hide the difference; an entry with another ``path`` is another dataset, shown whole.
+    Shallow fields first, at most ``limit`` lines (then a count of the others)."""
+    diffs = sorted(_differences("", saved, current), key=lambda d: d[0])
+    lines = [text for _, text in diffs]
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... and {len(lines) - limit} more differences"]
+    return lines
+
+
+def _differences(where: str, a: Any, b: Any, depth: int = 0) -> list[tuple[int, str]]:
+    """(depth, line) of every innermost difference of ``a`` (saved) and ``b`` (now)."""
+    if a == b:
+        return []
+    if isinstance(a, dict) and isinstance(b, dict) and a.get("path") == b.get("path"):
+        return [
+            line
+            for key in sorted(set(a) | set(b), key=str)
+            for line in _differences(
+                f"{where}.{key}" if where else str(key), a.get(key), b.get(key), depth + 1
+            )
+        ]
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return [
+            line
+            for i in range(max(len(a), len(b)))
+            for line in _differences(
+                f"{where}[{i}]",
+                a[i] if i < len(a) else _ABSENT,
+                b[i] if i < len(b) else _ABSENT,
+                depth + 1,
+            )
+        ]
+    return [(depth, f"{where}: saved {_short(a)} != now {_short(b)}")]
+
+
+class _Absent:
+    """An entry one side of a list does not have."""
+
+    def __repr__(self) -> str:
+        return "(none)"
+
+
+_ABSENT = _Absent()
 
 
 def _short(value: Any, limit: int = 160) -> str:
+    if value is _ABSENT:
+        return repr(value)
     text = json.dumps(value, default=str, sort_keys=True)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -18,10 +18,12 @@ from typing import Any
 
 from energon import epath
 from energon.cursor.savepoint import merge_states, upgraded
+from energon.errors import ArgumentError
 from energon.format.info import read_info
 from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
+from energon.ledger.ledger import training_spec
 from energon.pipeline import snapshot
-from energon.pipeline.keys import as_key, is_pointer, pointer_target
+from energon.pipeline.keys import pointer_target, pointers_in
 from energon.pipeline.pointers import build_pointer_stages
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.plan.edits import Exclusion, PlanEdits, merge_ranges, ranges_of_indices
@@ -77,13 +79,18 @@ def exclude_samples(
         from energon.cursor.rebuild import dataset_from_state
 
         dataset = dataset_from_state(point.state)
-    spec: PipelineSpec = dataclasses.replace(dataset.spec, num_streams=point.num_streams)
+    spec = dataclasses.replace(training_spec(dataset), num_streams=point.num_streams)
     point = upgraded(point, spec.pointer_kinds())
     added, unknown = resolve_exclusions(
         spec, keys=keys, shards=shards, datasets=datasets, within=within
     )
     if not added:
-        raise ValueError("nothing to exclude: no key, shard or dataset matched")
+        given = [name for name, v in (("keys", keys), ("shards", shards)) if list(v)]
+        raise ArgumentError(
+            "/".join(given) or "keys/shards/datasets",
+            "nothing to exclude: no key, shard or dataset matched"
+            + (f" (keys not found: {', '.join(unknown[:10])})" if unknown else ""),
+        )
     before = point.edits
     edits = (before or PlanEdits()).with_exclusions(added)
     edits = edits.with_history(
@@ -124,20 +131,21 @@ def resolve_exclusions(
     datasets: Iterable[str] = (),
     within: Iterable[str] = (),
 ) -> tuple[list[Exclusion], list[str]]:
-    """Index ranges per dataset of the named keys, shards and datasets (and the unknown keys)."""
+    """Index ranges per dataset of the named keys, shards and datasets (and the unknown keys).
+    ``datasets`` and ``within`` name datasets as :func:`sources_named` reads them."""
     ranges: dict[tuple[str, str], list[tuple[int, int]]] = {}
     wanted_keys = set(keys)
     found_keys: set[str] = set()
     shard_names = set(shards)
-    whole = set(datasets)
-    only = {epath.normalize(p) for p in within}
+    whole = sources_named(spec, datasets, "datasets")
+    only = sources_named(spec, within, "within") if list(within) else None
     for number, source in enumerate(spec.sources):
         leaf = source.leaf
         identity = (leaf.fingerprint()["path"], leaf.split_part)
         target = ranges.setdefault(identity, [])
-        if identity[0] in whole or str(number) in whole or leaf.root in whole:
+        if number in whole:
             target.append((source.start, source.end))
-        if only and leaf.root not in only and identity[0] not in only:
+        if only is not None and number not in only:
             continue
         target += _shard_ranges(leaf, shard_names)
         if wanted_keys:
@@ -148,6 +156,35 @@ def resolve_exclusions(
         Exclusion(path, split, merge_ranges(r)) for (path, split), r in ranges.items() if r
     ]
     return exclusions, sorted(wanted_keys - found_keys)
+
+
+def sources_named(spec: PipelineSpec, names: Iterable[str], argument: str) -> set[int]:
+    """The sources that ``names`` name: a dataset path (relative to the current folder or
+    absolute: the same; a URL) names every source reading that dataset, a number the source with
+    that number. A name that matches no source is an :class:`ArgumentError` of ``argument``
+    listing the datasets there are."""
+    paths = [epath.normalize(str(s.leaf.fingerprint()["path"])) for s in spec.sources]
+    found: set[int] = set()
+    for name in names:
+        text = str(name).strip()
+        if text.isdigit() and int(text) < len(paths):
+            found.add(int(text))
+            continue
+        spelled = epath.normalize(text) if text else text
+        matches = {n for n, path in enumerate(paths) if path == spelled}
+        if not matches:
+            listed = ", ".join(
+                f"[{n}] {path} [{s.leaf.split_part}]"
+                for n, (path, s) in enumerate(zip(paths, spec.sources))
+            )
+            shown = f"{text!r}" + (f" ({spelled})" if spelled != text else "")
+            raise ArgumentError(
+                argument,
+                f"{shown} is no dataset of this configuration (expected a dataset path, "
+                f"relative or absolute, or a source number; its datasets: {listed})",
+            )
+        found |= matches
+    return found
 
 
 def _shard_ranges(leaf: Any, names: set[str]) -> list[tuple[int, int]]:
@@ -204,27 +241,9 @@ def _buffered(snapshots: dict[int, Any], spec: PipelineSpec) -> int:
     count = 0
     for snap in snapshots.values():
         for stage_state in snapshot.stage_states(snap)[pointer_stages:]:
-            for pointer in _pointers_in(stage_state):
+            for pointer in pointers_in(stage_state):
                 source, index = pointer_target(pointer)
                 exclusion = exclusions[source]
                 if exclusion is not None and exclusion.contains(index):
                     count += 1
     return count
-
-
-def _pointers_in(data: Any) -> list[tuple]:
-    """Every sample pointer inside a stage's state (keys nested in JSON data)."""
-    if isinstance(data, dict):
-        return [p for value in data.values() for p in _pointers_in(value)]
-    if isinstance(data, list | tuple):
-        key = as_key(data)
-        if (
-            len(key) == 3
-            and isinstance(key[0], str)
-            and isinstance(key[1], int)
-            and isinstance(key[2], int)
-            and is_pointer(key)
-        ):
-            return [key]
-        return [p for value in data for p in _pointers_in(value)]
-    return []

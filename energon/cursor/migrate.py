@@ -26,6 +26,7 @@ from typing import Any
 
 from energon.cursor.savepoint import merge_states, upgraded
 from energon.errors import StateError
+from energon.ledger.ledger import training_spec
 from energon.pipeline import snapshot
 from energon.pipeline.keys import as_key, is_pointer
 from energon.pipeline.pointers import build_pointer_stages, pointer_source
@@ -82,7 +83,7 @@ def migrate_states(
     point = merge_states(states)
     old_fp = point.state["fingerprint"]
     new_spec: PipelineSpec = dataclasses.replace(
-        dataset.spec, num_streams=point.num_streams, edits=None
+        training_spec(dataset), num_streams=point.num_streams, edits=None
     )
     _check_only_datasets_changed(old_fp, new_spec.fingerprint())
     old = _old_sources(old_fp, point.edits, point.num_streams)

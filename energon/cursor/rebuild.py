@@ -14,7 +14,7 @@ import dataclasses
 import importlib
 from typing import Any
 
-from energon.errors import StateError
+from energon.errors import ArgumentError, StateError
 from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import Source
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
@@ -108,5 +108,5 @@ def make_task_encoder(name: str) -> TaskEncoder:
                 value = getattr(value, attribute)
             return value()
         except (AttributeError, TypeError) as e:
-            raise ValueError(f"cannot make the task encoder {name} ({e})") from e
-    raise ValueError(f"cannot import the task encoder {name}")
+            raise ArgumentError("task_encoder", f"cannot make the task encoder {name} ({e})") from e
+    raise ArgumentError("task_encoder", f"cannot import the task encoder {name}")

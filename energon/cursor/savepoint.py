@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from energon import arguments
 from energon.pipeline import snapshot
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.plan.edits import PlanEdits, edits_from_json
@@ -63,6 +64,7 @@ class SavePoint:
 
 def merge_states(states: list[dict[str, Any]]) -> SavePoint:
     """The save point of all ranks' states (one per rank, saved at the same step)."""
+    arguments.not_empty(states, "states", "the loader states of all ranks (one per rank)")
     states = [check_state_shape(s) for s in states]
     merged = redistribute_states(states, states[0]["world_size"])[0]
     return SavePoint(

@@ -15,10 +15,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from energon import arguments
 from energon.cursor.savepoint import merge_states, upgraded
 from energon.errors import NotSimulableError
 from energon.ledger.exposure import items_below
-from energon.ledger.ledger import Ledger, StreamWalker
+from energon.ledger.ledger import Ledger, StreamWalker, training_spec
 from energon.pipeline.spec import fingerprint_digest
 from energon.pipeline.stream import build_stream
 from energon.plan.edits import PlanEdits
@@ -37,6 +38,8 @@ class SkipReport:
     def lines(self) -> list[str]:
         total = sum(b - a for a, b in self.skipped)
         how = "reading the skipped samples" if self.read_data else "without reading data"
+        if self.end == self.start:
+            return [f"nothing skipped (0 steps); training resumes at position {self.end}"]
         return [
             f"skipped global micro-batch positions {self.start}..{self.end - 1} "
             f"({total} micro-batches, {how}); training resumes at position {self.end}"
@@ -57,28 +60,30 @@ def skip_steps(
     ``dataset``: the training dataset of the configuration (``get_train_dataset``); by default it
     is rebuilt from the state (:mod:`energon.cursor.rebuild`).
     """
-    if steps < 0:
-        raise ValueError(f"cannot skip a negative number of steps ({steps})")
+    arguments.integer(steps, "steps", low=0)
+    arguments.integer(micro_batches_per_step, "micro_batches_per_step", low=1)
     point = merge_states(states)
     if dataset is None:
         from energon.cursor.rebuild import dataset_from_state
 
         dataset = dataset_from_state(point.state)
+    training_spec(dataset)
     point = upgraded(point, dataset.spec.pointer_kinds())
     ledger = Ledger(dataset, states=[point.state], micro_batches_per_step=micro_batches_per_step)
     L = ledger.num_streams
     end = point.position + steps * point.world_size * micro_batches_per_step
     snapshots = dict(point.snapshots)
     consumed = []  # positions in [start, end) read by ranks that were ahead when saving
-    for stream in tqdm(range(L), desc="Skipping", unit="stream", disable=not progress):
-        target = items_below(end, stream, L)
-        emitted = point.emitted(stream)
-        first = items_below(point.position, stream, L)
-        consumed += [i * L + stream for i in range(first, min(emitted, target))]
-        if emitted < target:
-            snapshots[stream] = _moved(
-                ledger, point.snapshots.get(stream), stream, target, read_data
-            )
+    with tqdm(range(L), desc="Skipping", unit="stream", disable=not progress) as bar:
+        for stream in bar:
+            target = items_below(end, stream, L)
+            emitted = point.emitted(stream)
+            first = items_below(point.position, stream, L)
+            consumed += [i * L + stream for i in range(first, min(emitted, target))]
+            if emitted < target:
+                snapshots[stream] = _moved(
+                    ledger, point.snapshots.get(stream), stream, target, read_data
+                )
     skipped = _without(point.position, end, sorted(consumed))
     edits = point.edits or PlanEdits()
     for a, b in skipped:

@@ -154,7 +154,7 @@ def build_join_index(members: list[JoinMemberSplit], target: str) -> tuple[int, 
             j = lookup.get(key)
             if j is None:
                 if m.nonmatch == "error":
-                    raise ValueError(
+                    raise MetadatasetError(
                         f"join: sample {key!r} of {members[0].root} has no match in {m.root} "
                         f"(split {m.split_part}); use nonmatch: skip or none"
                     )

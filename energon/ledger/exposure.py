@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from energon import arguments
+from energon.errors import ArgumentError
 from energon.ledger.advance import add_counts
 from energon.ledger.ledger import Ledger, StreamWalker
 from energon.pipeline.keys import pointers_of
@@ -50,14 +52,14 @@ def export_exposures(
 ) -> dict[str, Any]:
     """Count exposures over steps ``from_step <= step < until_step`` into ``directory`` (see the
     module docstring); returns the summary written to ``datasets.json``."""
-    if not 0 <= from_step <= until_step:
-        raise ValueError(f"need 0 <= from_step <= until_step, got {from_step}, {until_step}")
+    arguments.step_span(from_step, until_step, ("from_step", "until_step"))
     balance = ledger.spec.balance
     if balance is not None and (from_step % balance.window or until_step % balance.window):
-        raise ValueError(
+        raise ArgumentError(
+            "from_step/until_step",
             f"balanced steps are planned {balance.window} at a time, each step holding samples "
             "of the whole window's positions: count exposures from and until multiples of "
-            f"Balance.window={balance.window}"
+            f"Balance.window={balance.window}",
         )
     per_step = ledger.world_size * ledger.micro_batches_per_step
     start, end = from_step * per_step, until_step * per_step
@@ -73,20 +75,21 @@ def export_exposures(
     recorded = journal.positions() if journal is not None else np.zeros(0, dtype=np.int64)
     recorded = recorded[(recorded >= start) & (recorded < end)]
     streams = range(spec.num_streams)
-    for stream in tqdm(streams, desc="Counting streams", unit="stream", disable=not progress):
-        intervals = list(_intervals(ledger, stream, start, end, recorded))
-        walker = None
-        for first, stop, label in intervals:
-            if label == "journal":
-                for item in range(first, stop):
-                    found = journal.lookup(item * spec.num_streams + stream)  # type: ignore[union-attr]
-                    add_counts(per_source_seen, pointers_of(found[2]))  # type: ignore[index]
-                continue
-            if walker is None:
-                walker = StreamWalker(ledger, stream)
-            walker.advance_to(first)
-            counts = per_source_skipped if label == "skipped" else per_source_seen
-            walker.advance_to(stop, counts)
+    with tqdm(streams, desc="Counting streams", unit="stream", disable=not progress) as bar:
+        for stream in bar:
+            intervals = list(_intervals(ledger, stream, start, end, recorded))
+            walker = None
+            for first, stop, label in intervals:
+                if label == "journal":
+                    for item in range(first, stop):
+                        found = journal.lookup(item * spec.num_streams + stream)  # type: ignore[union-attr]
+                        add_counts(per_source_seen, pointers_of(found[2]))  # type: ignore[index]
+                    continue
+                if walker is None:
+                    walker = StreamWalker(ledger, stream)
+                walker.advance_to(first)
+                counts = per_source_skipped if label == "skipped" else per_source_seen
+                walker.advance_to(stop, counts)
     for arrays in (seen, skipped or {}):
         for array in arrays.values():
             array.flush()

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from energon.errors import ArgumentError
 from energon.pipeline.keys import Key, parse_stream_key
 
 
@@ -81,7 +82,9 @@ class JournalReader:
 
     def __init__(self, directory: str, digest: str | None = None) -> None:
         if not os.path.isdir(directory):
-            raise FileNotFoundError(f"journal directory {directory} does not exist")
+            raise ArgumentError(
+                "journal", f"{directory} is not a folder (expected the loader's journal folder)"
+            )
         self.directory = directory
         self.digest = digest
         self._index: list[tuple[np.ndarray, np.ndarray, np.ndarray, str]] | None = None

@@ -18,17 +18,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from energon import arguments
 from energon.balance.tail import TAIL_FIELD
-from energon.errors import StateError
+from energon.errors import ArgumentError, ArgumentTypeError, StateError
 from energon.ledger.advance import Counts, SimulatedStream
 from energon.ledger.journal import JournalReader, sources_digest
 from energon.ledger.simulate import assumptions, simulated_spec
 from energon.ledger.timeline import Segment, segment_at, timeline
 from energon.pipeline import snapshot as snapshots
-from energon.pipeline.keys import Key, outputs_of, pointer_parts, pointer_target, stream_key
+from energon.pipeline.keys import (
+    Key,
+    outputs_of,
+    pointer_parts,
+    pointer_target,
+    pointers_in,
+    stream_key,
+)
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.plan.edits import PlanEdits, edits_from_json
@@ -116,11 +125,8 @@ class Ledger:
         native: bool = True,
         strict: bool = False,
     ) -> None:
-        spec: PipelineSpec = dataset.spec
-        if not spec.training:
-            raise ValueError("the ledger describes training datasets (get_train_dataset)")
-        if micro_batches_per_step < 1:
-            raise ValueError("micro_batches_per_step must be >= 1")
+        spec = training_spec(dataset)
+        arguments.integer(micro_batches_per_step, "micro_batches_per_step", low=1)
         self.world_size = dataset.worker_config.world_size
         self.micro_batches_per_step = micro_batches_per_step
         self.native = native
@@ -155,8 +161,7 @@ class Ledger:
     # -- positions ---------------------------------------------------------------------------
     def step_positions(self, step: int) -> list[tuple[int, int, int]]:
         """``(rank, micro_batch, position)`` of every micro-batch of ``step``."""
-        if step < 0:
-            raise ValueError(f"steps start at 0, got {step}")
+        arguments.integer(step, "step", low=0)
         r, a = self.world_size, self.micro_batches_per_step
         return [(rank, k, (step * a + k) * r + rank) for k in range(a) for rank in range(r)]
 
@@ -187,9 +192,11 @@ class Ledger:
         balance = self.spec.balance
         assert balance is not None
         if self.micro_batches_per_step != 1:
-            raise ValueError("a balanced step is one micro-batch per rank (no accumulation)")
-        if step < 0:
-            raise ValueError(f"steps start at 0, got {step}")
+            raise ArgumentError(
+                "micro_batches_per_step",
+                "a balanced step is one micro-batch per rank (no accumulation): expected 1",
+            )
+        arguments.integer(step, "step", low=0)
         ranks, size = self.world_size, balance.window
         window, inner = divmod(step, size)
         first = window * size * ranks
@@ -249,9 +256,16 @@ class Ledger:
         self, position: int, key: Key, walker: StreamWalker | None, origin: str
     ) -> MicroBatchRecord:
         step, rank, k = self.step_of(position)
+        epochs = walker.epochs_of(pointer_parts(key)) if walker is not None else None
         outputs = []
+        n = 0
         for output in outputs_of(key):
-            outputs.append([self._sample(p, walker, part) for p, part in pointer_parts(output)])
+            samples = []
+            for pointer, part in pointer_parts(output):
+                epoch = epochs[n] if epochs is not None else None
+                samples.append(self._sample(pointer, epoch, part))
+                n += 1
+            outputs.append(samples)
         excluded = []
         if walker is not None and walker.sim is not None:
             excluded = [self._sample(p, None) for p in walker.sim.excluded]
@@ -271,12 +285,11 @@ class Ledger:
         )
 
     def _sample(
-        self, pointer: Key, walker: StreamWalker | None, part: tuple[int, int | None] | None = None
+        self, pointer: Key, epoch: int | None, part: tuple[int, int | None] | None = None
     ) -> SampleRecord:
         source, index = pointer_target(pointer)
         meta = SampleMeta(meta_reader(self.spec.sources[source].leaf), source, index)
         described = meta.describe()
-        epoch = walker.epoch_of(pointer) if walker is not None else None
         return SampleRecord(
             key=described["key"],
             dataset=described["dataset"],
@@ -332,6 +345,21 @@ class Ledger:
             + (spec.batch_size or 1)
             + (spec.packing_buffer_size or 0)
         )
+
+
+def training_spec(dataset: Any, name: str = "dataset") -> PipelineSpec:
+    """The spec of a training dataset (what ``get_train_dataset`` returns), or an
+    :class:`~energon.errors.ArgumentError` naming the argument."""
+    spec = getattr(dataset, "spec", None)
+    if not isinstance(spec, PipelineSpec):
+        raise ArgumentTypeError(
+            name, f"expected a dataset from get_train_dataset, got {type(dataset).__name__}"
+        )
+    if not spec.training:
+        raise ArgumentError(
+            name, "the ledger describes training datasets (get_train_dataset), not validation ones"
+        )
+    return spec
 
 
 class StreamWalker:
@@ -391,9 +419,48 @@ class StreamWalker:
         self.segment = segment
         self.sim = self._build(segment, snap, filtered)
 
-    def epoch_of(self, pointer: Key) -> int | None:
+    def epochs_of(self, parts: list[tuple[Key, Part]]) -> list[int | None]:
+        """The epoch of each ``(pointer, part)`` of the item just emitted (None where it cannot be
+        known).
+
+        A sample can be delivered twice close together: near an epoch's end its reader may read it
+        again while the first copy still waits in the shuffle buffer. The copies are the reader's
+        readings of that sample, oldest first: of the readings in this item and those still waiting
+        in the pointer stages (delivered later), the latest is in the epoch
+        :meth:`SimulatedStream.read_epoch` finds, each earlier one an epoch before. A piece that
+        continues a split sample (``part`` not starting at 0) belongs to the reading whose first
+        piece came before it: in this item, or (the oldest reading) in an earlier one."""
         assert self.sim is not None
-        return self.sim.read_epoch(pointer, self.ledger.in_flight())
+        in_flight = self.ledger.in_flight()
+        waiting = snapshots.stage_states(self.sim.snapshot())[1 : self.sim.pointer_stages]
+        later = Counter(pointers_in(waiting))
+        readings = Counter(p for p, part in parts if not _continues(part))
+        seen: Counter[Key] = Counter()
+        started: dict[Key, int | None] = {}
+        epochs: list[int | None] = []
+        for pointer, part in parts:
+            if _continues(part) and pointer in started:
+                epochs.append(started[pointer])
+                continue
+            if _continues(part):
+                newer = readings[pointer] + later[pointer]
+            else:
+                newer = readings[pointer] - 1 - seen[pointer] + later[pointer]
+                seen[pointer] += 1
+            latest = self.sim.read_epoch(pointer, in_flight)
+            epoch = latest - newer if latest is not None and latest >= newer else None
+            if not _continues(part):
+                started[pointer] = epoch
+            epochs.append(epoch)
+        return epochs
+
+
+Part = tuple[int, int | None] | None  # the piece of a sample an output holds (None: all of it)
+
+
+def _continues(part: Part) -> bool:
+    """A piece of a split sample that is not its first."""
+    return part is not None and part[0] > 0
 
 
 def _check_balanced_grid(states: list[dict[str, Any]], world_size: int, window: int) -> None:

@@ -21,6 +21,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from energon.errors import MissingDependencyError
 from energon.pipeline import snapshot
 from energon.pipeline.pointers import blend_schedule, pointer_source
 from energon.pipeline.snapshot import StreamSnapshot
@@ -155,7 +156,7 @@ class BlendReport:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as e:
-            raise RuntimeError(
+            raise MissingDependencyError(
                 "a PNG plot needs matplotlib (pip install matplotlib); the HTML page needs nothing"
             ) from e
         fig, ax = plt.subplots(figsize=(10, 5))

@@ -7,11 +7,13 @@ checked, and turned into a :class:`PipelineSpec` that any worker can execute.
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from typing import Any
 
+from energon import arguments, epath
 from energon.decode.threads import check_decode_threads, default_decode_threads
-from energon.errors import ErrorBudget
+from energon.errors import ArgumentError, ArgumentTypeError, DatasetNotFoundError, ErrorBudget
 from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import resolve_dataset
 from energon.pipeline.blend_by import BlendBy
@@ -66,17 +68,20 @@ def _build(
     limit: int | None,
     kwargs: dict[str, Any],
 ) -> SavableDataset:
-    if not isinstance(worker_config, WorkerConfig):
-        raise TypeError("worker_config must be an energon.WorkerConfig")
-    if packing_buffer_size and not (
-        task_encoder is not None
-        and task_encoder.is_active("select_samples_to_pack")
-        and task_encoder.is_active("pack_selected_samples")
-    ):
-        raise ValueError(
-            "packing_buffer_size needs a task encoder with select_samples_to_pack and "
-            "pack_selected_samples"
-        )
+    _check_arguments(
+        path,
+        split_part=split_part,
+        worker_config=worker_config,
+        batch_size=batch_size,
+        packing_buffer_size=packing_buffer_size,
+        shuffle_buffer_size=shuffle_buffer_size,
+        max_samples_per_sequence=max_samples_per_sequence,
+        virtual_epoch_length=virtual_epoch_length,
+        shuffle_over_epochs_multiplier=shuffle_over_epochs_multiplier,
+        task_encoder=task_encoder,
+        limit=limit,
+        kwargs=kwargs,
+    )
     task_encoder = task_encoder if task_encoder is not None else DefaultTaskEncoder()
     kwargs = dict(kwargs)
     _apply_decode_kwargs(task_encoder, kwargs)
@@ -89,15 +94,6 @@ def _build(
     balance = _check_balance(
         kwargs.pop("balance", None), batch_size, packing_buffer_size, task_encoder
     )
-    if global_batch_size is not None and (
-        isinstance(global_batch_size, bool)
-        or not isinstance(global_batch_size, int)
-        or global_batch_size < 1
-    ):
-        raise ValueError(
-            f"global_batch_size must be an integer >= 1 (samples per training step), got "
-            f"{global_batch_size!r}"
-        )
     blend_by = _blend_by(kwargs.pop("blend_by", None))
     error_budget = kwargs.pop("error_budget", None) or ErrorBudget.from_env()
     decode_threads = kwargs.pop("decode_threads", None)
@@ -118,15 +114,20 @@ def _build(
         global_batch_size=global_batch_size,
     )
     if kwargs:
-        raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+        raise ArgumentTypeError(
+            ", ".join(sorted(kwargs)), "unexpected keyword argument(s) of this function"
+        )
     blend_by = _combined_blend_by(blend_by, resolved.blend_by, resolved.mode, training)
     _check_sample_type(resolved.sources, sample_type)
     if training and resolved.mode == "weight" and not repeat:
-        raise ValueError("a weighted blend is infinite: use repeat=True (or blend_epochized)")
+        raise ArgumentError(
+            "repeat", "a weighted blend is infinite: use repeat=True (or blend_epochized)"
+        )
     if training and parallel_shard_iters not in (None, 1):
         if any(s.shuffle_over_epochs is None for s in resolved.sources):
-            raise ValueError(
-                "unshuffled training (shuffle_over_epochs_multiplier=None) reads one slice at a time"
+            raise ArgumentError(
+                "parallel_shard_iters",
+                "unshuffled training (shuffle_over_epochs_multiplier=None) reads one slice at a time",
             )
     spec = PipelineSpec(
         sources=resolved.sources,
@@ -176,17 +177,78 @@ def _combined_blend_by(
     must agree where both are set). Only a training weight blend has shares to size; elsewhere
     (one dataset, validation) every sample is read as it comes and the size changes nothing."""
     if given is not None and configured.by_size and given.name != configured.name:
-        raise ValueError(
-            f"blend_by={given.name!r} but the metadataset's blend says blend_by "
-            f"{configured.name!r}: set it in one place"
+        raise ArgumentError(
+            "blend_by",
+            f"{given.name!r}, but the metadataset's blend says blend_by "
+            f"{configured.name!r}: set it in one place",
         )
     chosen = given if given is not None and given.by_size else configured
     if chosen.by_size and training and mode == "repetitions":
-        raise ValueError(
-            "blend_by sizes the shares of a weight blend ('blend'); an epochized blend "
-            "('blend_epochized') reads fixed sample counts per pass"
+        raise ArgumentError(
+            "blend_by",
+            "sizes the shares of a weight blend ('blend'); an epochized blend "
+            "('blend_epochized') reads fixed sample counts per pass",
         )
     return chosen if training and mode == "weight" else BlendBy()
+
+
+def _check_arguments(
+    path: Any,
+    *,
+    split_part: Any,
+    worker_config: Any,
+    task_encoder: Any,
+    packing_buffer_size: Any,
+    kwargs: dict[str, Any],
+    **numbers: Any,
+) -> None:
+    """Bad arguments are an :class:`~energon.errors.ArgumentError` naming them, before any work."""
+    arguments.instance(worker_config, "worker_config", WorkerConfig, "an energon.WorkerConfig")
+    arguments.instance(split_part, "split_part", str, "a split name such as 'train'")
+    if task_encoder is not None:
+        arguments.instance(task_encoder, "task_encoder", TaskEncoder, "a TaskEncoder or None")
+    lows = {
+        "batch_size": 1,
+        "packing_buffer_size": 0,
+        "shuffle_buffer_size": 0,
+        "max_samples_per_sequence": 1,
+        "virtual_epoch_length": 0,
+        "limit": 0,
+    }
+    for name, low in lows.items():
+        value = packing_buffer_size if name == "packing_buffer_size" else numbers[name]
+        arguments.integer(value, name, low=low, none=True)
+    multiplier = numbers["shuffle_over_epochs_multiplier"]
+    if arguments.integer(multiplier, "shuffle_over_epochs_multiplier", low=-1, none=True) == 0:
+        raise ArgumentError(
+            "shuffle_over_epochs_multiplier", "expected -1, None or an integer >= 1, got 0"
+        )
+    for name in ("num_streams", "parallel_shard_iters", "group_max_wait", "global_batch_size"):
+        arguments.integer(kwargs.get(name), name, low=1, none=True)
+    if packing_buffer_size and not (
+        task_encoder is not None
+        and task_encoder.is_active("select_samples_to_pack")
+        and task_encoder.is_active("pack_selected_samples")
+    ):
+        raise ArgumentError(
+            "packing_buffer_size",
+            "needs a task encoder with select_samples_to_pack and pack_selected_samples",
+        )
+    _check_path(path)
+
+
+def _check_path(path: Any) -> None:
+    """A local path must exist (as itself, or as a token prefix's ``.idx``)."""
+    if not isinstance(path, str | os.PathLike):
+        return  # a Blender, a metadataset object, ...: resolved and checked where it is opened
+    text = os.fspath(path)
+    if epath.is_remote(text) or text.startswith("file://"):
+        return
+    if not (os.path.exists(text) or os.path.exists(text + ".idx")):
+        raise DatasetNotFoundError(
+            f"path: {text} does not exist (expected a prepared dataset folder, a metadataset "
+            ".yaml, a .jsonl file or a Megatron token prefix)"
+        )
 
 
 def _check_balance(
@@ -203,13 +265,16 @@ def _check_balance(
     from energon.balance.config import Balance
 
     if not isinstance(balance, Balance):
-        raise TypeError(f"balance must be an energon.balance.Balance, got {type(balance).__name__}")
+        raise ArgumentTypeError(
+            "balance", f"expected an energon.balance.Balance, got {type(balance).__name__}"
+        )
     if not batch_size:
-        raise ValueError("balance= needs batch_size (samples per rank and step, on average)")
+        raise ArgumentError("balance", "needs batch_size (samples per rank and step, on average)")
     if packing_buffer_size or task_encoder.is_active("batch_group_criterion"):
-        raise ValueError(
-            "balance= packs and groups by itself (Balance.max_length, Balance.group): do not "
-            "combine it with packing_buffer_size or batch_group_criterion"
+        raise ArgumentError(
+            "balance",
+            "packs and groups by itself (Balance.max_length, Balance.group): do not "
+            "combine it with packing_buffer_size or batch_group_criterion",
         )
     return balance
 
@@ -220,7 +285,10 @@ def _check_sample_type(sources: list[Any], sample_type: type | None) -> None:
     for source in sources:
         st = source.leaf.builder.sample_type
         if st is not None and not issubclass(st, sample_type):
-            raise TypeError(f"{source.leaf.root} yields {st.__name__}, not {sample_type.__name__}")
+            raise ArgumentTypeError(
+                "sample_type",
+                f"{source.leaf.root} yields {st.__name__}, not {sample_type.__name__}",
+            )
 
 
 def _check_streams_have_samples(spec: PipelineSpec) -> None:
@@ -228,10 +296,11 @@ def _check_streams_have_samples(spec: PipelineSpec) -> None:
         return
     counts = spec.stream_sample_counts()
     if min(counts) == 0:
-        raise ValueError(
+        raise ArgumentError(
+            "num_streams",
             f"the dataset has {sum(counts)} samples, fewer than the {spec.num_streams} logical "
             "streams (world_size x num_workers): some streams would have nothing to read. Use fewer "
-            "workers or pass num_streams=..."
+            "workers or pass num_streams=...",
         )
 
 

@@ -32,7 +32,14 @@ from torch.utils.data._utils.pin_memory import pin_memory as _torch_pin_memory
 
 from energon import debug_log
 from energon.balance.tail import TAIL_FIELD, settled
-from energon.errors import ErrorBudget, SkipSample, StateError, WatchdogTimeout
+from energon.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    ErrorBudget,
+    SkipSample,
+    StateError,
+    WatchdogTimeout,
+)
 from energon.ledger.journal import JournalWriter, sources_digest
 from energon.loader.blend_report import BlendReport, BlendTracker, source_names, source_rows
 from energon.loader.error_report import ErrorReport
@@ -307,7 +314,9 @@ class Loader:
         fail_on_timeout: bool = False,
     ) -> None:
         if not isinstance(dataset, SavableDataset):
-            raise TypeError("the loader needs a dataset from get_train_dataset / get_val_dataset")
+            raise ArgumentTypeError(
+                "dataset", "the loader needs a dataset from get_train_dataset / get_val_dataset"
+            )
         _warn_unused_options(
             gc_collect_every_n_steps=gc_collect_every_n_steps,
             gc_freeze_at_start=gc_freeze_at_start,
@@ -909,7 +918,10 @@ class Loader:
         position = self._change_position(from_step, from_sample)
         function = None if weights is None else self._flat_weights(weights)
         if function is not None:
-            check_blend_streams(spec, function, "set_blend_weights")
+            sample = position * (spec.batch_size or 1)
+            step = f"step {from_step}: " if from_step is not None else ""
+            where = f"set_blend_weights (from {step}micro-batch {position}, global sample {sample})"
+            check_blend_streams(spec, function, where, start=sample)
         change = WeightChange(position, function)
         kept = [c for c in spec.weight_changes if c.position != position]
         if change in spec.weight_changes:
@@ -1168,12 +1180,18 @@ def _broadcast(values: list[Any], group: Any) -> list[Any]:
 
 def _check_worker_config(dataset: SavableDataset, worker_config: WorkerConfig | None) -> None:
     """The deprecated ``worker_config`` argument must equal the dataset's (which is used)."""
+    if not isinstance(dataset, SavableDataset):
+        raise ArgumentTypeError(
+            "dataset",
+            f"expected a dataset from get_train_dataset / get_val_dataset, got {dataset!r}",
+        )
     if worker_config is None:
         return
     if worker_config != dataset.worker_config:
-        raise ValueError(
-            "worker_config differs from the dataset's; the dataset's worker_config is used "
-            "(this argument is deprecated)"
+        raise ArgumentError(
+            "worker_config",
+            "differs from the dataset's; the dataset's worker_config is used "
+            "(this argument is deprecated)",
         )
     warnings.warn("the loader's worker_config argument is deprecated", FutureWarning, stacklevel=3)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from energon.errors import MetadatasetError
+from energon.errors import DatasetNotFoundError, MetadatasetError
 from energon.format.typeref import ENERGON_MODULE_ALIASES
 from energon.megatron.gpt_indices import parse_split
 from energon.pipeline.blend_by import BUILTIN_SIZES
@@ -155,7 +155,7 @@ def load_metadataset(path: str) -> Metadataset:
     """Read and validate a metadataset YAML file (V2 with ``__class__: MetadatasetV2``, else V1)."""
     path = os.path.abspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"metadataset {path} does not exist")
+        raise DatasetNotFoundError(f"metadataset {path} does not exist")
     with open(path) as f:
         try:
             data = yaml.safe_load(f)

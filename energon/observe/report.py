@@ -22,6 +22,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
+from energon.errors import MissingDependencyError
 from energon.observe.simulate import Simulation, SimulationSettings, build, simulate
 from energon.plan.rng import CounterRng, stable_seed
 from energon.source.meta import meta_reader
@@ -179,7 +180,9 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as e:
-        raise RuntimeError("energon report needs matplotlib (pip install energon[plot])") from e
+        raise MissingDependencyError(
+            "energon report needs matplotlib (pip install energon[plot])"
+        ) from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -328,8 +331,6 @@ body { font-family: sans-serif; margin: 1.5em; color: #222; }
 
 SCRIPT = """
 document.addEventListener("DOMContentLoaded", function () {
-  var images = document.querySelectorAll("img");
-  document.getElementById("image-count").textContent = images.length + " images";
   document.body.dataset.ready = "1";
 });
 """
@@ -345,12 +346,13 @@ def _page(config: str, sim: Simulation, cards: list[str], plots: list[tuple[str,
         else "<p>none</p>"
     )
     sections = "".join(f"<h2>{html.escape(name)}</h2>{body}" for name, body in plots)
+    grid_images = sum(card.count("<img") for card in cards)  # the samples', not the plots
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{CSS}</style><script>{SCRIPT}</script></head>
 <body>
 <h1>{html.escape(title)}</h1>
-<p id="image-count"></p>
+<p id="image-count">{grid_images} images in the sample grid</p>
 <h2>Warnings</h2>{warnings}
 <h2>Samples</h2><div class="grid">{"".join(cards)}</div>
 {sections}

@@ -99,9 +99,10 @@ class Simulation:
 
 
 def build(
-    config: str, settings: SimulationSettings, split: str, rank: int = 0
+    config: str, settings: SimulationSettings, split: str, rank: int = 0, required: bool = False
 ) -> SavableDataset | None:
-    """The dataset the loader would build for ``rank`` (None: the config has no such split)."""
+    """The dataset the loader would build for ``rank`` (None: the config has no such split, or
+    it is empty; a split that is ``required`` must exist)."""
     from energon.loader.build import get_train_dataset, get_val_dataset
 
     common: dict[str, Any] = {
@@ -120,25 +121,35 @@ def build(
                 **common,
             )
         return get_val_dataset(config, split_part=split, **common)
-    except (EmptyDatasetError, UnknownSplitError):
+    except EmptyDatasetError:
+        return None
+    except UnknownSplitError:
+        if required:
+            raise
         return None
     except MetadatasetError as e:
-        if f"no split {split!r}" in str(e):
+        if f"no split {split!r}" in str(e) and not required:
             return None
         raise
 
 
-def simulate(config: str, settings: SimulationSettings, *, val_split: str = "val") -> Simulation:
+def simulate(
+    config: str, settings: SimulationSettings, *, val_split: str | None = None
+) -> Simulation:
+    """What ``config`` will do with ``settings``: the training split, and the validation split
+    ``val_split`` (which must exist; by default ``val``, where the config has one)."""
     found: list[str] = []
+    failure: ValueError | None = None
     try:
         train_ds = build(config, settings, "train")
     except ValueError as e:  # a misconfiguration the loader refuses: that is the finding
-        train_ds = None
+        train_ds, failure = None, e
         found.append(f"training would fail: {e}")
-    val_ds = build(config, settings, val_split)
+    val_ds = build(config, settings, val_split or "val", required=val_split is not None)
+    val_split = val_split or "val"
     if train_ds is None and val_ds is None:
-        if found:
-            raise ValueError(found[0])
+        if failure is not None:
+            raise failure
         raise EmptyDatasetError(f"{config} has neither a train nor a {val_split} split")
     train = blend = None
     if train_ds is not None:
@@ -462,14 +473,24 @@ def _rounded_away(blend: BlendReport) -> list[str]:
 
 
 def _too_long(spec: PipelineSpec, names: list[str], max_length: int) -> list[str]:
-    """Samples longer than the packing limit (token count where known, else bytes)."""
+    """Samples longer than the packing limit (see :func:`sample_length`); a leaf listed twice is
+    checked once."""
     out = []
+    checked: set[tuple[str, str, int, int]] = set()
     for name, source in zip(names, spec.sources):
+        ident = (
+            str(source.leaf.fingerprint()["path"]),
+            source.leaf.split_part,
+            source.start,
+            source.end,
+        )
+        if ident in checked:
+            continue
+        checked.add(ident)
         reader = meta_reader(source.leaf)
         longer = []
         for index in _sampled(range(source.start, source.end)):
-            tokens = reader.tokens(index)
-            length = tokens if tokens is not None else reader.byte_range(index)[1]
+            length = sample_length(reader, index)
             if length is not None and length > max_length:
                 longer.append((reader.key(index) or str(index), length))
         if longer:
@@ -479,6 +500,19 @@ def _too_long(spec: PipelineSpec, names: list[str], max_length: int) -> list[str
                 f"{len(longer)} of those checked, e.g. {listed}"
             )
     return out
+
+
+def sample_length(reader: Any, index: int) -> int | None:
+    """A sample's length as packing sees it, from the index: its token count where known, else
+    the bytes of its parts (not its tar record, which adds headers and padding), else the bytes
+    of its record (a JSONL line)."""
+    tokens = reader.tokens(index)
+    if tokens is not None:
+        return tokens
+    parts = reader.part_sizes(index)
+    if parts:
+        return sum(parts.values())
+    return reader.byte_range(index)[1]
 
 
 def _sampled(indices: range, limit: int = 10_000) -> Iterable[int]:

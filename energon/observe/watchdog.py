@@ -61,7 +61,8 @@ class Watchdog:
         self.reports: list[str] = []
         self.failed: str | None = None  # the report of a timeout that must fail the wait
         self._cond = threading.Condition()
-        self._since: float | None = None
+        self._since: float | None = None  # the clock of the next report (reset after each)
+        self._began: float | None = None  # when this wait began: the reports count from it
         self._limit = self.timeout
         self._waiter: int | None = None
         self._interrupted = False
@@ -75,7 +76,7 @@ class Watchdog:
         otherwise sleep past this wait's deadline (a wake-up per batch costs the training loop
         two thread switches per batch)."""
         with self._cond:
-            self._since = time.monotonic()
+            self._since = self._began = time.monotonic()
             self._limit = self.initial_timeout if first else self.timeout
             self._waiter = threading.get_ident()
             if self._thread is None:
@@ -116,7 +117,7 @@ class Watchdog:
                 if waited < self._limit:
                     self._sleep_until(self._since + self._limit, now)
                     continue
-                self._fire(waited)
+                self._fire(now - (self._began if self._began is not None else self._since))
             self._wake_at = None
 
     def _sleep_until(self, wake_at: float, now: float) -> None:

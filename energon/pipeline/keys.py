@@ -202,6 +202,24 @@ def pointer_parts(key: Key) -> list[tuple[Key, tuple[int, int | None] | None]]:
     return [part for member in members for part in pointer_parts(member)]
 
 
+def pointers_in(data: Any) -> list[Key]:
+    """Every sample pointer inside a stage's state (keys nested in plain data, lists or tuples)."""
+    if isinstance(data, dict):
+        return [p for value in data.values() for p in pointers_in(value)]
+    if isinstance(data, list | tuple):
+        key = as_key(data)
+        if (
+            len(key) == 3
+            and isinstance(key[0], str)
+            and _is_int(key[1])
+            and _is_int(key[2])
+            and is_pointer(key)
+        ):
+            return [key]
+        return [p for value in data for p in pointers_in(value)]
+    return []
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -243,12 +243,15 @@ def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def check_blend_streams(spec: PipelineSpec, weights: WeightFunction, what: str) -> None:
-    """Raise if at some time some logical stream holds no sample of any source with a positive
-    weight in ``weights`` (a source with fewer samples than streams is absent from some)."""
+def check_blend_streams(
+    spec: PipelineSpec, weights: WeightFunction, what: str, start: int = 0
+) -> None:
+    """Raise if at some time from global sample ``start`` on some logical stream holds no sample
+    of any source with a positive weight in ``weights`` (a source with fewer samples than streams
+    is absent from some)."""
     names = [f"{s.leaf.fingerprint()['path']} [{s.leaf.split_part}]" for s in spec.sources]
     counts = spec.source_stream_counts()
-    for t in weights.check_times():
+    for t in sorted({start, *(t for t in weights.check_times() if t > start)}):
         raw = weights.weights_at(t)
         if not any(w > 0 for w in raw):
             raise MetadatasetError(f"{what}: the weights are all 0 at global sample {t}")

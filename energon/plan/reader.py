@@ -150,6 +150,31 @@ class SliceReader:
         self._started = fields.bool_field(state, "started", where)
         self._order = None
         self._observed_until = None
+        self._check_counters(where)
+
+    def _check_counters(self, where: str) -> None:
+        """A reader cannot have handed out (or drawn for) more samples than the epochs it has read
+        hold: counters beyond that are a damaged state, not a position (its cursors alone could
+        not tell: they stay inside their slices)."""
+        position = self.progress().position if self._started else 0
+        most = self._epoch * self._most_per_epoch() + position
+        for name, value in (("yielded", self._yielded), ("rng", self._rng.counter)):
+            if value > most:
+                raise fields.bad_field(
+                    fields.path(where, name),
+                    value,
+                    f"at most {most} (this reader's slice holds {self.num_samples} samples; it "
+                    f"has read {self._epoch} full epochs and {position} samples of epoch "
+                    f"{self._epoch})",
+                )
+
+    def _most_per_epoch(self) -> int:
+        """Samples one epoch can hand out: all of them once, or (slices drawn over several epochs
+        or with replacement, so a slice can come twice) every opened slice at its largest."""
+        if self.over_epochs == 1:
+            return int(self.num_samples)
+        sizes = [int(b - a) for a, b in zip(self.bounds, self.bounds[1:])]
+        return self.num_slices * max(sizes, default=0)
 
     def _checked_slice(self, entry: object, where: str) -> list[int]:
         """An open slice ``[slice number, cursor]`` whose cursor lies inside that slice."""

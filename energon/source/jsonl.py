@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from energon import epath
-from energon.errors import SampleException
+from energon.errors import DatasetNotFoundError, SampleException
 from energon.format.jsonl import JsonlFormatError, jsonl_index_path
 from energon.samples import CrudeSample, SourceInfo
 from energon.source.shard_reader import RecordOffsets, shard_reader
@@ -51,7 +51,7 @@ class JsonlLeaf:
     def open(cls, path: str, *, subflavors: dict[str, Any] | None = None) -> JsonlLeaf:
         path = epath.normalize(path)
         if not epath.is_file(path):
-            raise FileNotFoundError(f"JSONL file {path} does not exist")
+            raise DatasetNotFoundError(f"JSONL file {path} does not exist")
         index = jsonl_index_path(path)
         if not epath.exists(index):
             raise FileNotFoundError(f"{index} not found: run `energon prepare {path}`")

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from energon import epath
-from energon.errors import DatasetNotPreparedError
+from energon.errors import DatasetNotFoundError, DatasetNotPreparedError
 from energon.format.layout import (
     DATASET_YAML_FILENAME,
     INFO_JSON_FILENAME,
@@ -47,7 +47,7 @@ def detect_kind(target: str | JoinSpec) -> str:
     if _is_token_prefix(path):
         return "tokens"
     if not epath.exists(path):
-        raise FileNotFoundError(f"dataset {path} does not exist")
+        raise DatasetNotFoundError(f"dataset {path} does not exist")
     nv_meta = epath.join(path, MAIN_FOLDER_NAME)
     if epath.is_file(epath.join(nv_meta, INFO_JSON_FILENAME)) or epath.is_file(
         epath.join(nv_meta, INFO_YAML_FILENAME)

@@ -242,3 +242,27 @@ def test_epoch_labels_count_earlier_readings(text_ds):
                 assert sample.epoch == expected
                 labelled += 1
     assert labelled >= 0.95 * 390
+
+
+def test_epoch_labels_of_a_two_rank_blend(sources):
+    """Issue 33: near an epoch's end a sample can sit in the shuffle buffer while its reader reads
+    it again in the next epoch; its first delivery was labelled with the later epoch."""
+    config = dict(CONFIGS["shuffled"], num_streams=4)
+    steps = 120
+    delivered, _ = run_ranks(sources["blend"], 2, steps, **config)
+    ledger = Ledger(train_dataset(sources["blend"], world_size=2, **config))
+    seen: dict[tuple[int, int], int] = {}
+    wrong, labelled = [], 0
+    for step in range(steps):
+        for rank, record in enumerate(ledger.describe_step(step)):
+            for pointer, sample in zip(pointers_of(delivered[step][rank]), record.samples):
+                target = pointer_target(pointer)
+                expected = seen.get(target, 0)
+                seen[target] = expected + 1
+                if sample.epoch is not None:
+                    labelled += 1
+                    if sample.epoch != expected:
+                        wrong.append((step, sample.key, sample.epoch, expected))
+    assert max(seen.values()) >= 2  # the run crosses epochs
+    assert wrong == []
+    assert labelled >= 0.95 * sum(seen.values())

@@ -278,8 +278,14 @@ def test_set_blend_weights_rejects_what_it_cannot_do(root):
         ld.set_blend_weights({"nope": 1.0})
     with pytest.raises(ValueError, match="must be a number >= 0"):
         ld.set_blend_weights([1, -1])
-    with pytest.raises(ValueError, match="all 0 at global sample 0"):
+    # issue 33: the change starts at the next micro-batch (10, sample 20), not at sample 0
+    with pytest.raises(
+        ValueError, match="micro-batch 10, global sample 20.*all 0 at global sample 20"
+    ):
         ld.set_blend_weights([0, 0])
+    stepped = loader(path, batch_size=2, global_batch_size=8)
+    with pytest.raises(ValueError, match=r"from step 40: .*all 0 at global sample 320"):
+        stepped.set_blend_weights([0, 0], from_step=40)
     single = loader(root / "a", batch_size=2)
     with pytest.raises(ValueError, match="weight blend"):
         single.set_blend_weights([1.0])

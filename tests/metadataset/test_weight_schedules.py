@@ -224,7 +224,8 @@ splits:
 def test_global_batch_size_is_checked(root):
     with pytest.raises(MetadatasetError, match="global_batch_size must be an integer >= 1"):
         dataset(write(root, "gbs_bad.yaml", blend("1", head="global_batch_size: 0")))
-    with pytest.raises(ValueError, match="global_batch_size must be an integer >= 1"):
+    # an argument's check names it first (issue 33): "global_batch_size: expected ..."
+    with pytest.raises(ValueError, match="global_batch_size: expected an integer >= 1"):
         dataset(write(root, "gbs_ok.yaml", blend("1")), global_batch_size="64")
 
 

@@ -139,3 +139,13 @@ def test_image_sizes_come_from_prepares_media_metadata(tmp_path):
     assert len(sizes["jpg"]) == len(drawn[0])
     assert set(sizes["jpg"]) <= set(actual.values())
     assert len(set(actual.values())) > 1  # the images differ in size, so the check means something
+
+
+def test_the_image_count_counts_the_samples_images_not_the_plots(captioning_ds):
+    """Issue 33: the page said "N images" counting its own plots as well."""
+    settings = SimulationSettings(world_size=1, num_workers=1, batch_size=2)
+    page = report.build_report(str(captioning_ds), settings, samples=3)
+    grid = page.split('<div class="grid">', 1)[1].split("</div>\n", 1)[0]
+    assert grid.count('alt="sample image"') == 3
+    assert page.count("<img") > 3  # the plots are images too
+    assert '<p id="image-count">3 images in the sample grid</p>' in page

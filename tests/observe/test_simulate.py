@@ -171,6 +171,10 @@ splits:
     assert "weight rounds away" in text and "tiny" in text
     assert "fewer slices than readers" in text or "fewer samples than readers" in text
     assert "longer than the packing limit 20" in text
+    # the leaf listed twice is checked (and reported) once
+    too_long = [w for w in sim.warnings if "longer than the packing limit" in w]
+    assert [w for w in too_long if f"in {root / 'a'} [train]" in w] == too_long[:1]
+    assert len(too_long) == 2  # a, and tiny
 
 
 def test_cli(root, tmp_path):

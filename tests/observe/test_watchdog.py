@@ -6,6 +6,7 @@ on any machine; nothing asserts how long anything took."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -91,6 +92,13 @@ def test_watchdog_reports_and_continues_without_fail(text_ds, caplog):
     assert any("stage encode" in r and "_000003" in r for r in reports)
     assert any("energon watchdog" in r.getMessage() for r in caplog.records)
     assert loader.stats()["watchdog_reports"] == len(reports)
+    # every report counts the whole wait: the n-th comes after n timeouts, and the item the main
+    # process is stuck on began after the wait did (issue 33: the second said 3.0 s, then 6.1 s)
+    assert len(reports) >= 2
+    for n, text in enumerate(reports[:2], 1):
+        waited = float(re.search(r"has waited ([0-9.]+) s", text).group(1))
+        on_item = float(re.search(r"on its current item for ([0-9.]+) s", text).group(1))
+        assert waited >= n * TIMEOUT - 0.05 and waited >= on_item - 0.05, text
 
 
 def test_no_report_when_batches_come(text_ds):

@@ -257,3 +257,22 @@ def test_redistribution_keeps_the_version_of_its_states(text_ds):
     assert {s["version"] for s in redistribute_states(old, 3)} == {1}
     with pytest.raises(StateError, match="disagree on version"):
         redistribute_states([old[0], states[1]], 1)
+
+
+def test_a_changed_blend_weight_is_shown_where_it_differs(tmp_path, text_ds):
+    """Issue 33: the message cut the ``datasets`` field short, so saved and current read the same."""
+    from tests.helpers.datasets import make_text_dataset
+    from tests.ledger.runs import write_blend
+
+    other = make_text_dataset(tmp_path / "b", num_samples=40, num_shards=2, seed=3)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old = write_blend(tmp_path / "old", [text_ds, other], [0.6, 0.4])
+    new = write_blend(tmp_path / "new", [text_ds, other], [0.5, 0.5])
+    loader = make_loader(old)
+    take(iter(loader), 2)
+    with pytest.raises(StateError) as raised:
+        make_loader(new).restore_state_rank(loader.save_state_rank())
+    message = str(raised.value)
+    assert "datasets[0].weight: saved 0.6 != now 0.5" in message
+    assert "datasets[1].weight: saved 0.4 != now 0.5" in message

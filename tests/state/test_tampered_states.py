@@ -317,3 +317,38 @@ def test_streams_that_ran_dry_in_a_finite_pass_restore(text_val_ds, num_workers)
     again = loader()
     again.restore_state_rank(state)
     assert head + [tuple(b.__key__) for b in again] == full
+
+
+def _scaled(data, factor, keep=frozenset()):
+    """``data`` with every integer multiplied by ``factor`` (but the fields named in ``keep``)."""
+    if isinstance(data, dict):
+        return {k: v if k in keep else _scaled(v, factor, keep) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_scaled(v, factor, keep) for v in data]
+    if isinstance(data, int) and not isinstance(data, bool):
+        return data * factor
+    return data
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_counters_times_a_trillion_are_refused_with_and_without_workers(text_ds, num_workers):
+    """Issue 33: a state whose counters were all multiplied by 10^12 restored silently without
+    workers. Every field that must lie in range (stream ids, slice positions and cursors, buffered
+    pointers, the layout) is left alone; the counters agree with each other, but a reader cannot
+    have handed out more samples than its slice holds in the epochs it has read."""
+    loader = make_loader(text_ds, world_size=2, num_workers=2, num_streams=4)
+    take(iter(loader), 10)
+    state = loader.save_state_rank()
+    layout = ("rank", "world_size", "num_streams", "micro_batch_size", "version", "origin")
+    bad = {
+        k: v if k in layout or k == "fingerprint" else _scaled(v, 10**12) for k, v in state.items()
+    }
+    bad["streams"] = [
+        [stream, _scaled(snap, 10**12, keep={"pos", "active", "buffer", "current"})]
+        for stream, snap in state["streams"]
+    ]
+    assert bad["consumed"] == 10 * 10**12
+    again = make_loader(text_ds, world_size=2, num_workers=num_workers, num_streams=4)
+    with pytest.raises(StateError, match=r"readers\[0\]\.yielded"):
+        again.restore_state_rank(bad)
+        next(iter(again))
