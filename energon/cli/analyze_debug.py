@@ -23,6 +23,8 @@ from typing import Any
 
 import click
 
+from energon.cli.arguments import STEP, InputPath, OutputPath
+
 # The 64-colour palette of Megatron-Energon's heat maps (log file i gets colour i % 64), so that
 # pictures of the same logs look the same in both tools.
 PALETTE = (
@@ -216,30 +218,34 @@ def _choose_loader(groups: dict[tuple, list[LoaderLog]], modalities: set[str]) -
 
 
 @click.command(name="analyze-debug")
-@click.argument("log_paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("log_paths", nargs=-1, required=True, type=InputPath())
 @click.option(
     "--heatmap-path",
-    type=click.Path(dir_okay=False),
+    type=OutputPath("file"),
     default="heatmap.png",
     show_default=True,
     help="Where to write the PNG.",
 )
 @click.option(
     "--heatmap-steps",
-    type=int,
+    type=click.IntRange(min=1),
     default=1000,
     show_default=True,
     help="Width of the heat map: steps are merged by powers of two to fit.",
 )
 @click.option(
     "--heatmap-samples",
-    type=int,
+    type=click.IntRange(min=1),
     default=1000,
     show_default=True,
     help="Height of the heat map: sample rows are merged by powers of two to fit.",
 )
 @click.option(
-    "--heatmap-gain", type=float, default=10, show_default=True, help="Brightness factor."
+    "--heatmap-gain",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10,
+    show_default=True,
+    help="Brightness factor.",
 )
 @click.option(
     "--force-loading-order",
@@ -248,11 +254,12 @@ def _choose_loader(groups: dict[tuple, list[LoaderLog]], modalities: set[str]) -
 )
 @click.option(
     "--include-modality",
+    type=click.Choice(["train", "val", "train,val", "val,train"]),
     default="train",
     show_default=True,
     help="Which loaders to consider: train, val, or both (comma separated).",
 )
-@click.option("--skip", type=int, default=0, help="Leave out this many steps at the start.")
+@click.option("--skip", type=STEP, default=0, help="Leave out this many steps at the start.")
 @click.option("--no-colors", is_flag=True, help="All ranks white instead of one colour each.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def command(
@@ -275,7 +282,8 @@ def command(
     if not files:
         raise click.ClickException(f"no .jsonl logs in {', '.join(log_paths)}")
     click.echo(f"Analyzing {len(files)} logs...")
-    logs = [read_log(f, i) for i, f in enumerate(tqdm(files, disable=no_progress))]
+    with tqdm(files, disable=no_progress) as bar:  # closed (a new line) before any error
+        logs = [read_log(f, i) for i, f in enumerate(bar)]
     groups = group_loaders(logs)
     if groups and not force_loading_order:
         modalities = {m.strip() for m in include_modality.split(",") if m.strip()}
@@ -297,9 +305,10 @@ def command(
     num_steps = max((s for s, _, _ in steps), default=-1) + 1
     click.echo(f"Found {len(key_ids)} unique sample keys, {num_steps} steps")
     heatmap = Heatmap(num_steps, len(key_ids), heatmap_steps, heatmap_samples)
-    for step, source, keys in tqdm(steps, disable=no_progress):
-        for key in keys:
-            heatmap.add(step, key_ids[json.dumps(key)], _colour(source, not no_colors))
+    with tqdm(steps, disable=no_progress) as bar:
+        for step, source, keys in bar:
+            for key in keys:
+                heatmap.add(step, key_ids[json.dumps(key)], _colour(source, not no_colors))
     Image.fromarray(heatmap.image(heatmap_gain), "RGB").save(heatmap_path)
     click.echo(f"Wrote heatmap to {heatmap_path}")
     click.echo("Heatmap axes:")

@@ -11,9 +11,11 @@ import json
 
 import click
 
+from energon.cli.arguments import InputPath, OutputPath, blame, check_split
+
 
 @click.command(name="blend-plan")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.argument("path", type=InputPath("file"))
 @click.option("--split-part", default="train", show_default=True, help="split to simulate")
 @click.option(
     "--samples",
@@ -38,9 +40,9 @@ import click
     help="samples per training step, for schedules given in steps",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="the loader's seed_offset")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="write an HTML page")
-@click.option("--png", "png_path", type=click.Path(dir_okay=False), help="write a PNG (matplotlib)")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the report")
+@click.option("--html", "html_path", type=OutputPath("file"), help="write an HTML page")
+@click.option("--png", "png_path", type=OutputPath("file"), help="write a PNG (matplotlib)")
+@click.option("--json", "json_path", type=OutputPath("file"), help="write the report")
 @click.option("--progress/--no-progress", default=True, help="progress bar")
 def command(
     path: str,
@@ -56,13 +58,13 @@ def command(
     progress: bool,
 ) -> None:
     """Simulate the blend of metadataset CONFIG: requested vs. observed shares per window."""
-    from energon.errors import EnergonError
     from energon.loader.blend_report import simulate_blend
     from energon.loader.build import get_train_dataset
     from energon.worker import WorkerConfig
 
+    check_split(path, split_part, "--split-part")
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0, seed_offset=seed)
-    try:
+    with blame("PATH"):
         dataset = get_train_dataset(
             path,
             split_part=split_part,
@@ -73,8 +75,6 @@ def command(
             num_streams=num_streams,
             global_batch_size=global_batch_size,
         )
-    except (EnergonError, ValueError, FileNotFoundError) as e:
-        raise click.ClickException(str(e)) from e
     spec = dataset.spec
     if spec.mode != "weight":
         raise click.ClickException(
@@ -100,10 +100,8 @@ def command(
             f.write(report.html(title))
         click.echo(f"wrote {html_path}")
     if png_path:
-        try:
+        with blame("--png"):
             report.save_png(png_path, title)
-        except RuntimeError as e:
-            raise click.ClickException(str(e)) from e
         click.echo(f"wrote {png_path}")
     if json_path:
         with open(json_path, "w") as f:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import click
+
+from energon.cli.arguments import OutputPath
 
 
 @click.command(name="build-sequences")
 @click.argument("data_path", nargs=-1, required=True)
-@click.option("--output", "-o", required=True, help="The JSON file to write.")
+@click.option(
+    "--output", "-o", type=OutputPath("file"), required=True, help="The JSON file to write."
+)
 def command(data_path, output):
     """Read each prefix's .idx header once, offline, so that training reads none.
 
@@ -18,7 +24,18 @@ def command(data_path, output):
     from energon.megatron.indexed import IndexedFormatError
 
     try:
-        counts = build_sequences(prefixes_of(list(data_path)), output)
+        prefixes = prefixes_of(list(data_path))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'DATA_PATH...'") from e
+    missing = [p for p in prefixes if not os.path.exists(p + ".idx")]
+    if missing:
+        raise click.BadParameter(
+            f"no {missing[0]}.idx (expected Megatron token prefixes: <prefix>.bin and "
+            "<prefix>.idx, optionally preceded by weights)",
+            param_hint="'DATA_PATH...'",
+        )
+    try:
+        counts = build_sequences(prefixes, output)
     except (OSError, IndexedFormatError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"wrote {output}: {len(counts)} prefixes")

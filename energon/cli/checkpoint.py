@@ -11,48 +11,21 @@ so a training script resumes from the output exactly as it would from its own fi
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-from typing import Any
 
 import click
 
+from energon.cli.arguments import (
+    DATASET_NAME,
+    STEP,
+    InputPath,
+    OutputPath,
+    StateFile,
+    blame,
+    read_states,
+)
 from energon.cli.dataset_options import dataset_options, pop_options
-
-
-@dataclasses.dataclass
-class StateFile:
-    """One input file: its states and how they were stored."""
-
-    path: str
-    file_format: str  # "json" or "torch"
-    wrapper: dict[str, Any] | None  # Megatron-LM's dict around the state (None: bare)
-    states: list[dict[str, Any]]
-    holds_list: bool  # a list of all ranks' states (a "global" checkpoint)
-
-    def payload(self, states: list[dict[str, Any]] | dict[str, Any]) -> Any:
-        """``states`` stored the way this file stored its own."""
-        if self.wrapper is None:
-            return states
-        return {**self.wrapper, "dataloader_state_dict": states}
-
-
-def read_state_file(path: str) -> StateFile:
-    from energon.state import check_state_shape, load_state_file, state_file_format
-
-    obj = load_state_file(path)
-    wrapper = None
-    if isinstance(obj, dict) and "dataloader_state_dict" in obj:
-        wrapper, obj = obj, obj["dataloader_state_dict"]
-    holds_list = isinstance(obj, list)
-    states = [check_state_shape(s) for s in (obj if holds_list else [obj])]
-    return StateFile(path, state_file_format(path), wrapper, states, holds_list)
-
-
-def read_states(files: list[str]) -> list[dict]:
-    """All ranks' states of ``files``, by rank."""
-    return _by_rank([read_state_file(path) for path in files])
 
 
 def _by_rank(read: list[StateFile]) -> list[dict]:
@@ -149,29 +122,27 @@ def command() -> None:
 
 
 @command.command(name="info")
-@click.argument(
-    "input_files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False)
-)
+@click.argument("input_files", nargs=-1, required=True, type=InputPath("file"))
 def info(input_files: tuple[str, ...]) -> None:
     """Print position, epoch and per-stream cursors of saved states."""
-    states = read_states(list(input_files))
+    states = _by_rank(read_states(input_files, "INPUT_FILES"))
     for line in describe(states):
         click.echo(line)
 
 
 @command.command(name="redist")
-@click.argument(
-    "input_files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False)
-)
-@click.argument("output_path", type=click.Path(file_okay=False))
-@click.option("--new-world-size", type=int, prompt="New data-parallel world size")
+@click.argument("input_files", nargs=-1, required=True, type=InputPath("file"))
+@click.argument("output_path", type=OutputPath("dir"))
+@click.option("--new-world-size", type=click.IntRange(min=1), prompt="New data-parallel world size")
 def redist(input_files: tuple[str, ...], output_path: str, new_world_size: int) -> None:
     """Turn the states of all ranks into states for NEW_WORLD_SIZE ranks, written in the input's
     format, wrapping and naming."""
+    from energon.errors import StateError
     from energon.state import redistribute_states
 
-    read = [read_state_file(path) for path in input_files]
-    new_states = redistribute_states(_by_rank(read), new_world_size)
+    read = read_states(input_files, "INPUT_FILES")
+    with blame("INPUT_FILES", StateError):
+        new_states = redistribute_states(_by_rank(read), new_world_size)
     count = write_states(read, new_states, output_path)
     click.echo(
         f"Wrote {count} file(s) with states for world size {new_world_size} to {output_path}"
@@ -206,22 +177,25 @@ def _dataset_for(config: str | None, options: dict, states: list[dict]):
     if config is not None:
         from energon.cli.dataset_options import build_dataset
 
-        return build_dataset(config, options, states)
+        return build_dataset(config, options, states, "--config")
     if options:
         raise click.UsageError("dataset options need --config")
     from energon.cursor.rebuild import dataset_from_state
 
-    return dataset_from_state(states[0])
+    with blame("FILES"):
+        return dataset_from_state(states[0])
 
 
 def _edit(files: tuple[str, ...], output_dir: str, edit) -> None:
-    """Read ``files``, apply ``edit(states) -> (new_states, report)``, write like redist."""
+    """Read ``files``, apply ``edit(states) -> (new_states, report)``, write like redist. A state
+    that does not fit the configuration is an error of FILES."""
     from energon.errors import NotSimulableError, StateError
 
-    read = [read_state_file(path) for path in files]
+    read = read_states(files, "FILES")
     try:
-        new_states, report = edit(_by_rank(read))
-    except (StateError, NotSimulableError, ValueError) as e:
+        with blame("FILES", StateError):
+            new_states, report = edit(_by_rank(read))
+    except NotSimulableError as e:
         raise click.ClickException(str(e)) from e
     for line in report.lines():
         click.echo(line)
@@ -229,13 +203,11 @@ def _edit(files: tuple[str, ...], output_dir: str, edit) -> None:
     click.echo(f"Wrote {count} file(s) to {output_dir}")
 
 
-_STATE_FILES = click.argument(
-    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False)
-)
-_OUTPUT = click.argument("output_dir", type=click.Path(file_okay=False))
+_STATE_FILES = click.argument("files", nargs=-1, required=True, type=InputPath("file"))
+_OUTPUT = click.argument("output_dir", type=OutputPath("dir"))
 _CONFIG = click.option(
     "--config",
-    type=str,
+    type=InputPath("dataset", remote=True),
     help="The training configuration (dataset or metadataset); default: rebuilt from the state.",
 )
 
@@ -243,8 +215,8 @@ _CONFIG = click.option(
 @command.command(name="skip")
 @_STATE_FILES
 @_OUTPUT
-@click.option("--steps", type=int, required=True, help="Steps to skip.")
-@click.option("--micro-batches-per-step", type=int, default=1, show_default=True)
+@click.option("--steps", type=STEP, required=True, help="Steps to skip (0: none).")
+@click.option("--micro-batches-per-step", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
     "--read-data",
     is_flag=True,
@@ -286,22 +258,22 @@ def skip(
 @_STATE_FILES
 @_OUTPUT
 @click.option("--key", "keys", multiple=True, help="A sample key to exclude (repeatable).")
-@click.option(
-    "--keys-file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="A file with one sample key per line.",
-)
+@click.option("--keys-file", type=InputPath("file"), help="A file with one sample key per line.")
 @click.option("--shard", "shards", multiple=True, help="A shard (name in the split, or path).")
 @click.option(
     "--dataset",
     "datasets",
     multiple=True,
-    help="A dataset path (or source number) whose every sample is excluded.",
+    type=DATASET_NAME,
+    help="A dataset path, relative or absolute (or a source number), whose every sample is "
+    "excluded.",
 )
 @click.option(
     "--within",
     multiple=True,
-    help="Look keys and shards up in this dataset only (repeatable; default: every dataset).",
+    type=DATASET_NAME,
+    help="Look keys and shards up in this dataset only (spelled as --dataset; repeatable; "
+    "default: every dataset).",
 )
 @_CONFIG
 @dataset_options
@@ -343,7 +315,12 @@ def exclude(
 @command.command(name="migrate")
 @_STATE_FILES
 @_OUTPUT
-@click.option("--config", type=str, required=True, help="The edited configuration.")
+@click.option(
+    "--config",
+    type=InputPath("dataset", remote=True),
+    required=True,
+    help="The edited configuration.",
+)
 @dataset_options
 def migrate(files: tuple[str, ...], output_dir: str, config: str, **kwargs) -> None:
     """States for an edited configuration (weights changed, sources added or removed): continuing
@@ -355,7 +332,7 @@ def migrate(files: tuple[str, ...], output_dir: str, config: str, **kwargs) -> N
     def edit(states: list[dict]):
         from energon.cli.dataset_options import build_dataset
 
-        return migrate_states(states, build_dataset(config, options, states))
+        return migrate_states(states, build_dataset(config, options, states, "--config"))
 
     _edit(files, output_dir, edit)
 

@@ -15,42 +15,53 @@ from typing import Any
 
 import click
 
+from energon.cli.arguments import blame, check_split
+
 _NONE = "none"  # given as 'none' (an option left out is None)
 
 
 class _IntOrNone(click.ParamType):
-    name = "INT|none"
+    """An integer >= ``low``, or ``none``."""
+
+    def __init__(self, low: int) -> None:
+        self.low = low
+        self.name = f"INT>={low}|none"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int | str | None:
-        if value is None or isinstance(value, int):
+        if value is None or value == _NONE:
             return value
         if str(value).lower() == _NONE:
             return _NONE
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
-            self.fail(f"{value!r} is not an integer or 'none'", param, ctx)
+            number = None
+        if number is None or number < self.low:
+            self.fail(f"{value!r} is not an integer >= {self.low} or 'none'", param, ctx)
+        return number
 
-
-INT_OR_NONE = _IntOrNone()
 
 _OPTIONS = [
-    ("--world-size", int, "Data-parallel ranks of the training job."),
+    ("--world-size", click.IntRange(min=1), "Data-parallel ranks of the training job."),
     (
         "--num-workers",
-        int,
+        click.IntRange(min=0),
         "Loader workers per rank (the logical streams default to ranks x workers).",
     ),
-    ("--num-streams", int, "Logical streams (when training fixed them with num_streams=...)."),
-    ("--batch-size", INT_OR_NONE, "Micro-batch size ('none': no batching)."),
-    ("--shuffle-buffer-size", INT_OR_NONE, "Shuffle buffer size ('none': no buffer)."),
-    ("--max-samples-per-sequence", INT_OR_NONE, "Slice length ('none': whole shards)."),
-    ("--parallel-shard-iters", int, "Slices open at once per stream."),
-    ("--packing-buffer-size", INT_OR_NONE, "Packing buffer size."),
-    ("--group-max-wait", INT_OR_NONE, "Grouping: flush a bucket after this many samples."),
+    (
+        "--num-streams",
+        click.IntRange(min=1),
+        "Logical streams (when training fixed them with num_streams=...).",
+    ),
+    ("--batch-size", _IntOrNone(1), "Micro-batch size ('none': no batching)."),
+    ("--shuffle-buffer-size", _IntOrNone(0), "Shuffle buffer size ('none': no buffer)."),
+    ("--max-samples-per-sequence", _IntOrNone(1), "Slice length ('none': whole shards)."),
+    ("--parallel-shard-iters", click.IntRange(min=1), "Slices open at once per stream."),
+    ("--packing-buffer-size", _IntOrNone(0), "Packing buffer size."),
+    ("--group-max-wait", _IntOrNone(1), "Grouping: flush a bucket after this many samples."),
     ("--seed-offset", int, "WorkerConfig.seed_offset."),
     ("--split-part", str, "The split to read (default: train)."),
-    ("--shuffle-over-epochs-multiplier", INT_OR_NONE, "As get_train_dataset's."),
+    ("--shuffle-over-epochs-multiplier", _IntOrNone(-1), "As get_train_dataset's."),
     ("--task-encoder", str, "Task encoder class, module:Class (made without arguments)."),
     (
         "--balance",
@@ -110,11 +121,20 @@ def from_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     return found
 
 
-def build_dataset(config: str, given: dict[str, Any], states: list[dict[str, Any]]) -> Any:
-    """``get_train_dataset(config, ...)`` with the given options, the rest from the states."""
-    from energon import WorkerConfig, get_train_dataset
-
+def build_dataset(
+    config: str, given: dict[str, Any], states: list[dict[str, Any]], config_hint: str = "CONFIG"
+) -> Any:
+    """``get_train_dataset(config, ...)`` with the given options, the rest from the states; an
+    error about the configuration is one line naming ``config_hint``."""
+    if "split_part" in given:
+        check_split(config, given["split_part"], "--split-part")
     options = {**from_states(states), **given}
+    _check_required(options)
+    with blame(config_hint):
+        return _train_dataset(config, options)
+
+
+def _check_required(options: dict[str, Any]) -> None:
     for required in ("batch_size", "shuffle_buffer_size", "max_samples_per_sequence"):
         if required not in options:
             raise click.UsageError(
@@ -123,6 +143,11 @@ def build_dataset(config: str, given: dict[str, Any], states: list[dict[str, Any
             )
     if "num_streams" not in options and "num_workers" not in options:
         raise click.UsageError("--num-workers (or --num-streams) is required without --state")
+
+
+def _train_dataset(config: str, options: dict[str, Any]) -> Any:
+    from energon import WorkerConfig, get_train_dataset
+
     worker_config = WorkerConfig(
         rank=0,
         world_size=options.get("world_size", 1),

@@ -8,6 +8,7 @@ import time
 
 import click
 
+from energon.cli.arguments import OutputPath
 from energon.format.layout import DATASET_YAML_FILENAME, nv_meta_dir
 
 DEMO_DATASET_YAML = """sample_type:
@@ -21,13 +22,39 @@ field_map:
 
 @click.command(name="demo")
 @click.option(
-    "--workdir", default="demo_data", show_default=True, help="Where the demo dataset goes."
+    "--workdir",
+    type=OutputPath("dir"),
+    default="demo_data",
+    show_default=True,
+    help="Where the demo dataset goes.",
 )
-@click.option("--samples", default=2000, show_default=True, help="Number of image+caption samples.")
-@click.option("--shards", default=8, show_default=True, help="Number of tar shards.")
-@click.option("--workers", default=2, show_default=True, help="Loader worker processes.")
 @click.option(
-    "--batches", default=100, show_default=True, help="Batches to load for the speed test."
+    "--samples",
+    type=click.IntRange(min=32),
+    default=2000,
+    show_default=True,
+    help="Number of image+caption samples (at least one batch of 32).",
+)
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Number of tar shards.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Loader worker processes.",
+)
+@click.option(
+    "--batches",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Batches to load for the speed test.",
 )
 @click.option("--fresh", is_flag=True, help="Regenerate the dataset even if it exists.")
 def command(
@@ -40,6 +67,11 @@ def command(
     from energon.demo import write_captioning_shards
     from energon.format.prepare import prepare_dataset
 
+    if shards > samples:
+        raise click.BadParameter(
+            f"{shards} shards for {samples} samples: every shard needs a sample",
+            param_hint="'--shards'",
+        )
     root = os.path.abspath(workdir)
     if fresh and os.path.isdir(root):
         shutil.rmtree(root)

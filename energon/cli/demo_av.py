@@ -10,6 +10,7 @@ import time
 
 import click
 
+from energon.cli.arguments import OutputPath
 from energon.format.layout import DATASET_YAML_FILENAME, nv_meta_dir
 
 DEMO_AV_DATASET_YAML = """sample_type:
@@ -79,11 +80,33 @@ def _show_lazy_decoding(root: str) -> None:
 
 
 @click.command(name="demo-av")
-@click.option("--workdir", default="demo_av_data", show_default=True, help="Where the data goes.")
-@click.option("--clips", default=32, show_default=True, help="Number of video clips.")
-@click.option("--shards", default=4, show_default=True, help="Number of tar shards.")
-@click.option("--seconds", default=4.0, show_default=True, help="Length of each clip.")
-@click.option("--workers", default=2, show_default=True, help="Loader worker processes.")
+@click.option(
+    "--workdir",
+    type=OutputPath("dir"),
+    default="demo_av_data",
+    show_default=True,
+    help="Where the data goes.",
+)
+@click.option(
+    "--clips", type=click.IntRange(min=1), default=32, show_default=True, help="Number of clips."
+)
+@click.option(
+    "--shards", type=click.IntRange(min=1), default=4, show_default=True, help="Number of shards."
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=1.5),
+    default=4.0,
+    show_default=True,
+    help="Length of each clip (at least 1.5 s: the demo cuts a clip at 1.0-1.5 s).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Loader worker processes.",
+)
 @click.option("--fresh", is_flag=True, help="Regenerate the dataset even if it exists.")
 def command(
     workdir: str, clips: int, shards: int, seconds: float, workers: int, fresh: bool
@@ -93,6 +116,10 @@ def command(
     from energon.format.prepare import prepare_dataset
     from energon.media import MediaFilterConfig, get_media_metadata
 
+    if shards > clips:
+        raise click.BadParameter(
+            f"{shards} shards for {clips} clips: every shard needs a clip", param_hint="'--shards'"
+        )
     root = os.path.abspath(workdir)
     if fresh and os.path.isdir(root):
         shutil.rmtree(root)

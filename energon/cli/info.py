@@ -9,31 +9,20 @@ import click
 import yaml
 
 from energon import epath
+from energon.cli.arguments import InputPath, bad_input
 from energon.errors import EnergonError
 from energon.format.dataset_yaml import describe_sample_type, read_dataset_yaml
-from energon.format.info import read_dataset_info
-from energon.format.layout import DATASET_YAML_FILENAME, SPLIT_YAML_FILENAME
+from energon.format.info import has_info, read_dataset_info
+from energon.format.layout import (
+    DATASET_YAML_FILENAME,
+    MAIN_FOLDER_NAME,
+    SPLIT_YAML_FILENAME,
+    nv_meta_dir,
+)
 from energon.format.split import SplitConfig, read_split
 
 _SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _SPLIT_ORDER = ("train", "val", "test")
-
-
-class DatasetPathType(click.ParamType):
-    """A dataset folder: a local directory (``Path``, must exist) or an ``s3://`` URL (``str``).
-
-    Remote URLs are passed on as normalised strings; whether they exist is found out on use.
-    """
-
-    name = "path"
-
-    def __init__(self, *, exists: bool = True, file_okay: bool = False, path_type=Path) -> None:
-        self._local = click.Path(exists=exists, file_okay=file_okay, path_type=path_type)
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, str) and epath.is_remote(value):
-            return epath.normalize(value)
-        return self._local.convert(value, param, ctx)
 
 
 def format_size(num_bytes: int) -> str:
@@ -133,14 +122,24 @@ def dataset_summary(root: Path | str, split_config: str, dataset_config: str) ->
 
 
 @click.command(name="info", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", type=DatasetPathType())
+@click.argument("path", type=InputPath("dir", remote=True, path_type=Path))
 @click.option("--split-config", default=SPLIT_YAML_FILENAME, show_default=True)
 @click.option("--dataset-config", default=DATASET_YAML_FILENAME, show_default=True)
 def command(path: Path | str, split_config: str, dataset_config: str) -> None:
     """Print a summary of the prepared dataset at PATH (a folder or an ``s3://`` URL)."""
     root = path if isinstance(path, str) else path.resolve()
+    if (
+        isinstance(root, Path)
+        and has_info(root)
+        and not (nv_meta_dir(root) / split_config).exists()
+    ):
+        raise click.BadParameter(
+            f"{nv_meta_dir(root) / split_config} does not exist (expected a split config in the "
+            f"dataset's {MAIN_FOLDER_NAME} folder)",
+            param_hint="'--split-config'",
+        )
     try:
         lines = dataset_summary(root, split_config, dataset_config)
     except (EnergonError, OSError, yaml.YAMLError) as e:
-        raise click.ClickException(str(e)) from None
+        raise bad_input("PATH", str(e)) from None
     click.echo("\n".join(lines))

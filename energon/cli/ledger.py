@@ -12,57 +12,44 @@ docs/ledger.md). Examples::
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
 import click
 
+from energon.cli.arguments import (
+    STEP,
+    InputPath,
+    OutputPath,
+    StepRange,
+    blame,
+    read_states,
+    step_span,
+)
 from energon.cli.dataset_options import build_dataset, dataset_options, pop_options
 
 
-def _steps(value: str) -> tuple[int, int]:
-    start, sep, stop = value.partition(":")
-    try:
-        if not sep:
-            raise ValueError
-        return int(start), int(stop)
-    except ValueError:
-        raise click.BadParameter(f"expected A:B (steps A to B-1), got {value!r}") from None
-
-
-def _read_states(paths: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The states in these files (a directory: every file in it)."""
-    from energon.cli.checkpoint import read_state_file
-
-    files = []
-    for path in paths:
-        if os.path.isdir(path):
-            files += sorted(os.path.join(path, name) for name in os.listdir(path))
-        else:
-            files.append(path)
-    return [state for path in files for state in read_state_file(path).states]
-
-
 @click.command(name="ledger")
-@click.argument("config", type=str)
-@click.option("--step", type=int, help="Describe this global step.")
-@click.option("--steps", "step_range", type=str, help="Describe steps A:B (A to B-1).")
-@click.option("--until-step", type=int, help="Count exposures over steps 0 to N-1 (with --export).")
-@click.option("--from-step", type=int, default=0, show_default=True, help="With --until-step.")
-@click.option("--export", "export_dir", type=click.Path(file_okay=False), help="Exposure output.")
+@click.argument("config", type=InputPath("dataset", remote=True))
+@click.option("--step", type=STEP, help="Describe this global step.")
+@click.option("--steps", "step_range", type=StepRange(), help="Describe steps A:B (A to B-1).")
+@click.option(
+    "--until-step", type=STEP, help="Count exposures over steps 0 to N-1 (with --export)."
+)
+@click.option("--from-step", type=STEP, default=0, show_default=True, help="With --until-step.")
+@click.option("--export", "export_dir", type=OutputPath("dir"), help="Exposure output.")
 @click.option(
     "--state",
     "state_files",
     multiple=True,
-    type=click.Path(exists=True),
+    type=InputPath(),
     help="Saved loader states to start from: files or folders of them (any ranks, any save "
     "points; repeat the option).",
 )
-@click.option("--journal", type=click.Path(exists=True, file_okay=False), help="Loader journal.")
+@click.option("--journal", type=InputPath("dir"), help="Loader journal.")
 @click.option(
     "--micro-batches-per-step",
-    type=int,
+    type=click.IntRange(min=1),
     default=1,
     show_default=True,
     help="Gradient accumulation: micro-batches each rank takes per step.",
@@ -86,7 +73,7 @@ def _read_states(paths: tuple[str, ...]) -> list[dict[str, Any]]:
 def command(
     config: str,
     step: int | None,
-    step_range: str | None,
+    step_range: range | None,
     until_step: int | None,
     from_step: int,
     export_dir: str | None,
@@ -110,9 +97,11 @@ def command(
         raise click.UsageError("give exactly one of --step, --steps and --until-step")
     if (until_step is None) != (export_dir is None):
         raise click.UsageError("--until-step and --export go together")
-    states = _read_states(state_files)
-    try:
-        dataset = build_dataset(config, pop_options(kwargs), states)
+    if until_step is not None:
+        step_span(from_step, until_step, ("--from-step", "--until-step"))
+    states = [s for f in read_states(state_files, "--state") for s in f.states]
+    dataset = build_dataset(config, pop_options(kwargs), states)
+    with blame("--state", StateError):
         ledger = Ledger(
             dataset,
             states=states,
@@ -121,11 +110,13 @@ def command(
             native=not no_native,
             strict=strict,
         )
+    try:
         if until_step is not None:
             _export(ledger, export_dir, from_step, until_step, not no_progress)
             return
-        start, stop = (step, step + 1) if step is not None else _steps(step_range)  # type: ignore[arg-type]
-        _describe(ledger, start, stop, output_format, not no_progress)
+        steps = range(step, step + 1) if step is not None else step_range
+        assert steps is not None
+        _describe(ledger, steps, output_format, not no_progress)
     except (NotSimulableError, StateError) as e:
         raise click.ClickException(str(e)) from e
 
@@ -144,20 +135,20 @@ def _export(ledger: Any, directory: str | None, first: int, until: int, progress
         )
 
 
-def _describe(ledger: Any, start: int, stop: int, output_format: str, progress: bool) -> None:
+def _describe(ledger: Any, steps: range, output_format: str, progress: bool) -> None:
     from tqdm import tqdm
 
     records = []
-    steps = range(start, stop)
-    for step in tqdm(steps, desc="Steps", unit="step", disable=not progress or len(steps) < 2):
-        for record in ledger.describe_step(step):
-            if output_format == "jsonl":
-                click.echo(json.dumps(record.to_json()))
-            elif output_format == "text":
-                for line in text_lines(record):
-                    click.echo(line)
-            else:
-                records.append(record.to_json())
+    with tqdm(steps, desc="Steps", unit="step", disable=not progress or len(steps) < 2) as bar:
+        for step in bar:
+            for record in ledger.describe_step(step):
+                if output_format == "jsonl":
+                    click.echo(json.dumps(record.to_json()))
+                elif output_format == "text":
+                    for line in text_lines(record):
+                        click.echo(line)
+                else:
+                    records.append(record.to_json())
     if output_format == "json":
         json.dump(
             {"assumptions": ledger.assumptions, "micro_batches": records}, sys.stdout, indent=1

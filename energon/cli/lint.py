@@ -18,7 +18,7 @@ import click
 from tqdm import tqdm
 
 from energon import epath
-from energon.cli.info import DatasetPathType
+from energon.cli.arguments import InputPath, SplitNames, chosen_splits
 from energon.errors import EnergonError, SampleException
 
 _LEAF: Any = None  # the split's leaf, inherited by forked workers
@@ -99,11 +99,19 @@ def open_split(path: str, split_part: str, dataset_config: str, split_config: st
 
 
 @click.command(name="lint")
-@click.argument("path", type=DatasetPathType(path_type=str))
-@click.option("--split-parts", default="train,val,test", show_default=True, help="Splits to check.")
+@click.argument("path", type=InputPath("dir", remote=True))
+@click.option(
+    "--split-parts",
+    type=SplitNames(),
+    default="train,val,test",
+    show_default=True,
+    help="Splits to check.",
+)
 @click.option("--dataset-config", default="dataset.yaml", show_default=True)
 @click.option("--split-config", default="split.yaml", show_default=True)
-@click.option("--parallel", default=1, show_default=True, help="Worker processes.")
+@click.option(
+    "--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes."
+)
 @click.option(
     "--verify",
     is_flag=True,
@@ -112,7 +120,7 @@ def open_split(path: str, split_part: str, dataset_config: str, split_config: st
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 def command(
     path: str,
-    split_parts: str,
+    split_parts: list[str],
     dataset_config: str,
     split_config: str,
     parallel: int,
@@ -123,7 +131,7 @@ def command(
     failed: list[str] = []
     bad_shards: list[str] = []
     seen: dict[str, ShardReport] = {}
-    for split_part in [s.strip() for s in split_parts.split(",") if s.strip()]:
+    for split_part in chosen_splits(path, split_parts, "--split-parts", split_config):
         try:
             leaf = open_split(path, split_part, dataset_config, split_config)
         except (EnergonError, OSError) as e:

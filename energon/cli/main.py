@@ -3,6 +3,10 @@
 Verbs live in their own modules (each defines a click ``command``) and are imported only when
 used, so ``energon prepare`` does not pay for importing what ``energon preview`` needs, and a verb
 whose module is missing or broken does not take the others down.
+
+Every error of every verb ends here: one line and an exit status from a short list
+(:mod:`energon.cli.failures`; ``--debug`` or ``ENERGON_DEBUG=1`` adds the traceback). Verbs read
+their arguments through :mod:`energon.cli.arguments`.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import importlib
 from importlib import metadata
 
 import click
+
+from energon.cli import failures
 
 # Verb name -> module defining ``command``. Add new verbs here.
 COMMANDS: dict[str, str] = {
@@ -62,6 +68,25 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name in COMMANDS if self.get_command(ctx, name) is not None]
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as e:
+            if failures.passes_through(e):
+                raise
+            raise failures.as_failure(e, ctx, [], failures.debug_requested()) from e
+
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the verb; any error becomes one line (see :mod:`energon.cli.failures`)."""
+        args = [*ctx._protected_args, *ctx.args]
+        try:
+            return super().invoke(ctx)
+        except Exception as e:
+            if failures.passes_through(e):
+                raise
+            debug = failures.debug_requested(bool(ctx.params.get("debug")))
+            raise failures.as_failure(e, ctx, args, debug) from e
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module_name = COMMANDS.get(cmd_name)
         if module_name is None:
@@ -81,8 +106,13 @@ class LazyGroup(click.Group):
 @click.version_option(
     package_version(), "-V", "--version", prog_name="energon-loader", message="%(prog)s %(version)s"
 )
+@click.option(
+    "--debug",
+    is_flag=True,
+    help=f"Show the traceback of an error (also: {failures.DEBUG_ENV}=1), for bug reports.",
+)
 @click.pass_context
-def cli(ctx: click.Context) -> None:
+def cli(ctx: click.Context, debug: bool) -> None:
     """energon: prepare, inspect and check multimodal datasets (Megatron-Energon compatible)."""
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())

@@ -6,10 +6,18 @@ import os
 
 import click
 
+from energon.cli.arguments import InputPath, OutputPath
+
 
 @click.command(name="merge")
-@click.argument("inputs", nargs=-1, required=True)
-@click.option("--output-prefix", "-o", required=True, help="Prefix of the merged .bin/.idx.")
+@click.argument("inputs", nargs=-1, required=True, type=InputPath("dataset"))
+@click.option(
+    "--output-prefix",
+    "-o",
+    type=OutputPath("file"),
+    required=True,
+    help="Prefix of the merged .bin/.idx.",
+)
 @click.option("--multimodal", is_flag=True, help="Keep the per-sequence mode array.")
 def command(inputs, output_prefix, multimodal):
     """Merge prefixes in the order given; a directory stands for all its prefixes, sorted.

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import click
 
+from energon.cli.arguments import InputPath
+
 
 @click.command(name="mount", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
-@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.argument("path", type=InputPath("dir"))
+@click.argument("mountpoint", type=InputPath("dir", exists=False))
 @click.option("-d", "--detach", is_flag=True, help="Run in background (not supported).")
 @click.option(
     "-s", "--sample-folders", is_flag=True, help="A virtual folder per sample (not supported)."

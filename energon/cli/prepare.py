@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from energon import epath
-from energon.cli.info import DatasetPathType
+from energon.cli.arguments import InputPath, OutputPath
 from energon.errors import EnergonError
 from energon.format.dataset_yaml import (
     CRUDE_CLASS_NAME,
@@ -154,7 +154,7 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
 
 
 @click.command(name="prepare", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", type=DatasetPathType(file_okay=True))
+@click.argument("path", type=InputPath("any", remote=True, path_type=Path))
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 @click.option(
     "--split-parts",
@@ -208,7 +208,7 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
 )
 @click.option(
     "--tmp-path",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutputPath("dir", path_type=Path),
     default=None,
     help=f"Folder to build {INDEX_SQLITE_FILENAME} in before it is copied into {MAIN_FOLDER_NAME}.",
 )
@@ -432,10 +432,15 @@ def parse_media_filter(glob: str | None, header: bool, extension: bool) -> Any:
 
 def _check_path_kind(path: Path) -> None:
     if path.is_file():
-        raise click.UsageError(f"{path} is a file; expected a WebDataset folder.")
+        raise click.BadParameter(
+            f"{path} is a file; expected a WebDataset folder (or a .jsonl or metadataset .yaml "
+            "file)",
+            param_hint="'PATH'",
+        )
     if _is_filesystem_dataset(path):
-        raise click.UsageError(
-            f"{path} is a filesystem dataset; it must be prepared using 'energon prepare-media'."
+        raise click.BadParameter(
+            f"{path} is a filesystem dataset; it must be prepared using 'energon prepare-media'.",
+            param_hint="'PATH'",
         )
 
 

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from energon.cli.arguments import InputPath, OutputPath
+
 
 @click.command(name="prepare-cache")
 @click.option("--data-path", default=None, help='Blend: "w1 p1 w2 p2 ..." or "p1 p2 ...".')
@@ -15,17 +17,22 @@ import click
 @click.option("--valid-data-path", default=None)
 @click.option("--test-data-path", default=None)
 @click.option("--split", default="969, 30, 1", show_default=True)
-@click.option("--data-cache-path", required=True, type=click.Path(file_okay=False))
-@click.option("--seq-length", required=True, type=int)
+@click.option("--data-cache-path", required=True, type=OutputPath("dir"))
+@click.option("--seq-length", required=True, type=click.IntRange(min=1))
 @click.option("--seed", default=1234, show_default=True)
-@click.option("--global-batch-size", type=int, default=None)
-@click.option("--micro-batch-size", type=int, default=None)
-@click.option("--world-size", type=int, default=None, help="Data-parallel size of the future run.")
-@click.option("--num-microbatches", type=int, default=1, show_default=True)
-@click.option("--train-iters", type=int, default=None)
-@click.option("--train-samples", type=int, default=None)
-@click.option("--eval-iters", type=int, default=0, show_default=True)
-@click.option("--eval-interval", type=int, default=None)
+@click.option("--global-batch-size", type=click.IntRange(min=1), default=None)
+@click.option("--micro-batch-size", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--world-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Data-parallel size of the future run.",
+)
+@click.option("--num-microbatches", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--train-iters", type=click.IntRange(min=0), default=None)
+@click.option("--train-samples", type=click.IntRange(min=0), default=None)
+@click.option("--eval-iters", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--eval-interval", type=click.IntRange(min=1), default=None)
 @click.option(
     "--tokenizer-identifiers",
     default="null",
@@ -33,7 +40,12 @@ import click
 )
 @click.option("--no-extra-token", is_flag=True, help="add_extra_token_to_sequence=False.")
 @click.option("--mid-level-dataset-surplus", type=float, default=0.005, show_default=True)
-@click.option("--per-dataset-sequences-path", default=None, help="From `energon build-sequences`.")
+@click.option(
+    "--per-dataset-sequences-path",
+    type=InputPath("file"),
+    default=None,
+    help="From `energon build-sequences`.",
+)
 def command(
     data_path,
     train_data_path,

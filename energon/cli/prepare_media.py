@@ -12,14 +12,17 @@ from pathlib import Path
 
 import click
 
+from energon.cli.arguments import InputPath, OutputPath
 from energon.cli.prepare import parse_media_filter
 from energon.format.info import has_info
 
 
 def _kind(path: Path) -> str:
     if path.is_file():
-        raise click.UsageError(
-            f"{path} is a file; prepare-media takes a prepared WebDataset or a folder of media files"
+        raise click.BadParameter(
+            f"{path} is a file; prepare-media takes a prepared WebDataset or a folder of media "
+            "files",
+            param_hint="'PATH'",
         )
     if has_info(path):
         return "webdataset"
@@ -32,7 +35,7 @@ def _kind(path: Path) -> str:
 
 
 @click.command(name="prepare-media", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=InputPath("any", path_type=Path))
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 @click.option("--num-workers", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option(
@@ -49,7 +52,7 @@ def _kind(path: Path) -> str:
 )
 @click.option(
     "--tmp-path",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=OutputPath("dir", path_type=Path),
     default=None,
     help="Accepted for compatibility; the index is always staged next to its final place.",
 )

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import click
 
+from energon.cli.arguments import InputPath, OutputPath
+
 
 @click.command(name="preprocess")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("inputs", nargs=-1, required=True, type=InputPath("file"))
 @click.option(
-    "--output-prefix", "-o", required=True, help="Writes <prefix>_<key>_document.bin/.idx."
+    "--output-prefix",
+    "-o",
+    type=OutputPath("file"),
+    required=True,
+    help="Writes <prefix>_<key>_document.bin/.idx.",
 )
 @click.option(
     "--tokenizer",
@@ -17,7 +23,14 @@ import click
     help="'bytes' (built-in), a local tokenizer.json, or an importable 'module:function'.",
 )
 @click.option("--json-keys", default="text", show_default=True, help="Comma-separated keys.")
-@click.option("--workers", "-j", default=1, show_default=True, help="Tokenizer processes.")
+@click.option(
+    "--workers",
+    "-j",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Tokenizer processes.",
+)
 @click.option("--append-eod", is_flag=True, help="Append the tokenizer's EOD id to each document.")
 @click.option("--eod-id", type=int, default=None, help="EOD id when the tokenizer has none.")
 @click.option(

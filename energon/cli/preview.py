@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from energon.cli.info import DatasetPathType
+from energon.cli.arguments import InputPath, SplitNames, chosen_splits
 
 _SHADES = " .:-=+*#%@"
 _HIDDEN = {"__restore_key__", "__subflavors__", "__sources__", "__padding__"}
@@ -57,11 +57,16 @@ def iter_fields(sample: Any):
 
 
 @click.command(name="preview")
-@click.argument("path", type=DatasetPathType(path_type=str))
-@click.option("--split-parts", default="train,val,test", show_default=True)
+@click.argument("path", type=InputPath("dir", remote=True))
+@click.option("--split-parts", type=SplitNames(), default="train,val,test", show_default=True)
 @click.option("--dataset-config", default="dataset.yaml", show_default=True)
-@click.option("--num-samples", default=0, help="Show this many samples without asking (0: ask).")
-def command(path: str, split_parts: str, dataset_config: str, num_samples: int) -> None:
+@click.option(
+    "--num-samples",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Show this many samples without asking (0: ask).",
+)
+def command(path: str, split_parts: list[str], dataset_config: str, num_samples: int) -> None:
     """Print decoded samples of PATH with their field types; images as ASCII art."""
     from energon import WorkerConfig, get_loader, get_val_dataset
     from energon.errors import EmptyDatasetError
@@ -70,7 +75,7 @@ def command(path: str, split_parts: str, dataset_config: str, num_samples: int) 
     width = max(20, min(100, shutil.get_terminal_size().columns - 4))
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     shown = 0
-    for split_part in [s.strip() for s in split_parts.split(",") if s.strip()]:
+    for split_part in chosen_splits(path, split_parts, "--split-parts"):
         try:
             dataset = get_val_dataset(
                 path,

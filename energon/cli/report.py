@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import click
 
+from energon.cli.arguments import InputPath, OutputPath, blame
+
 STEPS = ("simulating", "decoding samples", "plotting")
 
 
 @click.command(name="report")
-@click.argument("config", type=click.Path(exists=True))
-@click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True
-)
+@click.argument("config", type=InputPath("dataset"))
+@click.option("-o", "--output", type=OutputPath("file"), default="report.html", show_default=True)
 @click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--num-workers", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="micro-batch size")
@@ -40,7 +40,6 @@ def command(
     """Write an HTML report of CONFIG (a dataset or a metadataset YAML)."""
     from tqdm import tqdm
 
-    from energon.errors import EnergonError
     from energon.observe.report import build_report
     from energon.observe.simulate import SimulationSettings
 
@@ -58,10 +57,8 @@ def command(
                 bar.update(1)
             bar.set_postfix_str(name)
 
-        try:
+        with blame("CONFIG"):
             page = build_report(config, settings, samples=samples, seed=seed, progress=step)
-        except (EnergonError, ValueError, FileNotFoundError, RuntimeError) as e:
-            raise click.ClickException(str(e)) from e
         bar.update(len(STEPS) - bar.n)
     with open(output, "w") as f:
         f.write(page)

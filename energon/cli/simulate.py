@@ -7,9 +7,11 @@ import json
 
 import click
 
+from energon.cli.arguments import InputPath, OutputPath, blame, check_split
+
 
 @click.command(name="simulate")
-@click.argument("config", type=click.Path(exists=True))
+@click.argument("config", type=InputPath("dataset"))
 @click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--num-workers", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="micro-batch size")
@@ -19,7 +21,11 @@ import click
 @click.option(
     "--max-samples-per-sequence", type=click.IntRange(min=1), default=100, show_default=True
 )
-@click.option("--val-split", default="val", show_default=True)
+@click.option(
+    "--val-split",
+    default=None,
+    help="the validation split to simulate [default: val, where the config has one]",
+)
 @click.option(
     "--window",
     type=click.IntRange(min=1),
@@ -35,7 +41,7 @@ import click
 @click.option("--measure", is_flag=True, help="decode a small random sample: throughput, memory")
 @click.option("--measure-samples", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--target", type=float, default=None, help="samples/s to size the workers for")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the figures")
+@click.option("--json", "json_path", type=OutputPath("file"), help="write the figures")
 @click.option("--progress/--no-progress", default=True, help="progress bar (--measure)")
 def command(
     config: str,
@@ -46,7 +52,7 @@ def command(
     seed: int,
     shuffle_buffer_size: int,
     max_samples_per_sequence: int,
-    val_split: str,
+    val_split: str | None,
     window: int | None,
     max_length: int | None,
     measure: bool,
@@ -56,9 +62,10 @@ def command(
     progress: bool,
 ) -> None:
     """Simulate CONFIG (a dataset or a metadataset YAML) on WORLD_SIZE ranks x NUM_WORKERS."""
-    from energon.errors import EnergonError
     from energon.observe.simulate import SimulationSettings, simulate
 
+    if val_split is not None:
+        check_split(config, val_split, "--val-split")
     settings = SimulationSettings(
         world_size=world_size,
         num_workers=num_workers,
@@ -70,21 +77,17 @@ def command(
         window=window,
         max_length=max_length,
     )
-    try:
+    with blame("CONFIG"):
         sim = simulate(config, settings, val_split=val_split)
-    except (EnergonError, ValueError, FileNotFoundError) as e:
-        raise click.ClickException(str(e)) from e
     click.echo(sim.text())
     figures = sim.to_dict()
     if measure:
         from energon.observe.measure import measure as run_measure
 
-        try:
+        with blame("--measure"):
             result = run_measure(
                 config, settings, samples=measure_samples, target=target, progress=progress
             )
-        except (EnergonError, ValueError) as e:
-            raise click.ClickException(f"--measure: {e}") from e
         click.echo(result.text())
         figures["measure"] = result.to_dict()
     if json_path:
