@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 from energon import debug_log
 from energon.errors import ErrorHandler, log_exception, reraise_exception
@@ -87,8 +87,91 @@ class WorkerConfig:
         """``world_size * max(1, num_workers)``: reproduces the reference's per-worker order."""
         return self.world_size * max(1, self.num_workers)
 
-    def global_worker_id(self, local_worker_id: int = 0) -> int:
-        return self.rank * max(1, self.num_workers) + local_worker_id
+    def global_worker_id(self, override_local_worker_id: int | None = None) -> int:
+        """``rank * num_workers + local worker id`` (the current worker's unless overridden)."""
+        local = (
+            self.rank_worker_id() if override_local_worker_id is None else override_local_worker_id
+        )
+        return self.rank * max(1, self.num_workers) + local
+
+    # -- Megatron-Energon's worker context ---------------------------------------------------
+    # For code that drives dataset pieces by hand, as the reference's own datasets do: the config
+    # of the worker that is iterating, and the index of the sample being made. energon's loaders
+    # keep this per logical stream themselves and never read it.
+
+    active_worker_config: ClassVar[WorkerConfig | None] = None
+    worker_id_offset: ClassVar[int] = 0
+
+    def worker_activate(
+        self, sample_index: int, override_global_rank: int | None = None, cache_pool: Any = None
+    ) -> None:
+        """Make this the active config of the current worker, at ``sample_index``."""
+        WorkerConfig.active_worker_config = self
+        self.__dict__["_sample_indexes"] = [sample_index]
+        self.__dict__["_override_global_rank"] = override_global_rank
+        self.__dict__["_cache_pool"] = cache_pool
+
+    def worker_deactivate(self) -> None:
+        if WorkerConfig.active_worker_config is self:
+            WorkerConfig.active_worker_config = None
+        self.__dict__["_sample_indexes"] = []
+
+    def worker_push_sample_index(self, sample_index: int) -> None:
+        self.__dict__.setdefault("_sample_indexes", []).append(sample_index)
+
+    def worker_pop_sample_index(self) -> int:
+        return self.__dict__.setdefault("_sample_indexes", []).pop()
+
+    @property
+    def active_worker_sample_index(self) -> int:
+        """The index of the sample the active worker is making."""
+        indexes = self.__dict__.get("_sample_indexes") or []
+        if not indexes:
+            raise RuntimeError("no active worker: call worker_activate(sample_index) first")
+        return indexes[-1]
+
+    @property
+    def active_worker_batch_index(self) -> int:
+        """The batch index of the active worker (its outermost sample index)."""
+        indexes = self.__dict__.get("_sample_indexes") or []
+        if not indexes:
+            raise RuntimeError("no active worker: call worker_activate(sample_index) first")
+        return indexes[0]
+
+    def assert_worker(self) -> None:
+        """Raise unless this process is a loader worker when the config has workers."""
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        if self.num_workers > 0 and info is None:
+            raise AssertionError("Cannot iterate out of worker context")
+        if info is not None and info.num_workers != self.num_workers:
+            raise AssertionError(
+                f"the loader runs {info.num_workers} workers, the worker config says {self.num_workers}"
+            )
+
+    def rank_worker_id(self) -> int:
+        """This process's worker id within the rank (0 in the main process)."""
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        return 0 if info is None else info.id
+
+    def global_rank(self) -> int:
+        """The global rank (``torch.distributed``), not the rank within the data-parallel group."""
+        override = self.__dict__.get("_override_global_rank")
+        if override is not None:
+            return override
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else self.rank
+
+    def worker_seed(self, override_local_worker_id: int | None = None) -> int:
+        """A seed for the current (or the given) worker from ``seed_offset`` and its global id."""
+        from energon.plan.rng import stable_seed
+
+        worker = self.global_worker_id(override_local_worker_id)
+        return stable_seed(self.seed_offset, "worker-seed", worker) & 0xFFFFFFFF
 
     def should_log(self, level: int) -> bool:
         """True when this config's debug log records events of ``level``."""

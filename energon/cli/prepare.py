@@ -162,7 +162,7 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
     metavar="NAME:PATTERN",
     help="Assign shards matching a regex (braces allowed) to a split; repeatable. Overrides --split-ratio.",
 )
-@click.option("--exclude", default="", help="Regex of shard paths to leave out (re.search).")
+@click.option("--exclude", default=None, help="Regex of shard paths to leave out (re.search).")
 @click.option("--num-workers", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option(
     "--tar-index-only", is_flag=True, help="Only rebuild .tar.idx files and index.sqlite."

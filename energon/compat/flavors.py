@@ -176,6 +176,7 @@ class BaseCoreDatasetFactory(Generic[T_sample]):
     source: Source
     training: bool
     worker_config: WorkerConfig
+    shuffle_over_epochs: int | None
 
     def _setup(
         self,
@@ -314,7 +315,6 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], WebdatasetPreparat
         subset: DatasetSubset | None = None,
         split_config: str | None = None,
         part_filter: Callable[[str], bool] | None = None,
-        decoder: Any = None,
     ) -> None:
         source = _open_webdataset_source(
             path,
@@ -331,11 +331,32 @@ class BaseWebdatasetFactory(BaseCoreDatasetFactory[T_sample], WebdatasetPreparat
             shuffle_over_epochs=shuffle_over_epochs,
             parallel_shard_iters=parallel_shard_iters,
             max_samples_per_sequence=max_samples_per_sequence,
-            decoder=decoder,
+            decoder=getattr(self, "_decoder", None),
         )
 
     def _sample_builder(self, path: Any, part_filter: Any) -> SampleBuilder:
         return load_sample_builder(epath.normalize(os.fspath(path)))
+
+    def sample_filter(self, key: str) -> bool:
+        """Whether the sample ``key`` is read (all are; exclusions come from the split config)."""
+        return True
+
+    def load_sample(self, raw_data: dict[str, Any]) -> T_sample:
+        """The sample of a raw sample (``{"__key__", "__restore_key__", "__sources__", part:
+        bytes, ...}``): its parts decoded (``decoder``) and built as this dataset builds them."""
+        builder = self.source.leaf.builder
+        parts = {
+            name: self.decoder.decode_part(name, data) if self.decoder is not None else data
+            for name, data in raw_data.items()
+            if not name.startswith("__") and builder.wants_part(name)
+        }
+        base = {
+            "__key__": raw_data["__key__"],
+            "__restore_key__": tuple(raw_data.get("__restore_key__", ())),
+            "__subflavors__": dict(builder.subflavors),
+            "__sources__": tuple(raw_data.get("__sources__", ())),
+        }
+        return builder.build(parts, base, raw_data.get("__shard__", ""))
 
 
 def _part_filter(part_filter: str | list[str] | Callable[[str], bool] | None) -> Any:
@@ -362,6 +383,10 @@ class DefaultGenericWebdatasetFactory(BaseWebdatasetFactory[T_sample]):
         self._sample_loader = sample_loader
         self._subflavors = dict(subflavors or {})
         super().__init__(path, part_filter=part_filter, **kwargs)
+
+    def load_sample(self, sample: dict[str, Any]) -> T_sample:
+        """The sample of a raw sample (see :meth:`BaseWebdatasetFactory.load_sample`)."""
+        return super().load_sample(sample)
 
     def _sample_builder(self, path: Any, part_filter: Any) -> SampleBuilder:
         sample_type = self.__sample_type__
@@ -395,10 +420,9 @@ class DefaultGenericWebdatasetFactory(BaseWebdatasetFactory[T_sample]):
 class DefaultDecoderWebdatasetFactory(DefaultGenericWebdatasetFactory[T_sample]):
     """Parts are decoded (``decoder``, by file extension) before samples are built."""
 
-    def __init__(self, path: Any, *, decoder: Any = None, **kwargs: Any) -> None:
-        super().__init__(
-            path, decoder=decoder if decoder is not None else SampleDecoder(), **kwargs
-        )
+    def __init__(self, path: Any, *, decoder: Any = SampleDecoder(), **kwargs: Any) -> None:  # noqa: B008 - the reference's default
+        self._decoder = decoder
+        super().__init__(path, **kwargs)
 
 
 class StandardWebdatasetFactory(DefaultDecoderWebdatasetFactory[T_sample]):
@@ -426,9 +450,8 @@ class CrudeWebdataset(DefaultDecoderWebdatasetFactory[CrudeSample]):
             raise TypeError("CrudeWebdataset takes neither sample_loader nor field_map")
         self._crude_filter = _part_filter(part_filter)
         self._crude_subflavors = dict(subflavors or {})
-        BaseWebdatasetFactory.__init__(
-            self, path, decoder=kwargs.pop("decoder", None) or SampleDecoder(), **kwargs
-        )
+        self._decoder = kwargs.pop("decoder", None) or SampleDecoder()
+        BaseWebdatasetFactory.__init__(self, path, **kwargs)
 
     def _sample_builder(self, path: Any, part_filter: Any) -> SampleBuilder:
         return SampleBuilder(
@@ -438,10 +461,19 @@ class CrudeWebdataset(DefaultDecoderWebdatasetFactory[CrudeSample]):
 
 def _flavor(name: str, sample_type: type) -> type:
     doc = f"Deprecated flavor: ``StandardWebdatasetFactory`` of ``{sample_type.__name__}``."
+
+    def __init__(self: Any, path: Any, **kwargs: Any) -> None:
+        DefaultDecoderWebdatasetFactory.__init__(self, path, **kwargs)
+
     return type(
         name,
         (DefaultDecoderWebdatasetFactory,),
-        {"__sample_type__": sample_type, "__doc__": doc, "__module__": __name__},
+        {
+            "__sample_type__": sample_type,
+            "__doc__": doc,
+            "__module__": __name__,
+            "__init__": __init__,
+        },
     )
 
 
@@ -476,10 +508,10 @@ class CrudeJsonlDatasetFactory(BaseCoreDatasetFactory[CrudeSample], JsonlPrepara
         max_samples_per_sequence: int | None = None,
         subset: DatasetSubset | None = None,
         part_filter: Callable[[str], bool] | None = None,
-        subflavors: dict[str, Any] | None = None,
     ) -> None:
         from energon.source.jsonl import JsonlLeaf
 
+        subflavors = getattr(self, "_jsonl_subflavors", None)
         leaf = JsonlLeaf.open(epath.normalize(os.fspath(path)), subflavors=subflavors)
         start, end = (subset or DatasetSubset()).compute_subset(len(leaf))
         self._setup(
@@ -506,7 +538,8 @@ class DefaultCrudeJsonlDatasetFactory(CrudeJsonlDatasetFactory):
         self, path: Any, *, subflavors: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         kwargs.pop("decoder", None)
-        super().__init__(path, subflavors=subflavors, **kwargs)
+        self._jsonl_subflavors = subflavors
+        super().__init__(path, **kwargs)
 
 
 class JoinedWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
@@ -530,6 +563,12 @@ class JoinedWebdatasetFactory(BaseCoreDatasetFactory[T_sample]):
             "JoinedWebdatasetFactory(...) cannot be constructed directly in energon: describe the "
             "join in a metadataset (join: / joiner:) and load it with get_train_dataset or "
             "load_dataset (see docs/migrating.md)"
+        )
+
+    def load_sample(self, samples: Any) -> T_sample:
+        """Joined samples are built by the join's joiner (see the class docstring)."""
+        raise NotImplementedError(
+            "JoinedWebdatasetFactory: joined samples come from a metadataset join: (joiner:)"
         )
 
     @property

@@ -9,7 +9,6 @@ hands each leaf back as a factory with its weight or repetitions.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -27,11 +26,12 @@ from energon.compat.webdataset.metadata import (
     get_dataset_type,
 )
 from energon.compat.webdataset.structs import DatasetSubset
-from energon.format.join_index import prepare_metadataset
+from energon.format.join_index import prepare_metadataset as prepare_join_indices
 from energon.metadataset.resolve import TraversedDatasetReference, resolve_dataset
 from energon.metadataset.resolve import traverse_metadataset as core_traverse
 from energon.samples.edataclass import edataclass
 from energon.source.file_store import FileStore
+from energon.task_encoder.composition import DatasetBlendMode
 from energon.worker import WorkerConfig
 
 __path__: list[str] = []  # a package for the alias: metadataset.* map here
@@ -62,14 +62,6 @@ __all__ = [
     "prepare_metadataset",
     "traverse_metadataset",
 ]
-
-
-class DatasetBlendMode(enum.Enum):
-    """How the loaded datasets are combined."""
-
-    NONE = "none"
-    DATASET_WEIGHT = "dataset_weight"
-    SAMPLE_REPETITIONS = "sample_repetitions"
 
 
 _MODES = {
@@ -268,7 +260,7 @@ class MetadatasetV2(DatasetLoaderInterface):
         return str(self.path)
 
     def prepare(self, split_part: str | None = None) -> Sequence[Any]:
-        return prepare_metadataset(str(self.path)) or []
+        return prepare_join_indices(str(self.path), progress=False) or []
 
 
 class MockJsonParser(JsonParser):
@@ -277,6 +269,12 @@ class MockJsonParser(JsonParser):
 
     def raw_to_typed(self, raw_data: Any, inst_type: Any, *args: Any, **kwargs: Any) -> Any:
         return raw_data
+
+
+def prepare_metadataset(path: Any) -> list[str]:
+    """Build the join indices of every join of the metadataset at ``path`` (what
+    ``energon prepare mix.yaml`` does); returns what was done, one line each."""
+    return list(prepare_join_indices(epath.normalize(os.fspath(path)), progress=False) or [])
 
 
 def _epath(path: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 from energon import epath
 from energon.compat.dataset_config import load_config
 from energon.compat.epathlib import EPath
+from energon.compat.join_dataset_loader import JoinDatasetLoader, JoinedDatasetInfo
 from energon.compat.metadataset import (
     AuxDatasetReference,
     AuxFilesystemReference,
@@ -53,7 +54,9 @@ __all__ = [
     "EPath",
     "EnergonDatasetType",
     "FileStore",
+    "JoinDatasetLoader",
     "JoinDatasetReference",
+    "JoinedDatasetInfo",
     "LoadedDatasetList",
     "Metadataset",
     "MetadatasetBlend",

@@ -299,6 +299,7 @@ class Loader:
     """
 
     _ids: ClassVar[Iterator[int]] = itertools.count()
+    id: int  # this loader's number (``next_id``), as in the debug logs
     _log_name: ClassVar[str] = "Loader"
 
     def __init__(
@@ -362,8 +363,8 @@ class Loader:
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
 
-    @classmethod
-    def next_id(cls) -> int:
+    @staticmethod
+    def next_id() -> int:
         """A process-wide number for loaders and their passes (as in the debug logs)."""
         return next(Loader._ids)
 
@@ -1091,6 +1092,29 @@ class BasicDataLoader(Loader):
     """The loader of ``get_loader``; it can save and restore its position too."""
 
     _log_name = "BasicDataLoader"
+
+    def __init__(
+        self,
+        dataset: SavableDataset,
+        gc_collect_every_n_steps: int = 10,
+        gc_freeze_at_start: bool = True,
+        prefetch_factor: int = 2,
+        cache_pool: Any = None,
+        watchdog_timeout_seconds: float | None = 60,
+        watchdog_initial_timeout_seconds: float | None = None,
+        fail_on_timeout: bool = False,
+    ) -> None:
+        """Megatron-Energon's argument order (its options may be given positionally)."""
+        super().__init__(
+            dataset,
+            prefetch_factor=prefetch_factor,
+            cache_pool=cache_pool,
+            gc_collect_every_n_steps=gc_collect_every_n_steps,
+            gc_freeze_at_start=gc_freeze_at_start,
+            watchdog_timeout_seconds=watchdog_timeout_seconds,
+            watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
+            fail_on_timeout=fail_on_timeout,
+        )
 
 
 class SavableDataLoader(Loader):

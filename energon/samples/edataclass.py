@@ -28,15 +28,15 @@ T = TypeVar("T", bound=type)
 
 
 @overload
-def edataclass(cls: T, /) -> T: ...
+def edataclass(cls: T) -> T: ...
 
 
 @overload
-def edataclass(cls: None = None, /, **dataclass_kwargs: Any) -> Callable[[T], T]: ...
+def edataclass(cls: None = None, **dataclass_kwargs: Any) -> Callable[[T], T]: ...
 
 
 @dataclass_transform(kw_only_default=True)
-def edataclass(cls: T | None = None, /, **dataclass_kwargs: Any) -> T | Callable[[T], T]:
+def edataclass(cls: T | None = None, **dataclass_kwargs: Any) -> T | Callable[[T], T]:
     """``dataclass(kw_only=True, slots=True)``; usable bare (``@edataclass``) or with extra
     dataclass options (``@edataclass(frozen=True)``), which may also override the two defaults.
 

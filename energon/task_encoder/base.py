@@ -20,7 +20,7 @@ from energon.errors import SkipSample
 from energon.plan.rng import stable_seed
 from energon.samples import Sample
 from energon.samples.collate import generic_batch
-from energon.task_encoder.composition import BUILD_HOOKS, composition
+from energon.task_encoder.composition import BUILD_HOOKS, DatasetBlendMode, composition
 
 T_sample = TypeVar("T_sample")
 T_encoded_sample = TypeVar("T_encoded_sample")
@@ -289,7 +289,7 @@ class TaskEncoder(Generic[T_sample, T_encoded_sample, T_raw_batch, T_batch]):
         packing_buffer_size: int | None = None,
         virtual_epoch_length: int = 0,
         shuffle_buffer_size: int | None = None,
-        blend_mode: Any = None,
+        blend_mode: DatasetBlendMode = DatasetBlendMode.NONE,
         repeat: bool = True,
     ) -> Any:
         """The training dataset composed of ``datasets`` (``LoadedDataset``s of the metadataset)."""
@@ -479,5 +479,5 @@ class AugmentTaskEncoder(TaskEncoder[T_sample, T_encoded_sample, T_raw_batch, T_
     def batch(self, samples: list) -> Any:
         return self._task_encoder.batch(samples)
 
-    def encode_batch(self, batch: Any) -> Any:
-        return self._task_encoder.encode_batch(batch)
+    def encode_batch(self, batch_data: Any) -> Any:
+        return self._task_encoder.encode_batch(batch_data)

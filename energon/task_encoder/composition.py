@@ -12,6 +12,7 @@ provides by registering a :class:`Composition` here when it is imported. The cor
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Protocol
 
 BUILD_HOOKS = (
@@ -22,6 +23,14 @@ BUILD_HOOKS = (
     "build_cook_crude_sample",
     "_load_dataset",
 )
+
+
+class DatasetBlendMode(enum.Enum):
+    """How the loaded datasets are combined."""
+
+    NONE = "none"
+    DATASET_WEIGHT = "dataset_weight"
+    SAMPLE_REPETITIONS = "sample_repetitions"
 
 
 class Composition(Protocol):

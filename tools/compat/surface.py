@@ -191,15 +191,34 @@ def is_click_command(obj: Any) -> bool:
     )
 
 
+def _command_default(param: Any) -> str | None:
+    """A parameter's default as a user sees it: unset, None and (for flags) False all mean
+    "not given"; paths are compared as text."""
+    default = param.default
+    if type(default).__name__ == "Sentinel" or default is None:
+        return None
+    if getattr(param, "is_flag", False) and default is False:
+        return None
+    if isinstance(default, Path):
+        default = str(default)
+    return describe_default(default)
+
+
+def _subcommands(command: Any) -> list[str]:
+    if not hasattr(command, "list_commands"):
+        return []
+    import click
+
+    return sorted(command.list_commands(click.Context(command)))
+
+
 def describe_command(command: Any) -> dict[str, Any]:
     """A click command: its name, parameters (name, flags, default, required) and sub-commands."""
-    params = {}
-    for p in command.params:
-        default = p.default
-        default = None if type(default).__name__ == "Sentinel" else describe_default(default)
-        params[p.name] = [sorted(p.opts), default, bool(p.required), type(p).__name__]
-    sub = getattr(command, "commands", None) or {}
-    return {"command_name": command.name, "params": params, "subcommands": sorted(sub)}
+    params = {
+        p.name: [sorted(p.opts), _command_default(p), bool(p.required), type(p).__name__]
+        for p in command.params
+    }
+    return {"command_name": command.name, "params": params, "subcommands": _subcommands(command)}
 
 
 def has_member(cls: Any, name: str) -> bool:
@@ -321,6 +340,8 @@ class Report:
         }
     )
     user_checked: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # signatures of classes users call that differ but accept every call the reference's accepts
+    compatible: list[str] = dataclasses.field(default_factory=list)
 
     def numbers(self) -> dict[str, tuple[int, int]]:
         keys = ("modules", "names", "members", "signatures")
@@ -349,6 +370,38 @@ def _sig_text(sig: list[list[Any]] | None) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def signature_compatible(ref: list[list[Any]], ours: list[list[Any]] | None) -> bool:
+    """Every call the reference's signature accepts, ours accepts with the same meaning: each
+    reference parameter exists with its name, a kind that accepts the same calls and the same
+    default; parameters we add are optional (a default, or ``*args`` / ``**kwargs``)."""
+    if ours is None:
+        return False
+    by_name = {p[0]: p for p in ours}
+    positional = [p[0] for p in ours if p[1] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    ref_positional = [p[0] for p in ref if p[1] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    if positional[: len(ref_positional)] != ref_positional:
+        return False
+    for name, kind, default in ref:
+        mine = by_name.get(name)
+        if mine is None or mine[2] != default and default is not None:
+            return False
+        if kind != mine[1] and not (kind == "KEYWORD_ONLY" and mine[1] == "POSITIONAL_OR_KEYWORD"):
+            return False
+    extra = [p for p in ours if p[0] not in {r[0] for r in ref}]
+    return all(p[2] is not None or p[1] in ("VAR_POSITIONAL", "VAR_KEYWORD") for p in extra)
+
+
+def _compare_signature(where: str, ref_sig: list[list[Any]], ours: Any, report: Report) -> None:
+    report.user_checked["signatures"] += 1
+    if ours == ref_sig:
+        return
+    line = f"{where}{_sig_text(ref_sig)}  vs ours {_sig_text(ours)}"
+    if signature_compatible(ref_sig, ours):
+        report.compatible.append(line)
+    else:
+        report.gaps["user"].append(line)
+
+
 def _compare_command(where: str, ref: dict[str, Any], obj: Any, report: Report) -> None:
     report.user_checked["commands"] += 1
     if not is_click_command(obj):
@@ -369,12 +422,8 @@ def _compare_command(where: str, ref: dict[str, Any], obj: Any, report: Report) 
 
 
 def _compare_user_class(where: str, ref: dict[str, Any], obj: Any, report: Report) -> None:
-    report.user_checked["signatures"] += 1
-    ours = describe_signature(obj)
-    if ref["signature"] is not None and ours != ref["signature"]:
-        report.gaps["user"].append(
-            f"{where}{_sig_text(ref['signature'])}  vs ours {_sig_text(ours)}"
-        )
+    if ref["signature"] is not None:
+        _compare_signature(where, ref["signature"], describe_signature(obj), report)
     for member, ref_sig in ref.get("members", {}).items():
         report.user_checked["members"] += 1
         if not has_member(obj, member):
@@ -384,14 +433,9 @@ def _compare_user_class(where: str, ref: dict[str, Any], obj: Any, report: Repor
             value = _member_object(obj, member)
         except AttributeError:  # an instance attribute (field, __init__ parameter)
             continue
-        if ref_sig is None:
-            continue
-        report.user_checked["signatures"] += 1
-        ours_sig = describe_signature(value) if inspect.isroutine(value) else None
-        if ours_sig != ref_sig:
-            report.gaps["user"].append(
-                f"{where}.{member}{_sig_text(ref_sig)}  vs ours {_sig_text(ours_sig)}"
-            )
+        if ref_sig is not None:
+            ours_sig = describe_signature(value) if inspect.isroutine(value) else None
+            _compare_signature(f"{where}.{member}", ref_sig, ours_sig, report)
 
 
 def check_name(
@@ -469,7 +513,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = check(json.loads(Path(args.surface).read_text()))
     print(report.headline())
-    print("classes users call:", dict(report.user_checked), f"gaps {len(report.gaps['user'])}")
+    print(
+        "classes users call:",
+        dict(report.user_checked),
+        f"gaps {len(report.gaps['user'])}, compatible differences {len(report.compatible)}",
+    )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -477,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                     "numbers": report.numbers(),
                     "user_checked": report.user_checked,
                     "gaps": report.gaps,
+                    "compatible": report.compatible,
                 },
                 indent=1,
             )

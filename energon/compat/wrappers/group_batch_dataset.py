@@ -82,6 +82,10 @@ class GroupBatchDataset(BaseWrapperDataset):
     def micro_batch_size(self) -> int | None:
         return self.fixed_batch_size
 
+    def restore_sample(self, index: Any) -> Any:
+        """Regenerate a batch from its ``__restore_key__`` (see ``BaseWrapperDataset``)."""
+        return super().restore_sample(index)
+
     def _stateless(self) -> bool:
         return self.batcher_stateless
 
