@@ -45,15 +45,7 @@ REFERENCE_ALL = [
 __all__ = list(REFERENCE_ALL)
 
 
-# Names whose reference form (signature) lives in the compatibility layer, not in ``energon``.
-_REFERENCE_FORMS = {"prepare_metadataset": "energon.compat.metadataset"}
-
-
 def __getattr__(name: str) -> Any:
-    if name in _REFERENCE_FORMS:
-        import importlib
-
-        return getattr(importlib.import_module(_REFERENCE_FORMS[name]), name)
     try:
         return getattr(energon, name)
     except AttributeError:

@@ -26,7 +26,7 @@ from energon.compat.webdataset.metadata import (
     get_dataset_type,
 )
 from energon.compat.webdataset.structs import DatasetSubset
-from energon.format.join_index import prepare_metadataset as prepare_join_indices
+from energon.format.join_index import prepare_metadataset
 from energon.metadataset.resolve import TraversedDatasetReference, resolve_dataset
 from energon.metadataset.resolve import traverse_metadataset as core_traverse
 from energon.samples.edataclass import edataclass
@@ -260,7 +260,7 @@ class MetadatasetV2(DatasetLoaderInterface):
         return str(self.path)
 
     def prepare(self, split_part: str | None = None) -> Sequence[Any]:
-        return prepare_join_indices(str(self.path), progress=False) or []
+        return prepare_metadataset(str(self.path), progress=False) or []
 
 
 class MockJsonParser(JsonParser):
@@ -269,12 +269,6 @@ class MockJsonParser(JsonParser):
 
     def raw_to_typed(self, raw_data: Any, inst_type: Any, *args: Any, **kwargs: Any) -> Any:
         return raw_data
-
-
-def prepare_metadataset(path: Any) -> list[str]:
-    """Build the join indices of every join of the metadataset at ``path`` (what
-    ``energon prepare mix.yaml`` does); returns what was done, one line each."""
-    return list(prepare_join_indices(epath.normalize(os.fspath(path)), progress=False) or [])
 
 
 def _epath(path: Any) -> Any:

@@ -518,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         dict(report.user_checked),
         f"gaps {len(report.gaps['user'])}, compatible differences {len(report.compatible)}",
     )
+    from surface_docs import reason_for  # this script's folder is on the path
+
+    explained = report.gaps["modules"] + report.gaps["names"] + report.gaps["user"]
+    unexplained = [gap for gap in explained if reason_for(gap) is None]
+    print(f"gaps without a recorded reason: {len(unexplained)}")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -526,12 +531,13 @@ def main(argv: list[str] | None = None) -> int:
                     "user_checked": report.user_checked,
                     "gaps": report.gaps,
                     "compatible": report.compatible,
+                    "unexplained": unexplained,
                 },
                 indent=1,
             )
         )
     if args.docs:
-        from surface_docs import write_section  # this script's folder is on the path
+        from surface_docs import write_section
 
         write_section(Path(args.docs), report)
     return 0
