@@ -23,7 +23,7 @@ from energon.compat.jsonl.ijsonl import IJsonlIndexReader
 from energon.compat.jsonl.jsonl_prepare import JsonlPreparator
 from energon.compat.module_loader import ModuleLoader
 from energon.compat.savable import FlexState, Savable
-from energon.compat.webdataset.field_access import field_access, split_field_access
+from energon.compat.webdataset.field_access import split_field_access
 from energon.compat.webdataset.indexing import JoinIndexReader
 from energon.compat.webdataset.itar_reader import JoinIndexFileITarReader
 from energon.compat.webdataset.metadata import WebdatasetMeta
@@ -129,7 +129,6 @@ __all__ = [
     "WebdatasetSampleLoaderDataset",
     "add_sample_restore_key",
     "edataclass",
-    "field_access",
     "set_sample_restore_key",
     "split_field_access",
     "warn_deprecated",

@@ -30,7 +30,6 @@ _FLAVOR_MODULES = (
     "flavors.webdataset",
     "flavors.webdataset.base_webdataset",
     "flavors.webdataset.default_decoder_webdataset",
-    "flavors.webdataset.default_generic_webdataset",
     "flavors.webdataset.standard_webdataset",
     "flavors.webdataset.joined_webdataset",
 )
@@ -84,6 +83,7 @@ REFERENCE_MODULES: dict[str, str] = {
         f"flavors.webdataset.{name}": f"energon.compat.webdataset.{name}"
         for name in (
             "aggregator_pool",
+            "default_generic_webdataset",
             "field_access",
             "indexing",
             "itar",

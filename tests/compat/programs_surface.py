@@ -546,3 +546,55 @@ out["writer"] = (Path(data["files"]) / "w.jsonl.idx").read_bytes().hex()
 return out
 """
 )
+
+program("cli_command_objects_with_clirunner")(
+    WRITE_SHARDS
+    + """
+import os, torch
+from pathlib import Path
+from click.testing import CliRunner
+from megatron.energon.cli.main import main, prepare_command, prepare_media_command, info_command
+from megatron.energon.tools.checkpoint import command_redist, command_info
+from megatron.energon.tools.prepare import command as tools_prepare
+runner = CliRunner()
+out = {"same_objects": [tools_prepare is prepare_command]}
+root = write_shards(Path(data["files"]) / "cli_wds", text_shards("c", 4, 3))
+result = runner.invoke(prepare_command, [str(root), "--non-interactive", "--split-ratio", "0.5,0.5,0", "--skip-dataset-yaml", "--no-progress"])
+out["prepare"] = [result.exit_code, listing(root)]
+result = runner.invoke(main, ["prepare", str(root), "--non-interactive", "--split-ratio", "1,0,0", "--skip-dataset-yaml", "--force-overwrite", "--no-progress"])
+out["prepare_again"] = result.exit_code
+media = Path(data["files"]) / "media"
+media.mkdir(exist_ok=True)
+from PIL import Image
+Image.new("RGB", (5, 3), (10, 20, 30)).save(media / "a.png")
+(media / "b.txt").write_text("not media")
+result = runner.invoke(prepare_media_command, [str(media), "--media-metadata-by-extension", "--no-progress"])
+# (energon also writes .nv-meta/index.uuid, which the reference writes only for WebDatasets)
+out["prepare_media"] = [result.exit_code, [f for f in listing(media) if f != ".nv-meta/index.uuid"]]
+result = runner.invoke(main, ["--help"])
+out["help"] = [result.exit_code, all(v in result.output for v in ("prepare", "checkpoint", "lint", "info", "preview", "prepare-media", "mount"))]
+(root / ".nv-meta" / "dataset.yaml").write_text(
+    "sample_type:\\n  __module__: megatron.energon\\n  __class__: TextSample\\nfield_map:\\n  text: txt\\n"
+)
+w = WorkerConfig(rank=0, world_size=2, num_workers=0)
+states = []
+for rank in range(2):
+    wr = WorkerConfig(rank=rank, world_size=2, num_workers=0)
+    ds = get_train_dataset(str(root), batch_size=2, shuffle_buffer_size=None, max_samples_per_sequence=None, worker_config=wr)
+    loader = get_savable_loader(ds)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = loader.save_state_rank()
+    path = Path(data["files"]) / f"state_r{rank}.pt"
+    torch.save(state, path)
+    states.append(str(path))
+target = Path(data["files"]) / "redist"
+target.mkdir(exist_ok=True)
+result = runner.invoke(command_redist, [*states, str(target), "--new-world-size", "1"])
+out["redist"] = [result.exit_code, sorted(os.listdir(target)) if target.exists() else None]
+result = runner.invoke(command_info, states)
+out["checkpoint_info"] = result.exit_code
+return out
+"""
+)
