@@ -103,8 +103,10 @@ def test_join_modes_with_parquet_members(roots, primary, secondary_kind, nonmatc
 def test_a_parquet_member_without_a_match_fails_at_prepare(roots):
     path = join_yaml(roots, "join_pq_bad.yaml", "a", "c_pq", "error")
     result = CliRunner().invoke(cli, ["prepare", str(path)])
-    assert result.exit_code != 0
-    assert "has no match" in str(result.exception) and "c_pq" in str(result.exception)
+    # a bad dataset is the user's error: one line on stderr, exit status 1 (docs/cli.md)
+    assert result.exit_code == 1, result.output
+    assert "has no match" in result.stderr and "c_pq" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_parquet_members_without_a_key_column_join_by_file_and_row(roots, tmp_path):
@@ -218,11 +220,10 @@ def test_an_unprepared_parquet_member_names_the_fix(roots, tmp_path):
     """A folder of Parquet files used as it is has no split or index uuid to join by."""
     import shutil
 
-    from energon.errors import DatasetNotPreparedError
-
     shutil.copytree(roots / "b_pq", tmp_path / "raw", ignore=shutil.ignore_patterns(".nv-meta"))
     shutil.copytree(roots / "a", tmp_path / "a")
     path = join_yaml(tmp_path, "raw.yaml", "a", "raw", "error")
     result = CliRunner().invoke(cli, ["prepare", str(path)])
-    assert isinstance(result.exception, DatasetNotPreparedError)
-    assert f"energon prepare {tmp_path / 'raw'}" in str(result.exception)
+    assert result.exit_code == 1, result.output
+    assert len(result.stderr.strip().splitlines()) == 1  # one line, no traceback
+    assert f"energon prepare {tmp_path / 'raw'}" in result.stderr
