@@ -5,6 +5,9 @@ Names are imported on first use, so ``energon prepare`` and other light commands
 importing torch.
 """
 
+import importlib.abc
+import importlib.util
+import sys
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -82,7 +85,7 @@ _EXPORTS = {
     "generic_batch": "energon.samples.collate",
     "generic_concat": "energon.samples.collate",
     "homogeneous_concat_mix": "energon.samples.collate",
-    "edataclass": "energon.samples.edataclass",
+    "edataclass": "energon.edataclass",
     "SampleMeta": "energon.source.meta",
     "DecodeFileStore": "energon.source.file_store",
     "FileStore": "energon.source.file_store",
@@ -157,6 +160,33 @@ _EXPORTS = {
     "RepeatDataset": "energon.compat.wrappers",
     "ShuffleBufferDataset": "energon.compat.wrappers",
 }
+
+# Modules that moved to the layer their concept belongs to (docs/internals.md, "Layers"): the
+# old import path keeps working and gives the same module object (so ``isinstance`` holds).
+_MOVED = {
+    "energon.decode.deadline": "energon.deadline",
+    "energon.samples.edataclass": "energon.edataclass",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves each old path of ``_MOVED`` with the module at its new path (asked last on
+    ``sys.meta_path``, so it never shadows a module file)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> Any:
+        return import_module(_MOVED[spec.name])
+
+    def exec_module(self, module: Any) -> None:
+        """Nothing to run: the module at the new path is complete."""
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
 
 try:
     __version__ = version("energon-loader")

@@ -9,7 +9,7 @@ from energon.av.decoder import AVDecoder
 from energon.av.errors import AVDecodeError
 from energon.av.index import AVProbeIndex
 from energon.av.uniform import get_clips_uniform, get_single_frames_uniform
-from energon.decode.deadline import DecodeTimeoutError
+from energon.deadline import DecodeTimeoutError
 
 __all__ = [
     "AVData",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from energon.samples.edataclass import edataclass
+from energon.edataclass import edataclass
 
 __all__ = ["AVData"]
 

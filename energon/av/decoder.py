@@ -13,7 +13,7 @@ every seek the decoder checks that it landed at or before the wanted time and st
 
 Every public method reports failures as :class:`AVDecodeError` (a ``SampleException``, handled by
 the loader's error policy) and runs under ``timeout`` seconds if one was given (see
-``energon.decode.deadline``; the frame loops check the deadline after every frame).
+``energon.deadline``; the frame loops check the deadline after every frame).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from energon.av.data import AVData
 from energon.av.errors import AVDecodeError
 from energon.av.index import AVProbeIndex
 from energon.av.wav import PcmWav, parse_pcm_wav
-from energon.decode.deadline import DecodeTimeoutError, check_deadline, deadline
+from energon.deadline import DecodeTimeoutError, check_deadline, deadline
 from energon.errors import SYSTEM_EXCEPTIONS, EnergonError
 from energon.media.metadata import AVMetadata
 
@@ -496,7 +496,7 @@ class AVDecoder:
     ``stream_or_bytes``: the encoded file (bytes or a binary stream, read completely).
     ``suppress_warnings``: do not warn when frame/second conversions may be approximate.
     ``timeout``: seconds each public call may take (None: unbounded); exceeding it raises
-    ``energon.decode.deadline.DecodeTimeoutError``.
+    ``energon.deadline.DecodeTimeoutError``.
     ``codec_threads``: FFmpeg threads per codec (default ``ENERGON_AV_CODEC_THREADS`` or 1).
     ``name``: how errors name the media (the sample decoder passes ``"<key>.<part>"``).
     ``reuse_window_seconds``: a request starting at most this far after the previous one decodes on

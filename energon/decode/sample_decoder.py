@@ -8,7 +8,7 @@ dataset must never be able to run code in the training job by default. It is all
 (``allow_pickle: true`` in its ``.nv-meta/dataset.yaml``), per process (the environment variable
 ``ENERGON_ALLOW_PICKLE=1``) or per decoder (``SampleDecoder(allow_pickle=True)``).
 
-``decode_timeout`` bounds the decoding of each part (see ``energon.decode.deadline``): a part that takes
+``decode_timeout`` bounds the decoding of each part (see ``energon.deadline``): a part that takes
 longer raises ``DecodeTimeoutError``, which the loader's error policy handles like any bad sample.
 Audio/video parts are decoded lazily by default (an ``AVDecoder``), so most of their decoding
 happens later, in the task encoder; the same timeout is handed to each ``AVDecoder`` and bounds
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from energon.decode.deadline import DecodeTimeoutError, deadline
+from energon.deadline import DecodeTimeoutError, deadline
 from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, ImageMode, decode_image
 from energon.decode.sniff import guess_extension
 from energon.errors import SYSTEM_EXCEPTIONS, DecodeError

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from energon.edataclass import edataclass
 from energon.samples import padding
-from energon.samples.edataclass import edataclass
 from energon.samples.source_info import SourceInfo, unique_sources
 
 __all__ = [

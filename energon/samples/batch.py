@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import torch
 
 from energon.decode.pending import PendingImage
+from energon.edataclass import edataclass
 from energon.samples import padding
 from energon.samples.base import (
     BASE_SAMPLE_FIELDS,
@@ -17,7 +18,6 @@ from energon.samples.base import (
     PinMemoryMixin,
 )
 from energon.samples.collate import batch_pad_stack
-from energon.samples.edataclass import edataclass
 from energon.samples.source_info import SourceInfo
 
 __all__ = ["Batch"]

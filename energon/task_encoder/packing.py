@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
+from energon.edataclass import edataclass
 from energon.samples import Sample
-from energon.samples.edataclass import edataclass
 from energon.samples.piece import SamplePiece
 from energon.task_encoder.base import (
     DefaultTaskEncoder,

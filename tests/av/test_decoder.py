@@ -21,7 +21,7 @@ from energon.av import (  # noqa: E402
     get_single_frames_uniform,
 )
 from energon.av import decoder as decoder_module  # noqa: E402
-from energon.decode.deadline import DecodeTimeoutError  # noqa: E402
+from energon.deadline import DecodeTimeoutError  # noqa: E402
 from energon.demo.av import (  # noqa: E402
     AUDIO_PERIOD,
     audio_ramp,

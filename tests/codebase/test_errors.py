@@ -101,7 +101,7 @@ def test_docstring_draws_the_whole_tree():
         ("energon.format.prepare.ShardReadError", OSError),
         ("energon.source.webdataset.SampleReadError", ValueError),
         ("energon.av.AVDecodeError", ValueError),
-        ("energon.decode.deadline.DecodeTimeoutError", ValueError),
+        ("energon.deadline.DecodeTimeoutError", ValueError),
         ("energon.source.fieldmap.FieldAccessError", ValueError),
         ("energon.megatron.indexed.IndexedFormatError", ValueError),
     ],

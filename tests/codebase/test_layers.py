@@ -4,11 +4,19 @@ top-level units form no cycle."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from tests.helpers.modules import import_cycles, import_graph, unit_graph, unit_of
+from tests.helpers.modules import (
+    import_cycles,
+    import_graph,
+    moved_modules,
+    run_fresh,
+    unit_graph,
+    unit_of,
+)
 from tests.helpers.paths import REPO_ROOT
 
 CONTRACTS = REPO_ROOT / "docs" / "internals-contracts.md"
@@ -16,9 +24,6 @@ CONTRACTS = REPO_ROOT / "docs" / "internals-contracts.md"
 # Imports that still run up while the knot is being untied (issue 34): each entry is removed
 # when its import is; the test fails on a stale entry, so the list can only shrink.
 _BEING_UNTIED = {
-    ("energon.av", "energon.decode.deadline"),
-    ("energon.av.data", "energon.samples.edataclass"),
-    ("energon.av.decoder", "energon.decode.deadline"),
     ("energon.balance.executor", "energon.ledger.native"),
     ("energon.compat.megatron_energon", "energon.megatron_alias"),
     ("energon.epath", "energon.format.layout"),
@@ -122,3 +127,20 @@ def test_upward_imports_are_found_inside_functions(tmp_path):
     graph = import_graph(package)
     assert upward_imports(graph, [["low"], ["high"]]) == {("pkg.low.a", "pkg.high.b")}
     assert import_cycles(unit_graph(graph)) == [["high", "low"]]
+
+
+_OLD_PATHS = """
+import importlib, json
+import energon
+print(json.dumps({
+    old: importlib.import_module(old) is importlib.import_module(new)
+    for old, new in energon._MOVED.items()
+}))
+"""
+
+
+def test_moved_modules_keep_their_old_import_paths():
+    """A module that moved to its layer is the same module object under its old path."""
+    proc = run_fresh(_OLD_PATHS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == dict.fromkeys(moved_modules(), True)

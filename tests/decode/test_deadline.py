@@ -21,9 +21,9 @@ from energon import (
     get_val_dataset,
     reraise_exception,
 )
+from energon.deadline import DecodeTimeoutError, check_deadline, deadline, remaining_time
 from energon.decode import SampleDecoder
 from energon.decode import sample_decoder as sample_decoder_module
-from energon.decode.deadline import DecodeTimeoutError, check_deadline, deadline, remaining_time
 from energon.errors import SampleException
 from tests.helpers.datasets import make_text_dataset
 

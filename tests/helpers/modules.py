@@ -4,7 +4,8 @@ The graph is read from the source (``ast``), so it sees every import: at module 
 functions and under ``if TYPE_CHECKING``. An import of ``energon.a.b`` (or ``from energon.a import
 b``) is an edge to the module ``energon.a.b`` when it exists, else to the package ``energon.a``.
 ``from energon import name`` counts an edge to the module that ``energon/__init__.py`` lazily takes
-``name`` from (its ``_EXPORTS`` map), since that import runs the module.
+``name`` from (its ``_EXPORTS`` map), since that import runs the module; an import of a module's
+old path (``_MOVED``) an edge to the module at its new path.
 """
 
 from __future__ import annotations
@@ -31,15 +32,25 @@ def module_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
     return modules
 
 
-def _lazy_exports(package_dir: Path) -> dict[str, str]:
-    """``energon/__init__.py``'s ``_EXPORTS``: public name -> module it is imported from."""
+def _root_map(package_dir: Path, name: str) -> dict[str, str]:
+    """A dict literal of ``energon/__init__.py`` (``_EXPORTS``, ``_MOVED``)."""
     tree = ast.parse((package_dir / "__init__.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
         ):
             return ast.literal_eval(node.value)
     return {}
+
+
+def _lazy_exports(package_dir: Path) -> dict[str, str]:
+    """``energon/__init__.py``'s ``_EXPORTS``: public name -> module it is imported from."""
+    return _root_map(package_dir, "_EXPORTS")
+
+
+def moved_modules(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """``energon/__init__.py``'s ``_MOVED``: old import path -> the module's path now."""
+    return _root_map(package_dir, "_MOVED")
 
 
 def _imported_names(module: str, is_package: bool, node: ast.AST) -> list[str]:
@@ -62,11 +73,15 @@ def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
     package = package_dir.name
     files = module_files(package_dir)
     exports = _lazy_exports(package_dir)
+    moved = moved_modules(package_dir)
 
     def target(name: str) -> str | None:
         head, _, attr = name.rpartition(".")
         if head == package and name not in files:
             return exports.get(attr)  # ``from energon import X``: the module X lives in
+        for old, new in moved.items():  # an old path: the module it names now
+            if name == old or name.startswith(old + "."):
+                name = new + name[len(old) :]
         while name and name not in files:
             name = name.rpartition(".")[0]
         return name if name and name != package else None

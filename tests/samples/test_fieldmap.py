@@ -7,9 +7,9 @@ import pickle
 import pytest
 import torch
 
+from energon.edataclass import edataclass
 from energon.errors import SampleException
 from energon.samples import CaptioningSample, Sample, VQASample
-from energon.samples.edataclass import edataclass
 from energon.source.fieldmap import FieldAccessError, FieldMap, check_field_map, resolve_field_map
 
 FIELD_MAP = {"image": "jpg,png", "caption": "json[caption],txt", "first": "json[items][0]"}

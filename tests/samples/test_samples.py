@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
+from energon.edataclass import edataclass
 from energon.samples import (
     Batch,
     CaptioningSample,
@@ -30,7 +31,6 @@ from energon.samples import (
     get_source_info,
     pin_memory_recursive,
 )
-from energon.samples.edataclass import edataclass
 
 
 def _captioning(key: str = "k0", caption: str = "a cat", shape=(3, 4, 5), **kw: Any):
