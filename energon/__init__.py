@@ -85,7 +85,7 @@ _EXPORTS = {
     "generic_batch": "energon.samples.collate",
     "generic_concat": "energon.samples.collate",
     "homogeneous_concat_mix": "energon.samples.collate",
-    "edataclass": "energon.edataclass",
+    "edataclass": "energon.structs",
     "SampleMeta": "energon.source.meta",
     "DecodeFileStore": "energon.source.file_store",
     "FileStore": "energon.source.file_store",
@@ -165,7 +165,7 @@ _EXPORTS = {
 # old import path keeps working and gives the same module object (so ``isinstance`` holds).
 _MOVED = {
     "energon.decode.deadline": "energon.deadline",
-    "energon.samples.edataclass": "energon.edataclass",
+    "energon.samples.edataclass": "energon.structs",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from energon.edataclass import edataclass
+from energon.structs import edataclass
 
 __all__ = ["AVData"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from energon.edataclass import edataclass
 from energon.samples import Sample
+from energon.structs import edataclass
 from energon.task_encoder.packing import PackedSequence, SequencePacker
 
 

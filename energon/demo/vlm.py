@@ -17,8 +17,8 @@ import torch
 from energon.balance.cost import MultimodalCost
 from energon.demo.av import encode_video, write_tar_shards
 from energon.demo.datasets import _random_texts, render_photo_like_jpeg
-from energon.edataclass import edataclass
 from energon.samples import Sample
+from energon.structs import edataclass
 from energon.task_encoder.base import DefaultTaskEncoder, stateless
 from energon.task_encoder.cooking import Cooker, basic_sample_keys
 

@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from energon.edataclass import edataclass
 from energon.samples import padding
 from energon.samples.source_info import SourceInfo, unique_sources
+from energon.structs import edataclass
 
 __all__ = [
     "BASE_SAMPLE_FIELDS",

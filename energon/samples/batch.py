@@ -9,7 +9,6 @@ from typing import Any, TypeVar
 import torch
 
 from energon.decode.pending import PendingImage
-from energon.edataclass import edataclass
 from energon.samples import padding
 from energon.samples.base import (
     BASE_SAMPLE_FIELDS,
@@ -19,6 +18,7 @@ from energon.samples.base import (
 )
 from energon.samples.collate import batch_pad_stack
 from energon.samples.source_info import SourceInfo
+from energon.structs import edataclass
 
 __all__ = ["Batch"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from energon.edataclass import edataclass
 from energon.samples.base import Sample
+from energon.structs import edataclass
 
 __all__ = [
     "EXTRA_SAMPLE_TYPES",

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from energon.edataclass import edataclass
 from energon.samples import Sample
 from energon.samples.piece import SamplePiece
+from energon.structs import edataclass
 from energon.task_encoder.base import (
     DefaultTaskEncoder,
     last_packing_round,

@@ -165,7 +165,7 @@ def test_submodule_imports_never_rebind_public_names():
     code = (
         "import energon.megatron_alias\n"
         "import megatron.energon.edataclass, megatron.energon.task_encoder.base\n"
-        "import energon.samples.builtin, energon.edataclass\n"
+        "import energon.samples.builtin, energon.samples.edataclass\n"
         "from energon import Sample, edataclass\n"
         "from megatron.energon import edataclass as e2\n"
         "import energon, energon.task_encoder\n"

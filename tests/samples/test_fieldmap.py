@@ -7,10 +7,10 @@ import pickle
 import pytest
 import torch
 
-from energon.edataclass import edataclass
 from energon.errors import SampleException
 from energon.samples import CaptioningSample, Sample, VQASample
 from energon.source.fieldmap import FieldAccessError, FieldMap, check_field_map, resolve_field_map
+from energon.structs import edataclass
 
 FIELD_MAP = {"image": "jpg,png", "caption": "json[caption],txt", "first": "json[items][0]"}
 

@@ -10,7 +10,6 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from energon.edataclass import edataclass
 from energon.samples import (
     Batch,
     CaptioningSample,
@@ -31,6 +30,7 @@ from energon.samples import (
     get_source_info,
     pin_memory_recursive,
 )
+from energon.structs import edataclass
 
 
 def _captioning(key: str = "k0", caption: str = "a cat", shape=(3, 4, 5), **kw: Any):
