@@ -467,8 +467,8 @@ with open(str(shard), "rb") as f:
         out["itar"].append([member.name, tar.extractfile(member).read().decode()])
     sub = itar.SubFileReader(f, 512, 6)
     out["itar"].append([sub.read().decode(), sub.tell(), sub.seek(2), sub.read(2).decode()])
-def plain(sample):
-    return None if sample is None else {k: (v.decode() if isinstance(v, bytes) else str(v) if k == "__sources__" else v) for k, v in sample.items()}
+def plain(sample):  # each side prepares its own copy: the sources name it "<files>"
+    return None if sample is None else {k: (v.decode() if isinstance(v, bytes) else str(v).replace(data["files"], "<files>") if k == "__sources__" else v) for k, v in sample.items()}
 by_index = itar_reader.ShardInfosITarReader(p, meta.shards)
 txt_only = itar_reader.ShardInfosITarReader(p, meta.shards, part_filter=lambda part: part == "txt")
 out["readers"] = [len(by_index), plain(by_index[0]), plain(by_index[9]), plain(txt_only[5])]
@@ -497,6 +497,13 @@ writer.close()
 jr = indexing.JoinIndexReader(jpath)
 column = indexing.JoinIndexReader(jpath, column=1)
 out["join"] = [len(jr), jr[0], jr[1], [column[0], column[1]], list(indexing.JoinIndexReader(jpath).get_as_tensor().shape), (Path(data["files"]) / "join.bin").read_bytes().hex()]
+rpath = EPath(Path(data["files"]) / "join_real.bin")
+writer = indexing.JoinIndexWriter(rpath)
+writer.append((0, 0, 1), (1, reader[1], reader[2] - reader[1]))
+writer.append((0, 0, 1), (-1, -1, -1))
+writer.close()
+joined = itar_reader.JoinIndexFileITarReader(rpath, 1, tars, p)
+out["join"].append([len(joined), plain(joined[0])])
 tw = itar.TarIndexWriter(EPath(Path(data["files"]) / "x.tar"))
 for offset in (0, 1024, 4096):
     tw.append(offset)

@@ -172,7 +172,11 @@ class SqliteIndexReader:
         return self._has_table("sample_parts")
 
     def db_has_media_metadata(self) -> bool:
-        return self._has_table("media_metadata")
+        """Whether media metadata was prepared (our indexes always hold the empty media tables,
+        so their presence alone says nothing; a prepare with media records its filter)."""
+        if not self._has_table("media_filters"):
+            return self._has_table("media_metadata")
+        return self.db.select_one("SELECT 1 FROM media_filters LIMIT 1") is not None
 
     def list_all_samples(self) -> Generator[tuple[str, int, int], None, None]:
         """``(sample_key, byte_size, tar_file_id)`` of every sample."""
@@ -280,10 +284,12 @@ class JoinIndexReader:
     def __len__(self) -> int:
         return len(self._table)
 
-    def __getitem__(self, index: int) -> list[tuple[int, int, int]] | tuple[int, int, int]:
+    def __getitem__(self, index: int) -> list[tuple[int, int, int]]:
+        """One row: a ``(shard, offset, size)`` triple per column, or only ``column``'s triple
+        (still in a one-element list, as the reference returns it)."""
         row = self._table[index]
         if self.column is not None:
-            return tuple(int(v) for v in row[self.column])  # type: ignore[return-value]
+            row = row[self.column : self.column + 1]
         return [tuple(int(v) for v in cell) for cell in row]  # type: ignore[misc]
 
     def __iter__(self) -> Iterator[Any]:

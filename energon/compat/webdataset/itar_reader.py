@@ -181,7 +181,7 @@ class JoinIndexFileITarReader(ITarReader):
     def _pointer(self, index: int) -> ITarSamplePointer:
         if not 0 <= index < len(self):
             raise IndexError(f"Index out of bounds: {index}")
-        shard, offset, size = self.index[index]
+        ((shard, offset, size),) = self.index[index]
         return ITarSamplePointer(tar_file_id=shard, byte_offset=offset, byte_size=size)
 
     def __getitem__(self, index: int) -> FilteredSample | None:
