@@ -20,6 +20,7 @@ from typing import Any
 from energon import state_fields as fields
 from energon.balance.tail import TAIL_FIELD, check_tail, settled, tail_origin
 from energon.errors import StateError
+from energon.format.shard_table import listed_shards_fingerprint
 from energon.pipeline import snapshot
 from energon.pipeline.error_account import account_totals, merge_totals
 from energon.pipeline.keys import retag_legacy_pointers
@@ -146,7 +147,7 @@ def check_state_shape(state: Any) -> dict[str, Any]:
     _check_ranges(state)
     _check_fingerprint(state)
     check_tail(state)
-    return settled(state)
+    return settled(_compact_shard_lists(state))
 
 
 def _check_ranges(state: dict[str, Any]) -> None:
@@ -183,6 +184,40 @@ def _check_fingerprint(state: dict[str, Any]) -> None:
             "loader state field 'fingerprint' does not match 'fingerprint_digest' (the state "
             "was edited or damaged)"
         )
+
+
+def _compact_shard_lists(state: dict[str, Any]) -> dict[str, Any]:
+    """States saved before the shard table listed every shard of every dataset in their
+    fingerprint (``[[name, count], ...]``); today a leaf says ``{count, samples, sha256}`` of
+    the same list. Such a state gets today's form (and its digest), so it restores as before."""
+    fingerprint, changed = _compacted(state["fingerprint"])
+    if not changed:
+        return state
+    return dict(state, fingerprint=fingerprint, fingerprint_digest=fingerprint_digest(fingerprint))
+
+
+def _compacted(value: Any) -> tuple[Any, bool]:
+    if isinstance(value, list):
+        items = [_compacted(v) for v in value]
+        return [v for v, _ in items], any(c for _, c in items)
+    if not isinstance(value, dict):
+        return value, False
+    out, changed = {}, False
+    for key, item in value.items():
+        if key == "shards" and _is_shard_list(item):
+            out[key] = listed_shards_fingerprint([n for n, _ in item], [c for _, c in item])
+            changed = True
+        else:
+            out[key], inner = _compacted(item)
+            changed = changed or inner
+    return out, changed
+
+
+def _is_shard_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], int)
+        for e in value
+    )
 
 
 def check_position(state: dict[str, Any], pass_end: int | None, finite: bool) -> None:

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from energon import epath
 from energon.cli.arguments import InputPath, SplitNames, chosen_splits
 from energon.errors import EnergonError, SampleException
+from energon.format.shard_index import ListedShards
 
 _LEAF: Any = None  # the split's leaf, inherited by forked workers
 _DECODER: Any = None
@@ -37,7 +38,8 @@ class ShardReport:
 def lint_shard(leaf: Any, decoder: Any, shard: int) -> ShardReport:
     """Read every sample of shard ``shard`` of ``leaf``; collect what fails."""
     name, count = leaf.shard_names[shard], leaf.shard_counts[shard]
-    one = dataclasses.replace(leaf, shard_names=[name], shard_counts=[count], excluded=frozenset())
+    only = ListedShards([name], [count], [leaf.shards.tar_file_id(shard)])
+    one = dataclasses.replace(leaf, shards=only, excluded=frozenset())
     report = ShardReport(name, count)
     if not epath.exists(one.shard_path(0)):
         report.problem = f"the shard file {one.shard_path(0)} does not exist"
@@ -171,10 +173,14 @@ def _reports(
     todo = [s for s in leaf.shard_names if s not in seen]
     if todo:
         keep = [leaf.shard_names.index(s) for s in todo]
+        shards = leaf.shards
         part = dataclasses.replace(
             leaf,
-            shard_names=[leaf.shard_names[i] for i in keep],
-            shard_counts=[leaf.shard_counts[i] for i in keep],
+            shards=ListedShards(
+                [shards.name(i) for i in keep],
+                [leaf.shard_counts[i] for i in keep],
+                [shards.tar_file_id(i) for i in keep],
+            ),
         )
         for report in lint_split(part, parallel=parallel, progress=progress):
             seen[report.shard] = report

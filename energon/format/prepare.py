@@ -38,6 +38,7 @@ from energon.format.info import (
     DatasetInfoError,
     current_energon_version,
     has_info,
+    info_json_text,
     read_dataset_info,
     read_info,
     write_info,
@@ -58,7 +59,9 @@ from energon.format.layout import (
     temp_name_for,
 )
 from energon.format.processes import process_context
+from energon.format.shard_table import SHARD_TABLE_FILENAME
 from energon.format.split import expand_all, expand_braces, write_split
+from energon.format.split_shards import write_shard_table
 from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid
 from energon.format.tar import scan_tar
 from energon.format.tar_index import encode_offsets, tar_index_path
@@ -620,8 +623,12 @@ def _publish(
     if tar_index_only:
         before_info()
         _convert_legacy_info(root, mode_like)
+        if (meta / split_config).is_file() and (meta / INFO_JSON_FILENAME).is_file():
+            write_shard_table(root, split_config)
         return
     write_split(root, result.split_parts or {}, (), split_config, mode_like=mode_like)
+    info_text = info_json_text(result.shard_counts, current_energon_version())
+    write_shard_table(root, split_config, info_text=info_text)
     before_info()
     write_info(root, result.shard_counts, current_energon_version(), mode_like=mode_like)
 
@@ -713,6 +720,8 @@ def _prepare_remote(
         # Existing metadata the local pipeline reads: media tables of the old index, legacy info.
         fetched: dict[str, bytes] = {}
         wanted = [INFO_JSON_FILENAME, INFO_YAML_FILENAME]
+        if tar_index_only:  # the shard table is written again from the split config
+            wanted.append(split_config)
         if media_filter is None:
             wanted.append(INDEX_SQLITE_FILENAME)
         for name in wanted:
@@ -795,6 +804,7 @@ def _upload_prepared(
         INDEX_SQLITE_FILENAME,
         INDEX_UUID_FILENAME,
         split_config,
+        SHARD_TABLE_FILENAME,
         INFO_YAML_FILENAME,
         INFO_JSON_FILENAME,
     ]

@@ -195,3 +195,36 @@ def write_index_uuid(root: PathLike, *, mode_like: PathLike | None = None) -> st
 
 def read_index_uuid(root: PathLike) -> str:
     return (nv_meta_dir(root) / INDEX_UUID_FILENAME).read_text(encoding="utf-8").strip()
+
+
+def _connect_read_only(db_path: PathLike) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+
+
+def sample_key_at(db_path: PathLike, tar_file_id: int, sample_index: int) -> str | None:
+    """The key of sample ``sample_index`` of shard ``tar_file_id`` (None: no such row)."""
+    db = _connect_read_only(db_path)
+    try:
+        row = db.execute(
+            "SELECT sample_key FROM samples WHERE tar_file_id=? AND sample_index=?",
+            (tar_file_id, sample_index),
+        ).fetchone()
+    finally:
+        db.close()
+    return row[0] if row is not None else None
+
+
+def sample_indices_of(db_path: PathLike, wanted: Iterable[tuple[int, str]]) -> list[int | None]:
+    """For each ``(tar_file_id, sample key)``: the sample's index in its shard (None: not there)."""
+    db = _connect_read_only(db_path)
+    try:
+        found = []
+        for tar_file_id, key in wanted:
+            row = db.execute(
+                "SELECT sample_index FROM samples WHERE tar_file_id=? AND sample_key=?",
+                (tar_file_id, key),
+            ).fetchone()
+            found.append(None if row is None else int(row[0]))
+    finally:
+        db.close()
+    return found

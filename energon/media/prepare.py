@@ -29,6 +29,7 @@ from energon.format.layout import (
     temp_name_for,
 )
 from energon.format.processes import process_context
+from energon.format.split_shards import refresh_shard_table
 from energon.format.sqlite_index import MEDIA_SCHEMA, write_index_uuid
 from energon.format.tar import scan_tar
 from energon.media.extract import MediaFilterConfig, extract_media_metadata
@@ -166,6 +167,7 @@ def _write_media_index(
         remove_quietly(tmp)
         raise
     write_index_uuid(db_path.parent.parent)
+    refresh_shard_table(db_path.parent.parent)  # it names the index.uuid it belongs to
     return written
 
 

@@ -25,7 +25,7 @@ from energon.plan.edits import Exclusion
 from energon.plan.mixing import QuotaSchedule, Schedule, SizeWeightedSchedule, WeightedSchedule
 from energon.plan.reader import ReaderProgress, ReadObserver, SliceReader
 from energon.plan.rng import CounterRng, stable_seed
-from energon.plan.sharding import slice_bounds, stream_ranges
+from energon.plan.sharding import slice_bounds, stream_count, stream_range
 
 DEFAULT_PARALLEL_SLICES = 16
 
@@ -346,7 +346,7 @@ def pointer_source(
 ) -> PointerSource:
     """One reader per source over this stream's range, mixed as the spec's mode says."""
     ranges = [
-        stream_ranges(source.start, source.end, spec.num_streams, rotation)[stream_id]
+        stream_range(source.start, source.end, spec.num_streams, rotation, stream_id)
         for source, rotation in zip(spec.sources, spec.source_rotations())
     ]
     mixing = spec.training and spec.mode in ("weight", "repetitions")
@@ -400,7 +400,10 @@ def blend_schedule(
         return None
     if spec.mode == "weight":
         if present is None:
-            present = [counts[stream_id] > 0 for counts in spec.source_stream_counts()]
+            present = [
+                stream_count(length, spec.num_streams, rotation, stream_id) > 0
+                for length, rotation in zip(map(len, spec.sources), spec.source_rotations())
+            ]
         # per-stream, per-source phases: streams do not pick their sources in lock-step
         phase_rng = CounterRng(stable_seed(spec.seed, "blend-phase", stream_id))
         kind = SizeWeightedSchedule if spec.blend_by.by_size else WeightedSchedule
@@ -413,5 +416,5 @@ def blend_schedule(
             changes=spec.weight_changes,
         )
     if spec.mode == "repetitions":
-        return QuotaSchedule([q[stream_id] for q in spec.source_stream_quotas()])
+        return QuotaSchedule(spec.stream_quotas(stream_id))
     return None

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from energon.errors import ErrorBudget, ErrorHandler, MetadatasetError
 from energon.pipeline.blend_by import BlendBy
 from energon.plan.edits import Exclusion, PlanEdits
 from energon.plan.schedules import FlatWeights, Mixture, WeightChange, WeightFunction
-from energon.plan.sharding import stream_counts
+from energon.plan.sharding import stream_count, stream_counts, stream_counts_array
 from energon.task_encoder.base import DefaultTaskEncoder, TaskEncoder
 
 if TYPE_CHECKING:
@@ -136,8 +139,8 @@ class PipelineSpec:
     def source_stream_counts(self) -> list[list[int]]:
         """[source][stream] -> samples of that source in that stream's range."""
         return [
-            stream_counts(len(source), self.num_streams, rotation)
-            for source, rotation in zip(self.sources, self.source_rotations())
+            stream_counts(length, self.num_streams, rotation)
+            for length, rotation, _, _ in self._count_terms()
         ]
 
     def source_stream_quotas(self) -> list[list[int]]:
@@ -147,30 +150,54 @@ class PipelineSpec:
         ``floor(len(source) * repetitions)``, not a sum of per-stream roundings (reference S17).
         """
         quotas = []
-        for source, counts, rotation in zip(
-            self.sources, self.source_stream_counts(), self.source_rotations()
-        ):
+        for length, rotation, whole, extra in self._count_terms():
+            counts = stream_counts_array(length, self.num_streams, rotation)
+            spread = stream_counts_array(extra, self.num_streams, rotation)
+            quotas.append((counts * whole + spread).tolist())
+        return quotas
+
+    def _count_terms(self) -> tuple[tuple[int, int, int, int], ...]:
+        """Per source: (samples, rotation, whole repetitions, extra samples of the fraction)."""
+        terms = []
+        for source, rotation in zip(self.sources, self.source_rotations()):
             whole = int(source.repetitions)
             extra = int(len(source) * source.repetitions) - len(source) * whole
-            spread = stream_counts(extra, self.num_streams, rotation)
-            quotas.append([n * whole + e for n, e in zip(counts, spread)])
-        return quotas
+            terms.append((len(source), rotation, whole, extra))
+        return tuple(terms)
+
+    @property
+    def _counts_repetitions(self) -> bool:
+        return self.mode == "repetitions" and self.training
 
     def stream_sample_counts(self) -> list[int]:
         """Samples per stream in one pass (sample-level excludes not subtracted)."""
-        per_source = (
-            self.source_stream_quotas()
-            if self.mode == "repetitions" and self.training
-            else self.source_stream_counts()
+        return _stream_totals(
+            self._count_terms(), self.num_streams, self._counts_repetitions
+        ).tolist()
+
+    def stream_quotas(self, stream: int) -> list[int]:
+        """``[q[stream] for q in source_stream_quotas()]``, computed for one stream."""
+        quotas = []
+        for length, rotation, whole, extra in self._count_terms():
+            n = stream_count(length, self.num_streams, rotation, stream)
+            quotas.append(n * whole + stream_count(extra, self.num_streams, rotation, stream))
+        return quotas
+
+    def stream_sample_count(self, stream: int) -> int:
+        """``stream_sample_counts()[stream]``, computed for one stream (O(sources))."""
+        if self._counts_repetitions:
+            return sum(self.stream_quotas(stream))
+        return sum(
+            stream_count(length, self.num_streams, rotation, stream)
+            for length, rotation, _, _ in self._count_terms()
         )
-        return [sum(column) for column in zip(*per_source)]
 
     def stream_val_batches(self, stream: int) -> int:
         """Items stream ``stream`` emits in a validation pass: the common count when ranks must be
         even, else its own natural count (a single rank needs no padding)."""
         if self.even_ranks:
             return self.val_batches_per_stream()
-        n = self.stream_sample_counts()[stream]
+        n = self.stream_sample_count(stream)
         if self.batch_size is None:
             return n
         return n // self.batch_size if self.batch_drop_last else math.ceil(n / self.batch_size)
@@ -228,6 +255,20 @@ class PipelineSpec:
                 else {}
             ),
         }
+
+
+@functools.lru_cache(maxsize=8)
+def _stream_totals(terms: tuple, num_streams: int, repetitions: bool) -> np.ndarray:
+    """Samples per stream over all sources (numpy: a blend of 100 sources over 32,768 streams is
+    3 million additions, asked for by several parts of one process: cached on the plain terms)."""
+    totals = np.zeros(num_streams, dtype=np.int64)
+    for length, rotation, whole, extra in terms:
+        counts = stream_counts_array(length, num_streams, rotation)
+        if repetitions:
+            counts = counts * whole + stream_counts_array(extra, num_streams, rotation)
+        totals += counts
+    totals.flags.writeable = False
+    return totals
 
 
 #: Hooks that may turn one input into several outputs when they are generator functions.

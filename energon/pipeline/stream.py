@@ -406,7 +406,7 @@ def _batch_sizes(spec: PipelineSpec, stream_id: int) -> Callable[[int], int]:
     bs = spec.batch_size
     if not spec.planned_validation or spec.batch_drop_last:
         return ConstantSize(bs)
-    total = spec.stream_sample_counts()[stream_id]
+    total = spec.stream_sample_count(stream_id)
     batches = spec.val_batches_per_stream()
     if bs <= 1:
         return ConstantSize(bs)

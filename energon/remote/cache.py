@@ -14,6 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from energon.remote.forksafe import ForkSafeLock
 from energon.remote.store import RemoteStore
 
 
@@ -29,6 +30,8 @@ def cache_dir() -> Path:
 
 
 _validated: dict[tuple[int, str], str] = {}  # (pid, url) -> local copy checked in this process
+_fetching = ForkSafeLock()  # one fetch at a time: a prefetch thread and the reader that asks for
+# the same index at the same moment would each fetch it (index files are small)
 
 
 def local_copy(url: str, store: RemoteStore) -> str:
@@ -38,8 +41,12 @@ def local_copy(url: str, store: RemoteStore) -> str:
     known = _validated.get((os.getpid(), url))
     if known is not None and os.path.exists(known):
         return known
-    path = _fresh_local_copy(url, store)
-    _validated[(os.getpid(), url)] = path
+    with _fetching:
+        known = _validated.get((os.getpid(), url))
+        if known is not None and os.path.exists(known):
+            return known
+        path = _fresh_local_copy(url, store)
+        _validated[(os.getpid(), url)] = path
     return path
 
 

@@ -104,13 +104,15 @@ class SampleBuilder:
 
 def read_dataset_yaml(root: str, name: str = "dataset.yaml") -> dict[str, Any]:
     path = epath.join(root, MAIN_FOLDER_NAME, name)
-    if not epath.is_file(path):
+    try:
+        text = epath.read_text(path)
+    except (FileNotFoundError, IsADirectoryError):
         raise DatasetConfigError(
             f"{path} does not exist: the dataset has no loader definition. Run `energon prepare "
             f"{root}` and create a dataset.yaml (or pass dataset_config=...)."
-        )
+        ) from None
     try:
-        data = yaml.safe_load(epath.read_text(path))
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise DatasetConfigError(f"{path}: invalid YAML: {e}") from e
     if not isinstance(data, dict):

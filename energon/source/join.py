@@ -18,6 +18,7 @@ import numpy as np
 
 from energon.errors import SampleException
 from energon.format.join_index import JoinMemberSplit, read_join_rows
+from energon.format.shard_table import listed_shards_fingerprint
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.samples import SourceInfo
 from energon.source.dataset_config import load_sample_builder
@@ -183,7 +184,7 @@ class JoinLeaf:
             "split_part": self.split_part,
             "join": [[m.root, m.split_part, m.nonmatch] for m in self.members],
             "join_index": os.path.basename(self.index_path),
-            "shards": [[self.root, self.count]],
+            "shards": listed_shards_fingerprint([self.root], [self.count]),
         }
 
     def config(self) -> dict[str, Any]:

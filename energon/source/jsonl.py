@@ -16,6 +16,7 @@ import numpy as np
 from energon import epath
 from energon.errors import DatasetNotFoundError, SampleException
 from energon.format.jsonl import JsonlFormatError, jsonl_index_path
+from energon.format.shard_table import listed_shards_fingerprint
 from energon.samples import CrudeSample, SourceInfo
 from energon.source.shard_reader import RecordOffsets, shard_reader
 
@@ -112,7 +113,7 @@ class JsonlLeaf:
         return {
             "path": self.path,
             "split_part": "",
-            "shards": [[epath.basename(self.path), self.count]],
+            "shards": listed_shards_fingerprint([epath.basename(self.path)], [self.count]),
         }
 
     def config(self) -> dict[str, Any]:

@@ -46,13 +46,14 @@ def detect_kind(target: str | JoinSpec) -> str:
         return "parquet"
     if _is_token_prefix(path):
         return "tokens"
-    if not epath.exists(path):
-        raise DatasetNotFoundError(f"dataset {path} does not exist")
     nv_meta = epath.join(path, MAIN_FOLDER_NAME)
+    # the info file first: for an object store, asking whether the folder exists is a listing
     if epath.is_file(epath.join(nv_meta, INFO_JSON_FILENAME)) or epath.is_file(
         epath.join(nv_meta, INFO_YAML_FILENAME)
     ):
         return "webdataset"
+    if not epath.exists(path):
+        raise DatasetNotFoundError(f"dataset {path} does not exist")
     if epath.is_file(epath.join(nv_meta, PARQUET_INFO_FILENAME)) or _holds_table_files(path):
         return "parquet"
     raise DatasetNotPreparedError(

@@ -37,7 +37,7 @@ class MetaReader:
 
     def __init__(self, leaf: Any) -> None:
         self.leaf = leaf
-        self._starts = [int(s) for s in leaf.shard_starts]
+        self._starts = leaf.shard_starts  # may be lazy: a binary search reads a few entries
 
     def __getstate__(self) -> dict[str, Any]:
         return {"leaf": self.leaf}
@@ -48,7 +48,7 @@ class MetaReader:
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, index inside the shard)."""
         shard = bisect.bisect_right(self._starts, index) - 1
-        return shard, index - self._starts[shard]
+        return shard, index - int(self._starts[shard])
 
     def shard_name(self, index: int) -> str:
         return f"shard {self.locate(index)[0]}"
@@ -87,27 +87,36 @@ class WebdatasetMeta(MetaReader):
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
-            from energon.format.info import read_info
             from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
 
             path = epath.local_copy(
                 epath.join(self.leaf.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
             )
             self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-            self._tar_ids = {name: i for i, name in enumerate(read_info(self.leaf.root))}
         return self._db
 
     def locate(self, index: int) -> tuple[int, int]:
         return self.leaf.locate(index)
 
     def shard_name(self, index: int) -> str:
-        return self.leaf.shard_names[self.locate(index)[0]]
+        return self.leaf.shards.name(self.locate(index)[0])
 
     def _where(self, index: int) -> tuple[int, int]:
         """(tar_file_id, sample index inside the shard) as ``index.sqlite`` numbers them."""
-        self._connection()  # reads the shard numbering
+        self._connection()
         shard, inner = self.locate(index)
-        return self._tar_ids[self.leaf.shard_names[shard]], inner  # type: ignore[index]
+        tar_id = self.leaf.shards.tar_file_id(shard)
+        if tar_id is None:
+            tar_id = self._tar_file_ids()[self.leaf.shards.name(shard)]
+        return tar_id, inner
+
+    def _tar_file_ids(self) -> dict[str, int]:
+        """The shard numbering of ``.info.json`` (read only for shards that do not know it)."""
+        if self._tar_ids is None:
+            from energon.format.info import read_info
+
+            self._tar_ids = {name: i for i, name in enumerate(read_info(self.leaf.root))}
+        return self._tar_ids
 
     def key(self, index: int) -> str | None:
         tar_id, inner = self._where(index)

@@ -8,10 +8,10 @@ the sample. Errors name the dataset, shard, sample key and byte offset.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import os
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from energon import epath
@@ -25,18 +25,20 @@ from energon.errors import (
 from energon.format.checksums import checksum_rel_path, crc32, read_checksums
 from energon.format.info import read_info
 from energon.format.layout import (
-    CHECKSUMS_FOLDER_NAME,
     INDEX_SQLITE_FILENAME,
     INFO_JSON_FILENAME,
     MAIN_FOLDER_NAME,
     SPLIT_YAML_FILENAME,
 )
-from energon.format.split import read_split, warn_unmatched_exclude
+from energon.format.shard_index import ShardCounts, ShardIndex, ShardNames, ShardStarts
+from energon.format.shard_table import shards_fingerprint
+from energon.format.split_shards import open_split_shards
+from energon.format.sqlite_index import sample_key_at
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.format.tar_index import TarIndex, tar_index_path
 from energon.samples.source_info import make_source_info
 from energon.source.dataset_config import SampleBuilder, load_sample_builder
-from energon.source.shard_reader import cumulative_starts, shard_reader
+from energon.source.shard_reader import shard_reader
 
 
 def tar_byte_index(
@@ -53,23 +55,23 @@ def tar_byte_index(
 
 @dataclasses.dataclass
 class WebdatasetLeaf:
-    """One split of a prepared WebDataset (a :class:`~energon.source.leaf.LeafDataset`)."""
+    """One split of a prepared WebDataset (a :class:`~energon.source.leaf.LeafDataset`).
+
+    ``shards`` may be lazy (a prepared shard table: only the shards a process touches are read),
+    so nothing here goes over all shards but the tools' ``shard_names`` / ``shard_counts``."""
 
     kind = "webdataset"
     root: str
     split_part: str
-    shard_names: list[str]
-    shard_counts: list[int]
+    shards: ShardIndex
     builder: SampleBuilder
     excluded: frozenset[int] = frozenset()
     subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
     checksums: bool = False  # verify every sample against .nv-meta/checksums (prepare --checksums)
 
     def __post_init__(self) -> None:
-        self.starts = cumulative_starts(self.shard_counts)
-        self._starts_list = [int(s) for s in self.starts]
-        self._shard_paths = [epath.join(self.root, name) for name in self.shard_names]
-        self._shard_counts = dict(zip(self._shard_paths, self.shard_counts))
+        self._paths: dict[int, str] = {}  # shard number -> path, for the shards opened so far
+        self._numbers: dict[str, int] = {}  # and back
 
     @classmethod
     def open(
@@ -82,58 +84,63 @@ class WebdatasetLeaf:
         subflavors: dict[str, Any] | None = None,
         builder: SampleBuilder | None = None,
     ) -> WebdatasetLeaf:
-        """Read ``.nv-meta`` once and describe the split ``split_part``."""
+        """Describe the split ``split_part``: from the prepared shard table when it matches the
+        dataset (reads only what is asked for later), else from ``.info.json`` and the split
+        config (:func:`energon.source.shards.open_split_shards`)."""
         root = epath.normalize(root)
         if builder is None:
             builder = load_sample_builder(root, dataset_config)
-        split = read_split(root, split_config or builder.split_config or SPLIT_YAML_FILENAME)
-        counts_by_shard = read_info(root)
-        shard_names = split.shards(split_part)
-        missing = [s for s in shard_names if s not in counts_by_shard]
-        if missing:
-            raise ValueError(
-                f"{root}: split {split_part!r} lists shards that are not in "
-                f"{epath.join(root, MAIN_FOLDER_NAME, INFO_JSON_FILENAME)}: "
-                f"{missing[:5]} (re-run `energon prepare`)"
-            )
-        counts = [counts_by_shard[s] for s in shard_names]
-        if not shard_names or sum(counts) == 0:
+        split = open_split_shards(
+            root, split_part, split_config or builder.split_config or SPLIT_YAML_FILENAME
+        )
+        if split.shards.num_shards == 0 or split.shards.samples == 0:
             raise EmptyDatasetError(f"{root}: split {split_part!r} has no samples")
-        leaf = cls(
+        return cls(
             root=root,
             split_part=split_part,
-            shard_names=shard_names,
-            shard_counts=counts,
+            shards=split.shards,
             builder=builder,
+            excluded=split.excluded,
             subflavors={**builder.subflavors, **(subflavors or {})},
-            checksums=epath.is_dir(epath.join(root, MAIN_FOLDER_NAME, CHECKSUMS_FOLDER_NAME)),
+            checksums=split.checksums,
         )
-        leaf.excluded = leaf._resolve_sample_excludes(split.sample_excludes(), split.source)
-        return leaf
 
     def __len__(self) -> int:
-        return int(self.starts[-1])
+        return self.shards.samples
 
     @property
-    def shard_starts(self) -> list[int]:
-        return self._starts_list[:-1]
+    def shard_starts(self) -> Sequence[int]:
+        """First sample of each shard (lazy: the plan reads only those inside a stream's range)."""
+        return ShardStarts(self.shards)
+
+    @property
+    def shard_names(self) -> Sequence[str]:
+        return ShardNames(self.shards)
+
+    @property
+    def shard_counts(self) -> Sequence[int]:
+        return ShardCounts(self.shards)
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, index inside the shard) of a global sample index."""
         if not 0 <= index < len(self):
             raise IndexError(f"sample index {index} out of range [0, {len(self)}) in {self.root}")
-        shard = bisect.bisect_right(self._starts_list, index) - 1
-        return shard, index - self._starts_list[shard]
+        shard = self.shards.shard_of(index)
+        return shard, index - self.shards.start(shard)
 
     def sample_location(self, index: int) -> dict[str, Any]:
         """Where sample ``index`` lies, for error reports: its shard and the byte offset of its
         first tar header."""
         shard, inner = self.locate(index)
-        start, _ = shard_reader().byte_range(self._shard_paths[shard], inner, tar_byte_index)
-        return {"shard": self.shard_names[shard], "offset": start}
+        start, _ = shard_reader().byte_range(self.shard_path(shard), inner, tar_byte_index)
+        return {"shard": self.shards.name(shard), "offset": start}
 
     def shard_path(self, shard: int) -> str:
-        return self._shard_paths[shard]
+        path = self._paths.get(shard)
+        if path is None:
+            path = self._paths[shard] = epath.join(self.root, self.shards.name(shard))
+            self._numbers[path] = shard
+        return path
 
     @property
     def remote(self) -> bool:
@@ -146,18 +153,19 @@ class WebdatasetLeaf:
         reader = shard_reader()
         while first < end:
             shard, inner = self.locate(first)
-            count = min(end, self._starts_list[shard + 1]) - first
-            reader.prefetch(self._shard_paths[shard], inner, inner + count, self._index, later)
+            count = min(end, self.shards.start(shard + 1)) - first
+            reader.prefetch(self.shard_path(shard), inner, inner + count, self._index, later)
             first += count
 
     def _index(self, shard_path: str) -> TarIndex:
         """The shard's tar index, checked against the sample count of ``.info.json`` on opening,
         with the shard's sample checksums when the dataset has them."""
+        shard = self._numbers[shard_path]
+        count = self.shards.start(shard + 1) - self.shards.start(shard)
         info = epath.join(self.root, MAIN_FOLDER_NAME, INFO_JSON_FILENAME)
-        index = tar_byte_index(shard_path, self._shard_counts.get(shard_path), info)
+        index = tar_byte_index(shard_path, count, info)
         if self.checksums:
-            shard = self.shard_names[self._shard_paths.index(shard_path)]
-            url = epath.join(self.root, checksum_rel_path(shard))
+            url = epath.join(self.root, checksum_rel_path(self.shards.name(shard)))
             local = epath.local_copy(url) if self.remote and epath.is_file(url) else url
             index.checksums = read_checksums(local, url, index.offsets)
         return index
@@ -170,7 +178,7 @@ class WebdatasetLeaf:
         skips and counts that sample, and the rest of the shard still loads.
         """
         shard, inner = self.locate(index)
-        path = self._shard_paths[shard]
+        path = self.shard_path(shard)
         reader = shard_reader()
         byte_index = reader.index(path, self._index)
         start, end = byte_index.byte_range(inner)
@@ -197,25 +205,19 @@ class WebdatasetLeaf:
         the error path only, and only for local datasets)."""
         if self.remote:
             return None
+        tar_file_id = self.shards.tar_file_id(shard)
         try:
-            tar_file_id = list(read_info(self.root)).index(self.shard_names[shard])
+            if tar_file_id is None:
+                tar_file_id = list(read_info(self.root)).index(self.shards.name(shard))
             sqlite_path = epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
-            db = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
-            try:
-                row = db.execute(
-                    "SELECT sample_key FROM samples WHERE tar_file_id=? AND sample_index=?",
-                    (tar_file_id, inner),
-                ).fetchone()
-            finally:
-                db.close()
+            return sample_key_at(sqlite_path, tar_file_id, inner)
         except (OSError, ValueError, sqlite3.Error):
             return None
-        return row[0] if row is not None else None
 
     def load(self, index: int, decoder: Any, restore_key: tuple) -> Any:
         """Read, decode and build sample ``index``."""
         members, shard, offset = self.read_members(index)
-        shard_name = self.shard_names[shard]
+        shard_name = self.shards.name(shard)
         key = None
         try:
             key, parts = self._decode_parts(members, decoder)
@@ -233,7 +235,7 @@ class WebdatasetLeaf:
         except Exception as e:
             key = key if key is not None else _first_key(members)
             where = (
-                f"{self._shard_paths[shard]} sample {key!r} (index {index}) at byte offset {offset}"
+                f"{self.shard_path(shard)} sample {key!r} (index {index}) at byte offset {offset}"
             )
             if isinstance(e, SampleException):
                 raise SampleReadError(f"{where}: {e}") from e
@@ -275,45 +277,13 @@ class WebdatasetLeaf:
             raise SampleReadError("no sample members with a key")
         return key, parts
 
-    def _resolve_sample_excludes(
-        self, excludes: set[tuple[str, str]], source: str
-    ) -> frozenset[int]:
-        """Global indices of ``<shard>/<key>`` excludes (looked up in the sqlite index once)."""
-        if not excludes:
-            return frozenset()
-        wanted = [(s, k) for s, k in excludes if s in self.shard_names]
-        if not wanted:
-            return frozenset()
-        tar_ids = {name: i for i, name in enumerate(read_info(self.root))}
-        sqlite_path = epath.local_copy(
-            epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
-        )
-        db = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
-        try:
-            found = set()
-            for shard_name, key in wanted:
-                row = db.execute(
-                    "SELECT sample_index FROM samples WHERE tar_file_id=? AND sample_key=?",
-                    (tar_ids[shard_name], key),
-                ).fetchone()
-                if row is None:
-                    warn_unmatched_exclude(
-                        source,
-                        f"{shard_name}/{key}",
-                        f"{shard_name} has no sample {key!r}",
-                    )
-                    continue
-                shard = self.shard_names.index(shard_name)
-                found.add(self._starts_list[shard] + int(row[0]))
-        finally:
-            db.close()
-        return frozenset(found)
-
     def fingerprint(self) -> dict[str, Any]:
         return {
             "path": self.root,
             "split_part": self.split_part,
-            "shards": [[n, c] for n, c in zip(self.shard_names, self.shard_counts)],
+            "shards": shards_fingerprint(
+                self.shards.num_shards, self.shards.samples, self.shards.digest
+            ),
         }
 
     def config(self) -> dict[str, Any]:

@@ -39,6 +39,7 @@ class FaultProxy(BaseHTTPRequestHandler):
     latency_s = 0.0  # before the first byte of every response
     bandwidth = 0.0  # bytes/s of the emulated link, shared by all connections (0: unlimited)
     link_free_at = 0.0
+    requests: list[tuple[str, str, str | None]]  # (method, path with query, Range header)
 
     def log_message(self, *args) -> None:
         pass
@@ -79,6 +80,8 @@ class FaultProxy(BaseHTTPRequestHandler):
         return cls.schedule(n)
 
     def _forward(self) -> None:
+        with type(self).lock:
+            type(self).requests.append((self.command, self.path, self.headers.get("Range")))
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
         fault = self._fault()
@@ -144,12 +147,14 @@ def start_fault_proxy(
     port: int = 0,
 ) -> tuple[str, type[FaultProxy], Callable[[], None]]:
     """Start a proxy to ``upstream_url`` (``http://host:port``) on a loopback port (free if 0);
-    returns (proxy url, handler class with the ``faults`` counters, a function that stops it).
+    returns (proxy url, handler class with the ``faults`` counters and the ``requests`` it
+    forwarded, a function that stops it).
     ``schedule(n)`` replaces the fixed fault schedule (the fault for the n-th ranged GET)."""
     host, upstream_port = upstream_url.rsplit("/", 1)[1].split(":")
     handler = type("Proxy", (FaultProxy,), {"upstream": (host, int(upstream_port)), "ranged": 0})
     handler.faults = {"drop": 0, "slowdown": 0, "stall": 0}
     handler.stalls_ended = 0
+    handler.requests = []
     handler.lock = threading.Lock()
     handler.inject_faults = faults
     if schedule is not None:

@@ -85,6 +85,20 @@ def test_the_streams_pointers_cover_the_dataset_once_per_epoch():
         assert sorted(seen) == sorted(epochs * [i for i in range(40) if i not in leaf.excluded])
 
 
+@pytest.mark.parametrize("mode", ["weight", "repetitions", "concat"])
+def test_one_streams_counts_are_that_column_of_all_streams_counts(mode):
+    leaves = [MemoryLeaf(n) for n in (37, 5, 101)]
+    spec = memory_spec(
+        leaves, mode=mode, num_streams=7, weights=[1, 2, 3], repetitions=[1.5, 2, 0.3]
+    )
+    totals, quotas = spec.stream_sample_counts(), spec.source_stream_quotas()
+    for stream in range(7):
+        assert spec.stream_sample_count(stream) == totals[stream]
+        assert spec.stream_quotas(stream) == [q[stream] for q in quotas]
+    per_source = quotas if mode == "repetitions" else spec.source_stream_counts()
+    assert totals == [sum(column) for column in zip(*per_source)]
+
+
 def test_pointer_keys_name_the_kind_of_their_leaf():
     leaves = [MemoryLeaf(4, kind="jsonl"), MemoryLeaf(4, kind="tokens"), MemoryLeaf(4)]
     spec = memory_spec(leaves, mode="concat", training=False, repeat=False, num_streams=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,7 +12,9 @@ from energon.plan.sharding import (
     bit_reversal_order,
     slice_bounds,
     split_piece,
+    stream_count,
     stream_counts,
+    stream_range,
     stream_ranges,
 )
 
@@ -106,3 +109,42 @@ def test_split_piece_keeps_short_pieces_whole_and_cuts_long_ones_evenly():
     assert split_piece(0, 16, 10) == [0, 8]
     assert split_piece(0, 100, 10) == list(range(0, 100, 10))
     assert split_piece(5, 6, None) == [5]
+
+
+def _recursive_order(n: int) -> list[int]:
+    """The spread order as first written: plain recursion over lists (the arrays must match it)."""
+    if n <= 2:
+        return list(range(n))
+    left = _recursive_order(n // 2)
+    right = [n // 2 + i for i in _recursive_order(n - n // 2)]
+    out: list[int] = []
+    for a, b in zip(left, right):
+        out += [a, b]
+    return out + right[len(left) :]
+
+
+def _listed_counts(total: int, num_streams: int, rotation: int) -> list[int]:
+    base, rem = divmod(total, num_streams)
+    counts = [base + 1 if (g - rotation) % num_streams < rem else base for g in range(num_streams)]
+    permuted = [0] * num_streams
+    for i, target in enumerate(_recursive_order(num_streams)):
+        permuted[target] = counts[i]
+    return permuted
+
+
+@pytest.mark.parametrize("n", [*range(0, 70), 1000, 4095, 4096, 4097, 32768])
+def test_the_array_order_is_the_recursive_order(n):
+    assert bit_reversal_order(n) == _recursive_order(n)
+
+
+@FAST
+@given(total=st.integers(0, 5000), num_streams=st.integers(1, 700), rotation=st.integers(0, 699))
+def test_one_stream_at_a_time_is_every_stream_at_once(total, num_streams, rotation):
+    rotation %= num_streams
+    counts = _listed_counts(total, num_streams, rotation)
+    assert stream_counts(total, num_streams, rotation) == counts
+    ranges = stream_ranges(10, 10 + total, num_streams, rotation)
+    for stream in {0, num_streams - 1, num_streams // 2, (total * 7) % num_streams}:
+        assert stream_count(total, num_streams, rotation, stream) == counts[stream]
+        assert stream_range(10, 10 + total, num_streams, rotation, stream) == ranges[stream]
+        assert ranges[stream][0] == 10 + sum(counts[:stream])

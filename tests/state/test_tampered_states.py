@@ -19,7 +19,9 @@ from energon import (
     get_train_dataset,
     redistribute_states,
 )
-from tests.state.test_state import make_loader, take
+from energon.pipeline.spec import fingerprint_digest
+from energon.source.webdataset import WebdatasetLeaf
+from tests.state.test_state import keys, make_loader, take
 from tests.task_encoder.test_packing_grouping import packed_loader
 
 
@@ -56,6 +58,22 @@ def test_an_untouched_state_restores(text_ds, saved):
     assert len(take(iter(restore(text_ds, saved)), 3)) == 3
 
 
+def test_a_state_that_lists_every_shard_in_its_fingerprint_still_restores(text_ds, saved):
+    """States saved before the shard table listed each dataset's shards in full."""
+    leaf = WebdatasetLeaf.open(text_ds, split_part="train")
+    old = copy.deepcopy(saved)
+    listed = [[name, count] for name, count in zip(leaf.shard_names, leaf.shard_counts)]
+    old["fingerprint"]["datasets"][0]["shards"] = listed
+    old["fingerprint_digest"] = fingerprint_digest(old["fingerprint"])
+    assert old["fingerprint_digest"] != saved["fingerprint_digest"]
+    after = take(iter(restore(text_ds, old)), 3)
+    assert keys(after) == keys(take(iter(restore(text_ds, saved)), 3))
+    listed[0][1] += 1  # a different dataset is still refused
+    old["fingerprint_digest"] = fingerprint_digest(old["fingerprint"])
+    with pytest.raises(StateError, match="different dataset"):
+        restore(text_ds, old)
+
+
 @pytest.mark.parametrize(
     "change, field",
     [
@@ -76,7 +94,10 @@ def test_an_untouched_state_restores(text_ds, saved):
         (lambda s: s["streams"][0][1].__setitem__("emitted", 10**9), "streams[0].emitted"),
         (lambda s: s["streams"][0][1].__setitem__("stages", []), "streams[0].stages"),
         (lambda s: s["fingerprint"].__setitem__("seed", 1234), "fingerprint"),
-        (lambda s: s["fingerprint"]["datasets"][0]["shards"].pop(), "fingerprint"),
+        (
+            lambda s: s["fingerprint"]["datasets"][0]["shards"].__setitem__("count", 1),
+            "fingerprint",
+        ),
     ],
 )
 def test_absurd_top_level_values_name_the_field(text_ds, saved, change, field):

@@ -132,7 +132,7 @@ def stream_length(dataset: SavableDataset, stream: int, num_streams: int) -> int
         spec = dataclasses.replace(spec, num_streams=num_streams)
     if not spec.training:
         return spec.stream_val_batches(stream)
-    count = spec.stream_sample_counts()[stream]
+    count = spec.stream_sample_count(stream)
     if spec.batch_size is None:
         return count
     return count // spec.batch_size if spec.batch_drop_last else math.ceil(count / spec.batch_size)

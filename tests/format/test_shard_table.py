@@ -1,0 +1,146 @@
+"""The prepared shard table: the same split as ``.info.json`` + the split config say, read block by
+block, and never used once it no longer matches the dataset."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from energon import WorkerConfig, get_savable_loader, get_train_dataset
+from energon.errors import UnknownSplitError
+from energon.format.shard_table import SHARD_TABLE_FILENAME, SplitTable
+from energon.format.split_shards import listed_split, open_split_shards, write_shard_table
+from energon.plan.sharding import slice_bounds
+from energon.source.webdataset import WebdatasetLeaf
+from tests.helpers.datasets import make_text_dataset
+
+SPLIT = (("train", 0.8), ("val", 0.2))
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """70 shards of 3-7 samples (the table's blocks hold 32 shards: three blocks)."""
+    root = tmp_path_factory.mktemp("table") / "ds"
+    return make_text_dataset(root, num_samples=350, num_shards=70, split=SPLIT)
+
+
+def _same_split(a, b) -> None:
+    assert (a.shards.num_shards, a.shards.samples) == (b.shards.num_shards, b.shards.samples)
+    n = a.shards.num_shards
+    assert [a.shards.start(s) for s in range(n + 1)] == [b.shards.start(s) for s in range(n + 1)]
+    assert [a.shards.name(s) for s in range(n)] == [b.shards.name(s) for s in range(n)]
+    assert [a.shards.tar_file_id(s) for s in range(n)] == [
+        b.shards.tar_file_id(s) for s in range(n)
+    ]
+    assert all(a.shards.shard_of(i) == b.shards.shard_of(i) for i in range(a.shards.samples))
+    assert a.shards.digest == b.shards.digest
+    assert (a.excluded, a.checksums) == (b.excluded, b.checksums)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_the_table_says_what_info_and_split_config_say(dataset, split):
+    opened = open_split_shards(str(dataset), split, "split.yaml")
+    assert isinstance(opened.shards, SplitTable)
+    _same_split(opened, listed_split(str(dataset), split, "split.yaml"))
+
+
+def test_a_rank_reads_only_the_blocks_of_its_own_samples(dataset):
+    leaf = WebdatasetLeaf.open(dataset, split_part="train")
+    table = leaf.shards
+    assert table.num_shards == 56 and table.block_shards == 32
+    assert table._blocks == {}  # opening reads the front part only
+    last = len(leaf) - 1
+    assert leaf.locate(last)[0] == 55
+    assert sorted(table._blocks) == [1]
+    list(leaf.shard_starts[40:50])
+    assert sorted(table._blocks) == [1]
+    listed = listed_split(str(dataset), "train", "split.yaml").shards.starts[:-1].tolist()
+    first = len(leaf) - 30
+    lazy = slice_bounds(first, len(leaf), leaf.shard_starts, None)
+    assert lazy.tolist() == slice_bounds(first, len(leaf), listed, None).tolist()
+    assert sorted(table._blocks) == [1]  # the searches went through the summary
+
+
+def test_a_leaf_from_the_table_loads_like_one_from_the_lists(dataset):
+    wc = WorkerConfig(rank=1, world_size=3, num_workers=0)
+
+    def keys() -> list[str]:
+        ds = get_train_dataset(
+            dataset,
+            worker_config=wc,
+            batch_size=4,
+            shuffle_buffer_size=10,
+            max_samples_per_sequence=3,
+        )
+        it = iter(get_savable_loader(ds))
+        return [k for _ in range(12) for k in next(it)["__key__"]]
+
+    table = dataset / ".nv-meta" / SHARD_TABLE_FILENAME
+    from_table = keys()
+    saved = table.read_bytes()
+    table.unlink()
+    try:
+        assert keys() == from_table
+    finally:
+        table.write_bytes(saved)
+
+
+def _stale_warning(root, split="train") -> str:
+    with pytest.warns(UserWarning, match="shard-table-only") as caught:
+        opened = open_split_shards(str(root), split, "split.yaml")
+    assert not isinstance(opened.shards, SplitTable)
+    return str(caught[0].message)
+
+
+def test_an_edited_split_config_is_noticed_and_a_new_table_picks_up_its_excludes(tmp_path):
+    root = make_text_dataset(tmp_path / "ds", num_samples=40, num_shards=4)
+    listed = listed_split(str(root), "train", "split.yaml")
+    shard = listed.shards.name(2)
+    split_yaml = root / ".nv-meta" / "split.yaml"
+    key = _first_key(root, listed, 2)
+    split_yaml.write_text(
+        split_yaml.read_text().replace("exclude: []", f"exclude:\n- {shard}/{key}")
+    )
+    assert "split.yaml changed" in _stale_warning(root)
+    write_shard_table(root, "split.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opened = open_split_shards(str(root), "train", "split.yaml")
+    assert opened.excluded == frozenset({listed.shards.start(2)})
+    _same_split(opened, listed_split(str(root), "train", "split.yaml"))
+
+
+def _first_key(root, listed, shard: int) -> str:
+    leaf = WebdatasetLeaf.open(root, split_part="train")
+    return leaf.load(listed.shards.start(shard), None, ())["__key__"]
+
+
+def test_a_dataset_prepared_again_without_the_table_is_noticed(tmp_path):
+    root = make_text_dataset(tmp_path / "ds", num_samples=20, num_shards=2)
+    (root / ".nv-meta" / "index.uuid").write_text("00000000-0000-4000-8000-000000000000")
+    assert "prepared again" in _stale_warning(root)
+
+
+def test_a_damaged_or_foreign_table_is_not_used(tmp_path):
+    root = make_text_dataset(tmp_path / "ds", num_samples=20, num_shards=2)
+    (root / ".nv-meta" / SHARD_TABLE_FILENAME).write_bytes(b"not a table at all")
+    assert "not a shard table" in _stale_warning(root)
+    (root / ".nv-meta" / SHARD_TABLE_FILENAME).write_bytes(b"ENSHTAB")
+    assert "damaged" in _stale_warning(root)
+
+
+def test_a_small_dataset_without_a_table_loads_quietly(tmp_path):
+    root = make_text_dataset(tmp_path / "ds", num_samples=20, num_shards=2)
+    (root / ".nv-meta" / SHARD_TABLE_FILENAME).unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opened = open_split_shards(str(root), "train", "split.yaml")
+    assert opened.shards.samples == 20
+
+
+def test_an_unknown_split_is_the_same_error_with_or_without_the_table(dataset):
+    with pytest.raises(UnknownSplitError, match=r"'nope'.*\['train', 'val'\]"):
+        open_split_shards(str(dataset), "nope", "split.yaml")
+    with pytest.raises(UnknownSplitError, match=r"'nope'.*\['train', 'val'\]"):
+        listed_split(str(dataset), "nope", "split.yaml")
