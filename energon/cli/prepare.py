@@ -23,6 +23,7 @@ from energon.format.dataset_yaml import (
     CRUDE_CLASS_NAME,
     crude_dataset_yaml,
     field_map_dataset_yaml,
+    read_dataset_yaml,
     sample_loader_dataset_yaml,
     sample_loader_template,
     write_dataset_yaml,
@@ -35,9 +36,11 @@ from energon.format.layout import (
     INFO_JSON_FILENAME,
     MAIN_FOLDER_NAME,
     SAMPLE_LOADER_FILENAME,
+    SPLIT_YAML_FILENAME,
     nv_meta_dir,
 )
 from energon.format.prepare import PrepareResult, discover_shards, prepare_dataset
+from energon.format.split_shards import write_shard_table_for
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.format.tar_index import TarIndex, tar_index_path
 
@@ -167,6 +170,12 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
 @click.option(
     "--tar-index-only", is_flag=True, help="Only rebuild .tar.idx files and index.sqlite."
 )
+@click.option(
+    "--shard-table-only",
+    is_flag=True,
+    help="Only write .nv-meta/shard_table.bin again (after editing the split config): what lets "
+    "each rank read only its own shards at start-up.",
+)
 @click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before a ratio split.")
 @click.option(
     "--media-metadata-by-glob",
@@ -219,6 +228,7 @@ def command(
     exclude: str,
     num_workers: int,
     tar_index_only: bool,
+    shard_table_only: bool,
     shuffle_tars: bool,
     media_metadata_by_glob: str | None,
     media_metadata_by_header: bool,
@@ -270,6 +280,9 @@ def command(
         return
     if not remote:
         _check_path_kind(path)
+    if shard_table_only:
+        _write_shard_table(path)
+        return
     if not tar_index_only and not _confirm_overwrite(path, force_overwrite, non_interactive):
         return
     shards = _find_shards(path, exclude, tar_index_only)
@@ -467,6 +480,15 @@ def _confirm_overwrite(path: Path, force_overwrite: bool, non_interactive: bool)
     return click.confirm(
         "It seems the dataset had already been prepared. Do you want to continue?", default=False
     )
+
+
+def _write_shard_table(path: Path | str) -> None:
+    if not has_info(path):
+        raise click.UsageError(f"{path} is not prepared yet: run `energon prepare {path}` first")
+    content = read_dataset_yaml(path) or {}
+    split_config = content.get("split_config") or SPLIT_YAML_FILENAME
+    write_shard_table_for(path, split_config)
+    click.echo(f"Wrote the shard table of {path} for {split_config}.")
 
 
 def _find_shards(path: Path, exclude: str, tar_index_only: bool) -> list[str]:

@@ -197,3 +197,27 @@ def refresh_shard_table(root: PathLike) -> None:
         return  # none (or not one we can read): nothing to keep in step
     if (meta / split_config).is_file() and (meta / INFO_JSON_FILENAME).is_file():
         write_shard_table(root, split_config)
+
+
+def write_shard_table_for(root: str | PathLike, split_config: str) -> None:
+    """``energon prepare --shard-table-only``: (re)write the shard table of a prepared dataset
+    from its ``.info.json`` and split config, locally or in object storage (the few metadata
+    files are fetched into a temporary folder, the table is uploaded)."""
+    if not epath.is_remote(root):
+        write_shard_table(root, split_config)
+        return
+    import tempfile
+
+    meta_url = epath.join(root, MAIN_FOLDER_NAME)
+    with tempfile.TemporaryDirectory(prefix="energon-shard-table-") as stage:
+        meta = nv_meta_dir(stage)
+        meta.mkdir()
+        for name in (INFO_JSON_FILENAME, INDEX_UUID_FILENAME, split_config):
+            epath.download(epath.join(meta_url, name), str(meta / name))
+        split = read_split(stage, split_config)
+        if split.sample_excludes():  # looked up in the sample index
+            sqlite_url = epath.join(meta_url, INDEX_SQLITE_FILENAME)
+            epath.download(sqlite_url, str(meta / INDEX_SQLITE_FILENAME))
+        checksums = epath.is_dir(epath.join(meta_url, CHECKSUMS_FOLDER_NAME))
+        write_shard_table(stage, split_config, checksums=checksums)
+        epath.upload(str(meta / SHARD_TABLE_FILENAME), epath.join(meta_url, SHARD_TABLE_FILENAME))

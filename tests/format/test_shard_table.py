@@ -6,11 +6,13 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from click.testing import CliRunner
 
 from energon import WorkerConfig, get_savable_loader, get_train_dataset
+from energon.cli.main import cli
 from energon.errors import UnknownSplitError
 from energon.format.shard_table import SHARD_TABLE_FILENAME, SplitTable
-from energon.format.split_shards import listed_split, open_split_shards, write_shard_table
+from energon.format.split_shards import listed_split, open_split_shards
 from energon.plan.sharding import slice_bounds
 from energon.source.webdataset import WebdatasetLeaf
 from tests.helpers.datasets import make_text_dataset
@@ -103,7 +105,8 @@ def test_an_edited_split_config_is_noticed_and_a_new_table_picks_up_its_excludes
         split_yaml.read_text().replace("exclude: []", f"exclude:\n- {shard}/{key}")
     )
     assert "split.yaml changed" in _stale_warning(root)
-    write_shard_table(root, "split.yaml")
+    result = CliRunner().invoke(cli, ["prepare", "--shard-table-only", str(root)])
+    assert result.exit_code == 0, result.output
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         opened = open_split_shards(str(root), "train", "split.yaml")
