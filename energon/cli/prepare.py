@@ -36,6 +36,7 @@ from energon.format.layout import (
     INFO_JSON_FILENAME,
     MAIN_FOLDER_NAME,
     SAMPLE_LOADER_FILENAME,
+    SHARD_TABLE_FILENAME,
     SPLIT_YAML_FILENAME,
     nv_meta_dir,
 )
@@ -173,8 +174,8 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
 @click.option(
     "--shard-table-only",
     is_flag=True,
-    help="Only write .nv-meta/shard_table.bin again (after editing the split config): what lets "
-    "each rank read only its own shards at start-up.",
+    help=f"Only write {MAIN_FOLDER_NAME}/{SHARD_TABLE_FILENAME} again (after editing the split "
+    "config): what lets each rank read only its own shards at start-up.",
 )
 @click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before a ratio split.")
 @click.option(

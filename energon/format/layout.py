@@ -24,6 +24,7 @@ INDEX_UUID_FILENAME = "index.uuid"
 SPLIT_YAML_FILENAME = "split.yaml"
 DATASET_YAML_FILENAME = "dataset.yaml"
 SAMPLE_LOADER_FILENAME = "sample_loader.py"
+SHARD_TABLE_FILENAME = "shard_table.bin"  # energon's: the splits' shards, read block by block
 CHECKSUMS_FOLDER_NAME = "checksums"  # optional: <shard>.crc32 per shard (prepare --checksums)
 CHECKSUMS_SUFFIX = ".crc32"
 PREPARE_LOCK_FILENAME = ".prepare.lock"  # held by a running prepare (flock)

@@ -50,6 +50,7 @@ from energon.format.layout import (
     INFO_JSON_FILENAME,
     INFO_YAML_FILENAME,
     MAIN_FOLDER_NAME,
+    SHARD_TABLE_FILENAME,
     SPLIT_YAML_FILENAME,
     PathLike,
     copy_permissions,
@@ -59,7 +60,6 @@ from energon.format.layout import (
     temp_name_for,
 )
 from energon.format.processes import process_context
-from energon.format.shard_table import SHARD_TABLE_FILENAME
 from energon.format.split import expand_all, expand_braces, write_split
 from energon.format.split_shards import write_shard_table
 from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid

@@ -40,8 +40,8 @@ import numpy as np
 
 from energon import epath
 from energon.errors import DatasetInfoError, UnknownSplitError
+from energon.format.layout import INDEX_UUID_FILENAME, MAIN_FOLDER_NAME, SHARD_TABLE_FILENAME
 
-SHARD_TABLE_FILENAME = "shard_table.bin"
 MAGIC = b"ENSHTAB\x01"
 FORMAT_VERSION = 1
 MAX_SUMMARY_BLOCKS = 2048  # the summary every rank reads stays below 32 KiB per split
@@ -335,7 +335,7 @@ def open_shard_table(
     root: str, split_config: str, info_size: int
 ) -> tuple[dict, _RangeFile, bytes] | StaleTable:
     """The validated header of ``root``'s shard table for ``split_config``, or why not."""
-    path = epath.join(root, ".nv-meta", SHARD_TABLE_FILENAME)
+    path = epath.join(root, MAIN_FOLDER_NAME, SHARD_TABLE_FILENAME)
     try:
         opened = read_table_header(path)
     except FileNotFoundError:  # remote: RemoteNotFoundError is one
@@ -356,8 +356,8 @@ def _mismatch(header: dict, root: str, split_config: str, info_size: int) -> str
         return f"the shard table was made for {header['split_config']}, not {split_config}"
     if header["info_size"] != info_size:
         return ".info.json changed since the shard table was written"
-    meta = epath.join(root, ".nv-meta")
-    uuid = epath.read_bytes(epath.join(meta, "index.uuid")).decode().strip()
+    meta = epath.join(root, MAIN_FOLDER_NAME)
+    uuid = epath.read_bytes(epath.join(meta, INDEX_UUID_FILENAME)).decode().strip()
     if uuid != header["index_uuid"]:
         return "the dataset was prepared again since the shard table was written"
     split_bytes = epath.read_bytes(epath.join(meta, split_config))

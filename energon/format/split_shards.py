@@ -22,13 +22,13 @@ from energon.format.layout import (
     INDEX_UUID_FILENAME,
     INFO_JSON_FILENAME,
     MAIN_FOLDER_NAME,
+    SHARD_TABLE_FILENAME,
     PathLike,
     atomic_write_bytes,
     nv_meta_dir,
 )
 from energon.format.shard_index import ListedShards, ShardIndex
 from energon.format.shard_table import (
-    SHARD_TABLE_FILENAME,
     SplitShards,
     StaleTable,
     open_shard_table,

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from energon import WorkerConfig, get_savable_loader, get_train_dataset
 from energon.cli.main import cli
 from energon.errors import UnknownSplitError
-from energon.format.shard_table import SHARD_TABLE_FILENAME, SplitTable
+from energon.format.layout import SHARD_TABLE_FILENAME
+from energon.format.shard_table import SplitTable
 from energon.format.split_shards import listed_split, open_split_shards
 from energon.plan.sharding import slice_bounds
 from energon.source.webdataset import WebdatasetLeaf

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import _REPO_ROOT, machine_summary, print_markdown_table  # noqa: E402
 
 from energon.format.info import info_json_text  # noqa: E402
-from energon.format.shard_table import SHARD_TABLE_FILENAME  # noqa: E402
+from energon.format.layout import SHARD_TABLE_FILENAME  # noqa: E402
 from energon.format.split import split_config_text  # noqa: E402
 from energon.format.split_shards import write_shard_table  # noqa: E402
 from energon.format.tar import scan_tar  # noqa: E402
