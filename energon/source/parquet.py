@@ -51,6 +51,7 @@ from energon.format.parquet import (
     scan_files,
     table_format,
 )
+from energon.format.shard_table import listed_shards_fingerprint
 from energon.format.split import read_split, warn_unmatched_exclude
 from energon.samples.source_info import make_source_info
 from energon.source.dataset_config import (
@@ -531,7 +532,7 @@ class ParquetLeaf:
             "path": self.root,
             "split_part": self.split_part,
             "format": "parquet",
-            "shards": [[n, c] for n, c in zip(self.shard_names, self.shard_counts)],
+            "shards": listed_shards_fingerprint(self.shard_names, self.shard_counts),
         }
 
     def config(self) -> dict[str, Any]:
