@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from energon.errors import DuplicateKeyInShardError, TarFormatError
+from energon.format.tar_native import Members, walk_headers
 
 BLOCK_SIZE = 512
 
@@ -370,34 +371,55 @@ def scan_tar(path: str | os.PathLike, *, display_path: str | None = None) -> Tar
     Consecutive regular files with the same key form one sample; other members are skipped. A key
     that comes back after another key started (a non-consecutive duplicate) is an error naming
     both offsets: reading such a shard would silently produce two half samples.
+
+    The headers are walked in C where that is possible (:mod:`energon.format.tar_native`: plain
+    headers, about 1 us per member), else in Python (every header kind, precise errors).
     """
     shown = display_path if display_path is not None else os.fspath(path)
+    native = walk_headers(os.fspath(path))
+    if native is not None:
+        return _group_members(_native_members(native), shown)
+    with open(path, "rb", buffering=0) as f:
+        return _group_members(_walk(_HeaderWalker(f.fileno(), shown)), shown)
+
+
+def _native_members(found: Members) -> Iterator[tuple[str, int, int, int, bool, int]]:
+    """The C walk's members as :func:`_walk` yields them (the names of members that are not
+    regular files do not matter: they are skipped)."""
+    padded = (found.sizes + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    return zip(
+        found.names,
+        found.header_offsets.tolist(),
+        found.data_offsets.tolist(),
+        found.sizes.tolist(),
+        [t in _REGULAR_TYPES for t in found.types],
+        (found.data_offsets + padded).tolist(),
+    )
+
+
+def _group_members(members: Iterator[tuple[str, int, int, int, bool, int]], shown: str) -> TarScan:
     scan = TarScan()
     first_offset_of_key: dict[str, int] = {}
     current_key: str | None = None
     current_parts: list[tuple[str, int, int]] = []
     split_match = SPLIT_NAME_RE.match
     skip_match = SKIP_META_RE.match
-    with open(path, "rb", buffering=0) as f:
-        walker = _HeaderWalker(f.fileno(), shown)
-        for name, header_offset, data_offset, size, is_file, next_offset in _walk(walker):
-            scan.end_offset = next_offset
-            if not is_file or skip_match(name):
-                continue
-            m = split_match(name)
-            if m is None:
-                continue
-            key, part = m.groups()
-            if key != current_key:
-                if key in first_offset_of_key:
-                    raise DuplicateKeyInShardError(
-                        shown, key, first_offset_of_key[key], header_offset
-                    )
-                first_offset_of_key[key] = header_offset
-                current_key = key
-                current_parts = []
-                scan.samples.append((key, header_offset, current_parts))
-            current_parts.append((part, data_offset, size))
+    for name, header_offset, data_offset, size, is_file, next_offset in members:
+        scan.end_offset = next_offset
+        if not is_file or skip_match(name):
+            continue
+        m = split_match(name)
+        if m is None:
+            continue
+        key, part = m.groups()
+        if key != current_key:
+            if key in first_offset_of_key:
+                raise DuplicateKeyInShardError(shown, key, first_offset_of_key[key], header_offset)
+            first_offset_of_key[key] = header_offset
+            current_key = key
+            current_parts = []
+            scan.samples.append((key, header_offset, current_parts))
+        current_parts.append((part, data_offset, size))
     return scan
 
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from energon.format import tar_native
 from energon.format.tar import (
     DuplicateKeyInShardError,
     TarFormatError,
@@ -321,8 +322,15 @@ def test_tar_format_error_survives_pickling():
 
 
 def test_prepare_reads_only_headers(tmp_path, monkeypatch):
-    """Payload bytes are never read: every pread is a header block or an extended-header payload."""
+    """Payload bytes are never read: every pread is a header block or an extended-header payload
+    (the Python walk, spied on), and the C walk reads one block per member."""
     path = write_tar(tmp_path / "big.tar", [(f"{i:06d}.bin", os.urandom(3000)) for i in range(20)])
+    assert tar_native.available()
+    first = _bytes_read()
+    before = _bytes_read()  # reading /proc/self/io counts too: the same amount every time
+    native = scan_tar(path)
+    after = _bytes_read()
+    assert after - before - (before - first) == 21 * 512  # 20 headers, the end-of-archive block
     reads = []
     real_pread = os.pread
 
@@ -330,13 +338,20 @@ def test_prepare_reads_only_headers(tmp_path, monkeypatch):
         reads.append((n, offset))
         return real_pread(fd, n, offset)
 
+    monkeypatch.setattr(tar_native, "_lib", None)  # the Python walk
     monkeypatch.setattr(os, "pread", spy)
-    scan_tar(path)
+    python = scan_tar(path)
     monkeypatch.setattr(os, "pread", real_pread)
-    header_offsets = {m[1] for m in _reference_members(path)} | {scan_tar(path).end_offset}
+    assert (python.samples, python.end_offset) == (native.samples, native.end_offset)
+    header_offsets = {m[1] for m in _reference_members(path)} | {python.end_offset}
     assert reads
     for n, offset in reads:
         assert n <= 512 and offset in header_offsets
+
+
+def _bytes_read() -> int:
+    with open("/proc/self/io") as f:
+        return int(dict(line.split(": ") for line in f.read().splitlines())["rchar"])
 
 
 @pytest.mark.parametrize("fmt", ["v7", "oldgnu", "gnu", "ustar", "posix"])
@@ -389,3 +404,87 @@ def test_headers_with_signed_checksums_are_read(tmp_path):
         for name, payload in split_sample_bytes(bytes(data[start:end]))
     ]
     assert got == expected == [("000000.txt", b"abc"), ("000001.txt", b"de")]
+
+
+def _scans_both_ways(path, monkeypatch):
+    """(C walk or None, Python walk) of one shard; errors as their messages."""
+
+    def scan():
+        try:
+            result = scan_tar(path)
+            return result.samples, result.end_offset
+        except (TarFormatError, DuplicateKeyInShardError) as e:
+            return str(e)
+
+    native = tar_native.walk_headers(str(path))
+    fast = scan()
+    with monkeypatch.context() as m:
+        m.setattr(tar_native, "_lib", None)
+        return native, fast, scan()
+
+
+PLAIN = [
+    (f"{i:06d}.{part}", bytes([i]) * n)
+    for i, (part, n) in enumerate(
+        [("txt", 5), ("jpg", 513), ("json", 0), ("txt", 1024), ("cls", 3)]
+    )
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["v7", "ustar", "ustar prefix", "dirs and links", "pax", "gnu longname", "two parts"],
+)
+def test_the_c_walk_and_the_python_walk_agree(tmp_path, monkeypatch, case):
+    assert tar_native.available()
+    members, fmt, extra = PLAIN, tarfile.USTAR_FORMAT, []
+    if case == "v7":
+        fmt = tarfile.USTAR_FORMAT  # tarfile writes no v7; blank the magic below
+    if case == "ustar prefix":
+        members = [("sub/" * 30 + "000001.txt", b"abc"), *PLAIN]
+    if case == "dirs and links":
+        folder, link = tarfile.TarInfo("adir"), tarfile.TarInfo("000009.lnk")
+        folder.type, link.type, link.linkname = tarfile.DIRTYPE, tarfile.SYMTYPE, "000000.txt"
+        extra = [folder, link]
+    if case == "pax":
+        fmt = tarfile.PAX_FORMAT
+        members = [("0000ü1.txt", b"x"), *PLAIN]
+    if case == "gnu longname":
+        fmt, members = tarfile.GNU_FORMAT, [(f"{LONG_DIR}/000001.png", b"png"), *PLAIN]
+    if case == "two parts":
+        members = [("000001.txt", b"a"), ("000001.json", b"{}"), ("000002.txt", b"b")]
+    path = write_tar(tmp_path / "t.tar", members, fmt=fmt, extra=extra)
+    if case == "v7":
+        _blank_magic(path)
+    native, fast, python = _scans_both_ways(path, monkeypatch)
+    assert fast == python
+    falls_back = case in ("pax", "gnu longname")
+    assert (native is None) == falls_back
+
+
+def _blank_magic(path) -> None:
+    """Turn every ustar header into a v7 one (no magic; checksums fixed)."""
+    data = bytearray(path.read_bytes())
+    for offset in range(0, len(data), 512):
+        block = data[offset : offset + 512]
+        if block[257:263] == b"ustar\x00":
+            block[257:265] = bytes(8)
+            block[148:156] = b" " * 8
+            block[148:156] = b"%06o\x00 " % sum(block)
+            data[offset : offset + 512] = block
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["checksum", "truncated", "duplicate key"])
+def test_the_c_walk_leaves_damaged_shards_to_the_python_walk(tmp_path, monkeypatch, damage):
+    members = [*PLAIN, ("000000.txt", b"again")] if damage == "duplicate key" else PLAIN
+    path = write_tar(tmp_path / "d.tar", members, fmt=tarfile.USTAR_FORMAT)
+    data = bytearray(path.read_bytes())
+    if damage == "checksum":
+        data[2560 + 3] ^= 1  # the third member's name (after a 513-byte payload)
+    if damage == "truncated":
+        data = data[: 512 * 4 + 100]
+    path.write_bytes(bytes(data))
+    native, fast, python = _scans_both_ways(path, monkeypatch)
+    assert fast == python
+    assert isinstance(python, str)  # an error, the same message either way
