@@ -28,6 +28,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
         SkipSample
         DatasetNotFoundError (FileNotFoundError)
         DatasetNotPreparedError (FileNotFoundError)
+            SampleTablesMissingError
         DatasetInfoError (ValueError)
         SplitConfigError (ValueError)
         UnknownSplitError (KeyError)
@@ -227,6 +228,11 @@ class DatasetNotFoundError(EnergonError, FileNotFoundError):
 
 class DatasetNotPreparedError(EnergonError, FileNotFoundError):
     """A path that must be a prepared dataset lacks its ``.nv-meta`` files: run ``energon prepare``."""
+
+
+class SampleTablesMissingError(DatasetNotPreparedError):
+    """A tool that looks samples up by key (or by shard number) needs ``index.sqlite``, which a
+    dataset prepared with ``--no-sample-tables`` does not have; the message says how to build it."""
 
 
 class DatasetInfoError(EnergonError, ValueError):

@@ -177,6 +177,15 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
     help=f"Only write {MAIN_FOLDER_NAME}/{SHARD_TABLE_FILENAME} again (after editing the split "
     "config): what lets each rank read only its own shards at start-up.",
 )
+@click.option(
+    "--no-sample-tables",
+    "sample_tables",
+    flag_value=False,
+    default=True,
+    help=f"Training-only index: no {INDEX_SQLITE_FILENAME} (sample keys and part byte ranges), "
+    "only what loading reads. Tools that look samples up by key say so; --tar-index-only "
+    "builds the tables later.",
+)
 @click.option("--shuffle-tars", is_flag=True, help="Shuffle shards (seed 42) before a ratio split.")
 @click.option(
     "--media-metadata-by-glob",
@@ -230,6 +239,7 @@ def command(
     num_workers: int,
     tar_index_only: bool,
     shard_table_only: bool,
+    sample_tables: bool,
     shuffle_tars: bool,
     media_metadata_by_glob: str | None,
     media_metadata_by_header: bool,
@@ -328,6 +338,7 @@ def command(
         shuffle_seed=42 if shuffle_tars else None,
         media_filter=media_filter,
         checksums=checksums,
+        sample_tables=sample_tables,
         before_info=before_info,
     )
     click.echo("Done")

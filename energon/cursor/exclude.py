@@ -20,7 +20,7 @@ from energon import epath
 from energon.cursor.savepoint import merge_states, upgraded
 from energon.errors import ArgumentError
 from energon.format.info import read_info
-from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
+from energon.format.sqlite_index import sample_tables_path
 from energon.ledger.ledger import training_spec
 from energon.pipeline import snapshot
 from energon.pipeline.keys import pointer_target, pointers_in
@@ -207,7 +207,7 @@ def _key_indices(leaf: Any, keys: set[str]) -> tuple[list[int], set[str]]:
         return leaf.key_indices(keys)
     if leaf.kind != "webdataset" or not hasattr(leaf, "shard_names"):
         return [], set()
-    path = epath.local_copy(epath.join(leaf.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME))
+    path = sample_tables_path(leaf.root, "excluding samples by key")
     tar_names = list(read_info(leaf.root))
     shard_of_tar = {
         tar_names.index(name): n for n, name in enumerate(leaf.shard_names) if name in tar_names

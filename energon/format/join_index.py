@@ -27,7 +27,6 @@ from energon.errors import DatasetNotPreparedError
 from energon.format.info import read_info
 from energon.format.layout import (
     DATASET_YAML_FILENAME,
-    INDEX_SQLITE_FILENAME,
     INDEX_UUID_FILENAME,
     SPLIT_YAML_FILENAME,
     nv_meta_dir,
@@ -40,7 +39,7 @@ from energon.format.parquet import (
     row_keys,
 )
 from energon.format.split import read_split
-from energon.format.sqlite_index import read_index_uuid
+from energon.format.sqlite_index import read_index_uuid, sample_tables_path
 from energon.metadataset.config import Blend, Join, JoinMember, MetadatasetError, load_metadataset
 
 MAGIC = b"JIDX0001"
@@ -229,7 +228,8 @@ def _tar_member_samples(m: JoinMemberSplit) -> dict[str, Any]:
     position = {
         tar_ids[s]: i for i, s in enumerate(m.shards) if s in tar_ids and s not in m.excluded_shards
     }
-    db = sqlite3.connect(f"file:{nv_meta_dir(m.root) / INDEX_SQLITE_FILENAME}?mode=ro", uri=True)
+    path = sample_tables_path(str(m.root), "a join (matching samples by key)")
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         rows = db.execute(
             "SELECT tar_file_id, sample_key, sample_index, byte_offset, byte_size FROM samples"

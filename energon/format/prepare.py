@@ -1,11 +1,13 @@
 """``prepare``: scan a WebDataset's shards once and write its ``.nv-meta`` metadata.
 
-Shards are scanned in parallel worker processes, each reading only tar headers. Results are
-aggregated in the order of the shard list (which defines ``tar_file_id``), so the output does not
-depend on which worker finished first.
+Shards are scanned in chunks of consecutive shards by parallel worker processes, each reading
+only tar headers (:mod:`energon.format.prepare_scan`); finished chunks wait in
+``.nv-meta/.prepare-work`` (:mod:`energon.format.prepare_work`), so a killed run is continued by
+the next. Results are merged in the order of the shard list (which defines ``tar_file_id``), so
+the output does not depend on which worker finished first, nor on where a run was killed.
 
 Nothing is published until every shard was scanned: tar indices, checksums and ``index.sqlite``
-are built under temporary names, then renamed into place; ``dataset.yaml`` (the caller's
+are built under temporary names (or in the work folder), then renamed into place; ``dataset.yaml`` (the caller's
 ``before_info`` step) comes next and ``.info.json`` (the "this dataset is prepared" marker) is
 written last, so a killed run never leaves a dataset that looks prepared without the rest. A
 failed run leaves the previous metadata as it was.
@@ -17,23 +19,25 @@ first removes the temporary files that killed runs left behind.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
 import shutil
 import tempfile
 import uuid
-from array import array
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 from tqdm import tqdm
 
 from energon import epath
-from energon.errors import EmptyShardError, PrepareError, ShardReadError
-from energon.format.checksums import checksum_rel_path, encode_checksums, sample_checksums
+from energon.errors import EmptyShardError as EmptyShardError  # raised while scanning
+from energon.errors import PrepareError
+from energon.errors import ShardReadError as ShardReadError
+from energon.format.checksums import checksum_rel_path
 from energon.format.info import (
     DatasetInfoError,
     current_energon_version,
@@ -45,6 +49,7 @@ from energon.format.info import (
 )
 from energon.format.layout import (
     CHECKSUMS_FOLDER_NAME,
+    CHECKSUMS_SUFFIX,
     INDEX_SQLITE_FILENAME,
     INDEX_UUID_FILENAME,
     INFO_JSON_FILENAME,
@@ -59,17 +64,22 @@ from energon.format.layout import (
     remove_quietly,
     temp_name_for,
 )
+from energon.format.prepare_scan import (
+    CHUNK_ROWS,
+    MAX_PART_NAMES,
+    ChunkSummary,
+    ChunkTask,
+    run_chunk,
+)
+from energon.format.prepare_work import WorkFolder, publish_file
 from energon.format.processes import process_context
 from energon.format.split import expand_all, expand_braces, write_split
 from energon.format.split_shards import write_shard_table
 from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid
-from energon.format.tar import scan_tar
-from energon.format.tar_index import encode_offsets, tar_index_path
+from energon.format.tar_index import tar_index_path
 from energon.media.extract import MediaFilterConfig
-from energon.media.prepare import media_rows_for_samples
 
 SHARD_SUFFIXES = (".tar", ".tgz")
-MAX_PART_NAMES = 50
 DEFAULT_SPLIT_NAMES = ("train", "val", "test")
 
 
@@ -181,157 +191,50 @@ def split_by_patterns(
 
 
 # ---------------------------------------------------------------------------------------------
-# Scanning one shard (runs in a worker process)
-
-
-@dataclass
-class ShardScanResult:
-    """One shard's index, in compact arrays so it is cheap to send back from a worker."""
-
-    shard_id: int
-    keys: list[str]
-    offsets: array  # 'Q', len(keys) + 1 entries: the .tar.idx content
-    part_sample_index: array  # 'L', one per part
-    part_names: list[str]  # one per part (interned strings, pickled once each)
-    part_offsets: array  # 'Q'
-    part_sizes: array  # 'Q'
-    found_parts: list[str] = field(default_factory=list)  # distinct part names, first-seen order
-    media_rows: list[tuple[str, str, str]] = field(default_factory=list)  # with media_filter
-
-    def part_columns(self) -> tuple[array, list[str], array, array]:
-        return self.part_sample_index, self.part_names, self.part_offsets, self.part_sizes
-
-
-@dataclass(frozen=True)
-class _ShardTask:
-    shard_id: int
-    tar_path: str
-    index_tmp_path: str | None  # where to write the .tar.idx (renamed into place by the parent)
-    media_filter: MediaFilterConfig | None = None  # also compute media metadata of the parts
-    download_dir: str | None = None  # remote shards are streamed into a temporary file here
-    checksum_tmp_path: str | None = None  # prepare --checksums: where to write the checksums
-
-
-def _scan_shard(task: _ShardTask) -> ShardScanResult:
-    """Scan one shard's headers, write its tar index to the temporary path, return its rows.
-
-    A remote shard (``s3://``) is streamed once into a temporary local file, which is scanned
-    (and read for media metadata) like a local shard and deleted afterwards.
-    """
-    if not epath.is_remote(task.tar_path):
-        return _scan_local_shard(task, task.tar_path)
-    fd, local = tempfile.mkstemp(dir=task.download_dir, prefix=".shard-", suffix=".tar")
-    os.close(fd)
-    try:
-        try:
-            epath.download(task.tar_path, local)
-        except OSError as e:
-            raise ShardReadError(f"{task.tar_path}: cannot read shard: {e}") from None
-        return _scan_local_shard(task, local)
-    finally:
-        remove_quietly(local)
-
-
-def _scan_local_shard(task: _ShardTask, local_path: str) -> ShardScanResult:
-    try:
-        scan = scan_tar(local_path, display_path=task.tar_path)
-    except OSError as e:
-        raise ShardReadError(f"{task.tar_path}: cannot read shard: {e.strerror or e}") from None
-    if not scan.samples:
-        raise EmptyShardError(
-            f"{task.tar_path}: shard contains no samples (no members named '<key>.<part>'); "
-            "remove it or exclude it with --exclude"
-        )
-    offsets = array("Q", scan.sample_offsets())
-    index_bytes = encode_offsets(offsets)
-    if task.index_tmp_path is not None:
-        with open(task.index_tmp_path, "wb") as f:
-            f.write(index_bytes)
-    if task.checksum_tmp_path is not None:
-        sums = sample_checksums(local_path, offsets)
-        os.makedirs(os.path.dirname(task.checksum_tmp_path), exist_ok=True)
-        with open(task.checksum_tmp_path, "wb") as f:
-            f.write(encode_checksums(index_bytes, sums))
-    result = _compact_result(task.shard_id, scan.samples, offsets)
-    if task.media_filter is not None:
-        # same worker, same pass over the shard: the payloads are read while the file is hot
-        with open(local_path, "rb") as f:
-            result.media_rows = media_rows_for_samples(f, scan.samples, task.media_filter)
-    return result
-
-
-def _compact_result(shard_id: int, samples: list, offsets: array) -> ShardScanResult:
-    interned: dict[str, str] = {}
-    part_sample_index = array("L")
-    part_names: list[str] = []
-    part_offsets = array("Q")
-    part_sizes = array("Q")
-    for sample_index, (_, _, parts) in enumerate(samples):
-        for part, data_offset, size in parts:
-            part_sample_index.append(sample_index)
-            part_names.append(interned.setdefault(part, part))
-            part_offsets.append(data_offset)
-            part_sizes.append(size)
-    return ShardScanResult(
-        shard_id=shard_id,
-        keys=[s[0] for s in samples],
-        offsets=offsets,
-        part_sample_index=part_sample_index,
-        part_names=part_names,
-        part_offsets=part_offsets,
-        part_sizes=part_sizes,
-        found_parts=list(interned)[:MAX_PART_NAMES],
-    )
-
-
-def _iter_scans_in_order(tasks: list[_ShardTask], num_workers: int) -> Iterator[ShardScanResult]:
-    """Scan shards in parallel and yield results in task order (buffering early finishers).
-
-    The pool is started before this returns (not lazily inside the generator), so it is forked
-    before any progress-bar thread exists.
-    """
-    if num_workers <= 1 or len(tasks) <= 1:
-        return (_scan_shard(task) for task in tasks)
-    remote = any(epath.is_remote(t.tar_path) for t in tasks)
-    pool = process_context(remote).Pool(min(num_workers, len(tasks)))
-    return _ordered_results(pool, tasks)
-
-
-def _ordered_results(pool, tasks: list[_ShardTask]) -> Iterator[ShardScanResult]:
-    pending: dict[int, ShardScanResult] = {}
-    next_id = 0
-    try:
-        for result in pool.imap_unordered(_scan_shard, tasks, chunksize=1):
-            pending[result.shard_id] = result
-            while next_id in pending:
-                yield pending.pop(next_id)
-                next_id += 1
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
-
-
-# ---------------------------------------------------------------------------------------------
 # The whole preparation
 
 
 @dataclass
+class ScanOptions:
+    """How shards are scanned (see :func:`prepare_dataset`)."""
+
+    num_workers: int | None = None
+    progress: bool = True
+    tmp_path: PathLike | None = None
+    media_filter: MediaFilterConfig | None = None
+    checksums: bool = False
+    sample_tables: bool = True
+
+    def plan(self, remote: bool) -> dict:
+        """What the chunks' content depends on (the key of the work folder's plan)."""
+        media = self.media_filter
+        return {
+            "chunk_format": 1,
+            "remote": remote,
+            "checksums": self.checksums,
+            "sample_tables": self.sample_tables,
+            "media": None if media is None else [media.strategy.value, list(media.patterns)],
+        }
+
+
+@dataclass
 class _Staging:
-    """Temporary files of one run, published together on success or removed on failure."""
+    """Files of one run published together on success. On failure the temporary ones go; the
+    finished chunks stay only when the run was interrupted (Ctrl-C; a ``kill -9`` removes
+    nothing anyway), for the next run to continue from."""
 
     run_id: str
-    index_tmps: dict[str, str] = field(default_factory=dict)  # final .tar.idx path -> tmp path
+    work: WorkFolder | None = None
     sqlite_tmp: Path | None = None
     checksum_dir: Path | None = None  # prepare --checksums: the new checksums folder, filled
 
-    def cleanup(self) -> None:
-        for tmp in self.index_tmps.values():
-            remove_quietly(tmp)
+    def cleanup(self, interrupted: bool) -> None:
         if self.sqlite_tmp is not None:
             remove_quietly(self.sqlite_tmp)
         if self.checksum_dir is not None:
             shutil.rmtree(self.checksum_dir, ignore_errors=True)
+        if self.work is not None and not interrupted:
+            self.work.remove()
 
 
 def _default_num_workers() -> int:
@@ -353,6 +256,7 @@ def prepare_dataset(
     tmp_path: PathLike | None = None,
     media_filter: MediaFilterConfig | None = None,
     checksums: bool = False,
+    sample_tables: bool = True,
     before_info: BeforeInfo | None = None,
 ) -> PrepareResult:
     """Index every shard of the WebDataset at ``root`` and write ``.nv-meta``.
@@ -366,6 +270,10 @@ def prepare_dataset(
     media metadata of a previous preparation; without it, existing media metadata is kept.
     ``checksums``: also store a CRC-32 of every sample (reads all shard bytes, not only headers);
     without it, checksums of an earlier preparation are removed (they would be stale).
+    ``sample_tables=False`` (``--no-sample-tables``): write only what training reads (no
+    ``index.sqlite``; an old one is removed); tools that look samples up by key say so.
+    A run that was killed or interrupted is continued by the next one with the same shards and
+    options (:mod:`energon.format.prepare_work`).
     ``before_info(result, staged_root)`` runs after everything else was written and before
     ``.info.json``: the CLI writes ``dataset.yaml`` there, so a killed run never leaves a dataset
     that looks prepared but lacks it (``staged_root`` holds the new metadata: ``root``, or the
@@ -376,22 +284,13 @@ def prepare_dataset(
     Raises :class:`PrepareError` (empty or unreadable shard), :class:`TarFormatError` (corrupt or
     truncated tar, with file and byte offset) or ``DuplicateSampleKeyError`` (both locations).
     """
+    if media_filter is not None and not sample_tables:
+        raise PrepareError("media metadata lives in index.sqlite: it needs the sample tables")
+    scan = ScanOptions(num_workers, progress, tmp_path, media_filter, checksums, sample_tables)
+    splits = SplitOptions(split_parts_ratio, split_parts_patterns, split_config, shuffle_seed)
     if epath.is_remote(root):
         return _prepare_remote(
-            epath.normalize(root),
-            shards,
-            split_parts_ratio=split_parts_ratio,
-            split_parts_patterns=split_parts_patterns,
-            split_config=split_config,
-            shuffle_seed=shuffle_seed,
-            exclude=exclude,
-            num_workers=num_workers,
-            tar_index_only=tar_index_only,
-            progress=progress,
-            tmp_path=tmp_path,
-            media_filter=media_filter,
-            checksums=checksums,
-            before_info=before_info,
+            epath.normalize(root), shards, exclude, tar_index_only, scan, splits, before_info
         )
     root = Path(root)
     if not root.is_dir():
@@ -406,30 +305,35 @@ def prepare_dataset(
             shard_list = _resolve_shards(root, shards, exclude, tar_index_only)
             _check_index_names_unique(shard_list)
             remove_stale_temp_files(root, shard_list)
-            result = _index_shards(
-                root, shard_list, staging, num_workers, progress, tmp_path, media_filter, checksums
-            )
-            split_parts = None
+            result = _index_shards(root, shard_list, staging, scan)
             if not tar_index_only:
-                split_parts = _assign_splits(
-                    shard_list, split_parts_ratio, split_parts_patterns, shuffle_seed
-                )
-            result.split_parts = split_parts
+                result.split_parts = _assign_splits(shard_list, splits)
             _publish(
                 root,
                 shard_list,
                 staging,
                 result,
-                split_config,
+                splits.split_config,
                 tar_index_only,
                 lambda: before_info(result, root) if before_info is not None else None,
             )
-    except BaseException:
-        staging.cleanup()
+            staging.work.remove()  # type: ignore[union-attr]
+    except BaseException as e:
+        staging.cleanup(interrupted=not isinstance(e, Exception))
         if created_meta and not any(meta.iterdir()):
             meta.rmdir()
         raise
     return result
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """How shards are assigned to splits (see :func:`prepare_dataset`)."""
+
+    ratio: Sequence[tuple[str, float]] | None = None
+    patterns: Sequence[tuple[str, str]] | None = None
+    split_config: str = SPLIT_YAML_FILENAME
+    shuffle_seed: int | None = None
 
 
 _INDEX_TEMP_RE = re.compile(r"^\.?.+\.tar\.idx\.[0-9a-f]{12}\.tmp$")
@@ -502,102 +406,134 @@ def _index_shards(
     root: Path,
     shards: list[str],
     staging: _Staging,
-    num_workers: int | None,
-    progress: bool,
-    tmp_path: PathLike | None,
-    media_filter: MediaFilterConfig | None = None,
-    checksums: bool = False,
+    scan: ScanOptions,
     source_root: str | None = None,
 ) -> PrepareResult:
-    """Scan all shards and fill a temporary ``index.sqlite``; nothing is published yet.
+    """Scan every shard not scanned yet by an earlier, killed run (in chunks, in parallel worker
+    processes) and build a temporary ``index.sqlite`` from the chunks; nothing is published yet.
 
     ``source_root``: where the shards are read from when that is not ``root`` (remote prepare:
     ``root`` is then the local staging folder and the shards are ``source_root/<shard>`` URLs).
     """
-    tasks = []
-    download_dir = str(root) if source_root is not None else None
-    if checksums:
-        folder = f".{CHECKSUMS_FOLDER_NAME}.{staging.run_id}.tmp"
-        staging.checksum_dir = nv_meta_dir(root) / folder
-    for shard_id, shard in enumerate(shards):
-        final_index = str(root / tar_index_path(shard))
-        if source_root is not None:
-            os.makedirs(os.path.dirname(final_index), exist_ok=True)
-        staging.index_tmps[final_index] = f"{final_index}.{staging.run_id}.tmp"
-        tar_path = epath.join(source_root, shard) if source_root is not None else str(root / shard)
-        checksum_tmp = None
-        if staging.checksum_dir is not None:
-            rel = checksum_rel_path(shard).split("/", 2)[2]  # below the checksums folder
-            checksum_tmp = str(staging.checksum_dir / rel)
-        tasks.append(
-            _ShardTask(
-                shard_id,
-                tar_path,
-                staging.index_tmps[final_index],
-                media_filter,
-                download_dir,
-                checksum_tmp,
-            )
-        )
-    sqlite_dir = Path(tmp_path) if tmp_path is not None else nv_meta_dir(root)
-    sqlite_dir.mkdir(parents=True, exist_ok=True)
-    staging.sqlite_tmp = temp_name_for(sqlite_dir / INDEX_SQLITE_FILENAME)
+    work = staging.work = WorkFolder(root, shards, scan.plan(source_root is not None))
+    work.open()
+    tar_paths = [
+        epath.join(source_root, shard) if source_root is not None else str(root / shard)
+        for shard in shards
+    ]
+    summaries: dict[int, ChunkSummary] = {}
+    pending = []
+    for chunk in range(work.num_chunks):
+        paths = [tar_paths[i] for i in work.chunk_range(chunk)]
+        done = work.finished(chunk, paths)
+        if done is not None:
+            summaries[chunk] = done
+        else:
+            pending.append(_chunk_task(work, chunk, shards, paths, scan, source_root, root))
+    for summary in _run_chunks(
+        pending, scan, len(shards), len(shards) - sum(len(t.shards) for t in pending)
+    ):
+        summaries[summary.chunk] = summary
+    result = _result_of(work, shards, summaries)
+    if scan.sample_tables:
+        _build_sqlite(root, work, shards, staging, scan)
+    return result
+
+
+def _chunk_task(
+    work: WorkFolder,
+    chunk: int,
+    shards: list[str],
+    paths: list[str],
+    scan: ScanOptions,
+    source_root: str | None,
+    root: Path,
+) -> ChunkTask:
+    ids = work.chunk_range(chunk)
+    return ChunkTask(
+        chunk,
+        ids.start,
+        tuple(shards[i] for i in ids),
+        tuple(paths),
+        str(work.chunk_folder(chunk)),
+        scan.sample_tables,
+        scan.checksums,
+        scan.media_filter,
+        str(root) if source_root is not None else None,
+    )
+
+
+def _run_chunks(
+    tasks: list[ChunkTask], scan: ScanOptions, total: int, done: int
+) -> Iterator[ChunkSummary]:
+    """Run the chunks in worker processes (in this one with one worker or one chunk)."""
+    workers = scan.num_workers if scan.num_workers is not None else _default_num_workers()
+    bar = tqdm(total=total, initial=done, desc="Indexing shards", unit="shard")
+    bar.disable = not scan.progress
+    try:
+        if workers <= 1 or len(tasks) <= 1:
+            results: Iterator[ChunkSummary] = map(run_chunk, tasks)
+            for summary in results:
+                bar.update(len(summary.counts))
+                yield summary
+            return
+        remote = any(epath.is_remote(p) for t in tasks for p in t.tar_paths)
+        with process_context(remote).Pool(min(workers, len(tasks))) as pool:
+            for summary in pool.imap_unordered(run_chunk, tasks, chunksize=1):
+                bar.update(len(summary.counts))
+                yield summary
+    finally:
+        bar.close()
+
+
+def _result_of(
+    work: WorkFolder, shards: list[str], summaries: dict[int, ChunkSummary]
+) -> PrepareResult:
     counts: dict[str, int] = {}
     part_names: dict[str, None] = {}
-    first_samples: list[tuple[str, list[str]]] = []
-    # Start the worker processes before opening the database, so they do not inherit it.
-    scans = _iter_scans_in_order(
-        tasks, num_workers if num_workers is not None else _default_num_workers()
+    for chunk in range(work.num_chunks):
+        summary = summaries[chunk]
+        for shard_id, count in zip(work.chunk_range(chunk), summary.counts):
+            counts[shards[shard_id]] = count
+        for name in summary.part_names:
+            if len(part_names) < MAX_PART_NAMES:
+                part_names.setdefault(name)
+    return PrepareResult(
+        shard_counts=counts,
+        part_names=list(part_names),
+        first_samples=summaries[0].first_samples if summaries else [],
     )
+
+
+def _build_sqlite(
+    root: Path, work: WorkFolder, shards: list[str], staging: _Staging, scan: ScanOptions
+) -> None:
+    """The new ``index.sqlite`` (under a temporary name): the chunks' rows in shard order."""
+    sqlite_dir = Path(scan.tmp_path) if scan.tmp_path is not None else nv_meta_dir(root)
+    sqlite_dir.mkdir(parents=True, exist_ok=True)
+    staging.sqlite_tmp = temp_name_for(sqlite_dir / INDEX_SQLITE_FILENAME)
     writer = SqliteIndexWriter(staging.sqlite_tmp, shards)
     try:
-        for scan in tqdm(
-            scans, total=len(tasks), desc="Indexing shards", unit="shard", disable=not progress
-        ):
-            writer.add_shard(scan.shard_id, scan.keys, scan.offsets, *scan.part_columns())
-            if scan.media_rows:
-                writer.add_media_rows(scan.media_rows)
-            counts[shards[scan.shard_id]] = len(scan.keys)
-            for name in scan.found_parts:
-                if len(part_names) < MAX_PART_NAMES:
-                    part_names.setdefault(name)
-            if scan.shard_id == 0:
-                first_samples = _first_samples(scan)
-        if media_filter is None:
+        for chunk in range(work.num_chunks):
+            writer.add_chunk(work.chunk_folder(chunk) / CHUNK_ROWS)
+        if scan.media_filter is None:
             writer.copy_media_tables_from(nv_meta_dir(root) / INDEX_SQLITE_FILENAME)
         else:
-            writer.add_media_filter(media_filter.strategy.value, media_filter.patterns_column)
+            filter_ = scan.media_filter
+            writer.add_media_filter(filter_.strategy.value, filter_.patterns_column)
         writer.close()
     except BaseException:
         writer.abort()
-        if hasattr(scans, "close"):
-            scans.close()  # stops the worker pool
         raise
-    return PrepareResult(
-        shard_counts=counts, part_names=list(part_names), first_samples=first_samples
-    )
 
 
-def _first_samples(scan: ShardScanResult, n: int = 2) -> list[tuple[str, list[str]]]:
-    wanted = {i: (scan.keys[i], []) for i in range(min(n, len(scan.keys)))}
-    for sample_index, name in zip(scan.part_sample_index, scan.part_names):
-        if sample_index >= n:
-            break
-        wanted[sample_index][1].append(name)
-    return [wanted[i] for i in sorted(wanted)]
-
-
-def _assign_splits(
-    shards: list[str],
-    ratio: Sequence[tuple[str, float]] | None,
-    patterns: Sequence[tuple[str, str]] | None,
-    shuffle_seed: int | None,
-) -> dict[str, list[str]]:
-    if patterns:
-        return split_by_patterns(shards, patterns)
+def _assign_splits(shards: list[str], splits: SplitOptions) -> dict[str, list[str]]:
+    if splits.patterns:
+        return split_by_patterns(shards, splits.patterns)
+    ratio = splits.ratio
     if ratio is None:
         ratio = [("train", 1.0), ("val", 0.0), ("test", 0.0)]
-    return split_by_ratio(shards, ratio, shuffle_seed)
+    return split_by_ratio(shards, ratio, splits.shuffle_seed)
 
 
 def _publish(
@@ -613,12 +549,21 @@ def _publish(
     ``.info.json`` last (it marks a prepared dataset)."""
     meta = nv_meta_dir(root)
     mode_like = root / shards[0]
-    for final, tmp in list(staging.index_tmps.items()):
-        copy_permissions(mode_like, tmp)
-        os.replace(tmp, final)
-        del staging.index_tmps[final]
+    work = staging.work
+    assert work is not None
+    for chunk in range(work.num_chunks):
+        for shard_id, path in work.chunk_files(chunk, "idx", ".idx"):
+            target = root / tar_index_path(shards[shard_id])
+            if not target.parent.is_dir():  # a remote prepare's staging folder has no shards
+                target.parent.mkdir(parents=True)
+            copy_permissions(mode_like, path)
+            publish_file(path, target)
+    _stage_checksums(root, shards, staging, work)
     _publish_checksums(staging, meta / CHECKSUMS_FOLDER_NAME)
-    _publish_sqlite(staging, meta / INDEX_SQLITE_FILENAME, mode_like)
+    if staging.sqlite_tmp is not None:
+        _publish_sqlite(staging, meta / INDEX_SQLITE_FILENAME, mode_like)
+    else:  # --no-sample-tables: an old index would describe the shards as they were
+        remove_quietly(meta / INDEX_SQLITE_FILENAME)
     write_index_uuid(root, mode_like=mode_like)
     if tar_index_only:
         before_info()
@@ -631,6 +576,20 @@ def _publish(
     write_shard_table(root, split_config, info_text=info_text)
     before_info()
     write_info(root, result.shard_counts, current_energon_version(), mode_like=mode_like)
+
+
+def _stage_checksums(root: Path, shards: list[str], staging: _Staging, work: WorkFolder) -> None:
+    """With ``--checksums``: the new checksums folder, filled from the chunks (not yet
+    published)."""
+    if not (work.chunk_folder(0) / "crc").is_dir():
+        return
+    staging.checksum_dir = nv_meta_dir(root) / f".{CHECKSUMS_FOLDER_NAME}.{staging.run_id}.tmp"
+    for chunk in range(work.num_chunks):
+        for shard_id, path in work.chunk_files(chunk, "crc", CHECKSUMS_SUFFIX):
+            rel = checksum_rel_path(shards[shard_id]).split("/", 2)[2]  # below the folder
+            target = staging.checksum_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            publish_file(path, target)
 
 
 def _publish_checksums(staging: _Staging, target: Path) -> None:
@@ -681,18 +640,10 @@ def _convert_legacy_info(root: Path, mode_like: Path) -> None:
 def _prepare_remote(
     root: str,
     shards: Sequence[str] | None,
-    *,
-    split_parts_ratio: Sequence[tuple[str, float]] | None,
-    split_parts_patterns: Sequence[tuple[str, str]] | None,
-    split_config: str,
-    shuffle_seed: int | None,
     exclude: str | None,
-    num_workers: int | None,
     tar_index_only: bool,
-    progress: bool,
-    tmp_path: PathLike | None,
-    media_filter: MediaFilterConfig | None,
-    checksums: bool,
+    scan: ScanOptions,
+    splits: SplitOptions,
     before_info: BeforeInfo | None,
 ) -> PrepareResult:
     """Prepare the dataset at the remote ``root`` by running the local pipeline on a staging folder.
@@ -701,67 +652,64 @@ def _prepare_remote(
     workers stream each shard once into a temporary file there, scan it and write its ``.tar.idx``;
     ``index.sqlite`` and the other metadata are built there exactly as for a local dataset. Only
     then is anything uploaded: the ``.tar.idx`` files next to the shards, the checksums, then
-    ``index.sqlite``, ``index.uuid`` and the split config, and ``.info.json`` last, each through a
-    temporary object and a copy (``before_info``, i.e. ``dataset.yaml``, is written before any
-    upload). An interrupted run leaves the previous remote metadata readable. There is no lock
-    (object stores have no cheap one): do not run two prepares of one remote dataset at once.
+    ``index.sqlite``, ``index.uuid``, the split config and the shard table, and ``.info.json``
+    last, each through a temporary object and a copy (``before_info``, i.e. ``dataset.yaml``, is
+    written before any upload). An interrupted run leaves the previous remote metadata readable
+    (and is not continued: the staging folder is temporary). There is no lock (object stores have
+    no cheap one): do not run two prepares of one remote dataset at once.
     """
     shard_list = _resolve_shards(root, shards, exclude, tar_index_only)
     _check_index_names_unique(shard_list)
+    tmp_path = scan.tmp_path
     if tmp_path is not None:
         Path(tmp_path).mkdir(parents=True, exist_ok=True)
-    meta_url = epath.join(root, MAIN_FOLDER_NAME)
     with tempfile.TemporaryDirectory(
         prefix="energon-prepare-", dir=str(tmp_path) if tmp_path is not None else None
     ) as stage_dir:
         stage = Path(stage_dir) / "dataset"
-        meta = nv_meta_dir(stage)
-        meta.mkdir(parents=True)
-        # Existing metadata the local pipeline reads: media tables of the old index, legacy info.
-        fetched: dict[str, bytes] = {}
-        wanted = [INFO_JSON_FILENAME, INFO_YAML_FILENAME]
-        if tar_index_only:  # the shard table is written again from the split config
-            wanted.append(split_config)
-        if media_filter is None:
-            wanted.append(INDEX_SQLITE_FILENAME)
-        for name in wanted:
-            url = epath.join(meta_url, name)
-            if epath.is_file(url):
-                epath.download(url, str(meta / name))
-                fetched[name] = (meta / name).read_bytes()
+        nv_meta_dir(stage).mkdir(parents=True)
+        fetched = _fetch_existing(root, stage, splits.split_config, tar_index_only, scan)
         staging = _Staging(run_id=uuid.uuid4().hex[:12])
         try:
             result = _index_shards(
-                stage,
-                shard_list,
-                staging,
-                num_workers,
-                progress,
-                None,
-                media_filter,
-                checksums,
-                source_root=root,
+                stage, shard_list, staging, dataclasses.replace(scan, tmp_path=None), root
             )
-            split_parts = None
             if not tar_index_only:
-                split_parts = _assign_splits(
-                    shard_list, split_parts_ratio, split_parts_patterns, shuffle_seed
-                )
-            result.split_parts = split_parts
+                result.split_parts = _assign_splits(shard_list, splits)
             _publish(
                 stage,
                 shard_list,
                 staging,
                 result,
-                split_config,
+                splits.split_config,
                 tar_index_only,
                 lambda: before_info(result, stage) if before_info is not None else None,
             )
         except BaseException:
-            staging.cleanup()
+            staging.cleanup(interrupted=False)
             raise
-        _upload_prepared(stage, root, shard_list, split_config, fetched, progress)
+        _upload_prepared(stage, root, shard_list, splits.split_config, fetched, scan.progress)
     return result
+
+
+def _fetch_existing(
+    root: str, stage: Path, split_config: str, tar_index_only: bool, scan: ScanOptions
+) -> dict[str, bytes]:
+    """Existing metadata the local pipeline reads (the media tables of the old index, a legacy
+    info file, the split config of ``--tar-index-only``), downloaded into the staging folder."""
+    meta, meta_url = nv_meta_dir(stage), epath.join(root, MAIN_FOLDER_NAME)
+    fetched: dict[str, bytes] = {}
+    wanted = [INFO_JSON_FILENAME, INFO_YAML_FILENAME]
+    if tar_index_only:  # the shard table is written again from the split config
+        wanted.append(split_config)
+    if scan.media_filter is None and scan.sample_tables:
+        wanted.append(INDEX_SQLITE_FILENAME)
+    for name in wanted:
+        url = epath.join(meta_url, name)
+        if epath.is_file(url):
+            epath.download(url, str(meta / name))
+            fetched[name] = (meta / name).read_bytes()
+    return fetched
 
 
 def _upload_prepared(

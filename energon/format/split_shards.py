@@ -38,7 +38,7 @@ from energon.format.shard_table import (
     split_table,
 )
 from energon.format.split import SplitConfig, read_split, warn_unmatched_exclude
-from energon.format.sqlite_index import sample_indices_of
+from energon.format.sqlite_index import sample_indices_of, sample_tables_path
 
 #: Datasets with at least this many shards and no usable shard table get a warning: every rank
 #: reads the whole shard list at start-up.
@@ -131,7 +131,7 @@ def _resolve_sample_excludes(
         return frozenset()
     tar_ids = {name: i for i, name in enumerate(counts_by_shard)}
     starts = ListedShards(names, [counts_by_shard[s] for s in names])
-    sqlite_path = epath.local_copy(epath.join(root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME))
+    sqlite_path = sample_tables_path(root, f"excluding samples by key ({split.source})")
     found = set()
     inner = sample_indices_of(sqlite_path, [(tar_ids[s], k) for s, k in wanted])
     for (shard_name, key), index in zip(wanted, inner):

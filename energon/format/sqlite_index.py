@@ -10,14 +10,23 @@ renames it into place), so it can switch off journaling and fsync while filling 
 from __future__ import annotations
 
 import operator
+import os
 import sqlite3
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
 
-from energon.errors import DuplicateSampleKeyError
-from energon.format.layout import INDEX_UUID_FILENAME, PathLike, atomic_write_text, nv_meta_dir
+from energon import epath
+from energon.errors import DuplicateSampleKeyError, SampleTablesMissingError
+from energon.format.layout import (
+    INDEX_SQLITE_FILENAME,
+    INDEX_UUID_FILENAME,
+    MAIN_FOLDER_NAME,
+    PathLike,
+    atomic_write_text,
+    nv_meta_dir,
+)
 from energon.media.store import record_media_filter, replace_media_rows
 
 SAMPLE_SCHEMA = (
@@ -66,14 +75,20 @@ _MEDIA_TABLES = ("media_metadata", "media_filters")
 
 
 class SqliteIndexWriter:
-    """Fills a new ``index.sqlite`` shard by shard, then creates the indexes on :meth:`close`.
+    """Fills a new ``index.sqlite`` shard by shard (or chunk by chunk, from the chunk databases of
+    a ``prepare``), then creates the indexes on :meth:`close`.
 
-    ``shard_names`` (in ``tar_file_id`` order) are only used to name both places of a duplicate key.
+    ``shard_names`` (by ``tar_file_id``: a list, or a mapping for some of them) are only used to
+    name both places of a duplicate key.
     """
 
-    def __init__(self, db_path: PathLike, shard_names: Sequence[str] = ()) -> None:
+    def __init__(
+        self, db_path: PathLike, shard_names: Sequence[str] | Mapping[int, str] = ()
+    ) -> None:
         self.db_path = Path(db_path)
-        self.shard_names = list(shard_names)
+        self.shard_names = (
+            dict(shard_names) if isinstance(shard_names, Mapping) else dict(enumerate(shard_names))
+        )
         self.rows_written = 0
         self._db = sqlite3.connect(self.db_path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=OFF")
@@ -137,12 +152,40 @@ class SqliteIndexWriter:
         return DuplicateSampleKeyError("?", "?", self._location(tar_file_id, offsets[0]))
 
     def _location(self, tar_file_id: int, byte_offset: int) -> str:
-        name = (
-            self.shard_names[tar_file_id]
-            if tar_file_id < len(self.shard_names)
-            else f"tar_file_id {tar_file_id}"
-        )
+        name = self.shard_names.get(tar_file_id, f"tar_file_id {tar_file_id}")
         return f"shard {name} at byte offset {byte_offset}"
+
+    def add_chunk(self, chunk_db: PathLike) -> None:
+        """Append the rows of a chunk database (same schema, global ``tar_file_id``), in their
+        order; a key that an earlier chunk has is a :class:`DuplicateSampleKeyError` naming
+        both places."""
+        db = self._db
+        db.execute("ATTACH DATABASE ? AS chunk", (str(chunk_db),))
+        try:
+            try:
+                db.execute("INSERT INTO main.samples SELECT * FROM chunk.samples")
+            except sqlite3.IntegrityError:
+                raise self._explain_chunk_duplicate() from None
+            db.execute("INSERT INTO main.sample_parts SELECT * FROM chunk.sample_parts")
+            db.execute(
+                "INSERT OR REPLACE INTO main.media_metadata SELECT * FROM chunk.media_metadata"
+            )
+            self.rows_written += db.execute("SELECT count(*) FROM chunk.samples").fetchone()[0]
+        finally:
+            db.execute("DETACH DATABASE chunk")
+
+    def _explain_chunk_duplicate(self) -> DuplicateSampleKeyError:
+        row = self._db.execute(
+            "SELECT c.sample_key, m.tar_file_id, m.byte_offset, c.tar_file_id, c.byte_offset "
+            "FROM chunk.samples c JOIN main.samples m ON m.sample_key = c.sample_key "
+            "AND m.tar_file_id != c.tar_file_id ORDER BY m.rowid LIMIT 1"
+        ).fetchone()
+        if row is None:
+            return DuplicateSampleKeyError("?", "?", "?")
+        key, first_id, first_offset, second_id, second_offset = row
+        return DuplicateSampleKeyError(
+            key, self._location(first_id, first_offset), self._location(second_id, second_offset)
+        )
 
     def copy_media_tables_from(self, old_db_path: PathLike) -> None:
         """Carry media metadata over from a previous index (a re-prepare must not lose it)."""
@@ -174,10 +217,11 @@ class SqliteIndexWriter:
         """Record the filter the media metadata was computed with."""
         record_media_filter(self._db, strategy, patterns)
 
-    def close(self) -> None:
-        """Create the lookup indexes and close the database."""
-        for statement in INDEXES:
-            self._db.execute(statement)
+    def close(self, indexes: bool = True) -> None:
+        """Create the lookup indexes (a chunk database needs none) and close the database."""
+        if indexes:
+            for statement in INDEXES:
+                self._db.execute(statement)
         self._db.close()
 
     def abort(self) -> None:
@@ -228,3 +272,21 @@ def sample_indices_of(db_path: PathLike, wanted: Iterable[tuple[int, str]]) -> l
     finally:
         db.close()
     return found
+
+
+def sample_tables_path(root: str, needed_by: str) -> str:
+    """The local path of the dataset's ``index.sqlite`` (remote: a validated local copy), or a
+    :class:`SampleTablesMissingError` saying who needs it and how to build it."""
+    url = epath.join(root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
+    try:
+        if epath.is_remote(url):
+            return epath.local_copy(url)
+        if os.path.isfile(url):
+            return url
+    except FileNotFoundError:
+        pass
+    raise SampleTablesMissingError(
+        f"{root} has no sample tables ({MAIN_FOLDER_NAME}/{INDEX_SQLITE_FILENAME} does not exist: "
+        f"prepared with --no-sample-tables?), which {needed_by} needs: build them with "
+        f"`energon prepare --tar-index-only {root}`"
+    )

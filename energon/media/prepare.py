@@ -30,7 +30,7 @@ from energon.format.layout import (
 )
 from energon.format.processes import process_context
 from energon.format.split_shards import refresh_shard_table
-from energon.format.sqlite_index import MEDIA_SCHEMA, write_index_uuid
+from energon.format.sqlite_index import MEDIA_SCHEMA, sample_tables_path, write_index_uuid
 from energon.format.tar import scan_tar
 from energon.media.extract import MediaFilterConfig, extract_media_metadata
 from energon.media.metadata import serialize_media_metadata
@@ -177,10 +177,11 @@ def prepare_webdataset_media(
     """Add media metadata to a prepared WebDataset's ``index.sqlite``; returns the row count."""
     root = Path(root)
     db_path = nv_meta_dir(root) / INDEX_SQLITE_FILENAME
-    if not has_info(root) or not db_path.is_file():
+    if not has_info(root):
         raise DatasetNotPreparedError(
             f"{root} is not a prepared dataset: run `energon prepare` first"
         )
+    sample_tables_path(str(root), "prepare-media (media metadata lives in them)")
     with prepare_lock(root):  # not while a prepare replaces index.sqlite
         shards = list(read_info(root))
         tasks = [_ShardMediaTask(str(root / shard), config) for shard in shards]

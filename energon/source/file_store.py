@@ -15,8 +15,8 @@ from typing import Any
 
 from energon import epath
 from energon.errors import DatasetNotPreparedError, SampleException
-from energon.format.info import read_info
-from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
+from energon.format.info import has_info, read_info
+from energon.format.sqlite_index import sample_tables_path
 from energon.format.tar import split_member_name
 from energon.media import MediaMetadataReader
 from energon.samples import SourceInfo, add_source_info
@@ -99,12 +99,10 @@ class WebdatasetFileStore(FileStore):
 
     def __init__(self, dataset_path: str) -> None:
         self.root = epath.normalize(dataset_path)
-        db_path = epath.join(self.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
-        if not epath.exists(db_path):
-            raise DatasetNotPreparedError(
-                f"{db_path} does not exist: prepare {self.root} with `energon prepare`"
-            )
-        db_path = epath.local_copy(db_path)  # remote: a validated copy in the local cache
+        if not has_info(self.root):
+            raise DatasetNotPreparedError(f"{self.root}: prepare it with `energon prepare`")
+        # remote: a validated copy in the local cache
+        db_path = sample_tables_path(self.root, "a file store (samples looked up by key)")
         self._shards = list(read_info(self.root))
         self._db_path = db_path
         self._local = threading.local()

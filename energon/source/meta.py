@@ -87,11 +87,9 @@ class WebdatasetMeta(MetaReader):
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
-            from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
+            from energon.format.sqlite_index import sample_tables_path
 
-            path = epath.local_copy(
-                epath.join(self.leaf.root, MAIN_FOLDER_NAME, INDEX_SQLITE_FILENAME)
-            )
+            path = sample_tables_path(self.leaf.root, "reading sample keys and part sizes")
             self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         return self._db
 

@@ -1,0 +1,150 @@
+"""``prepare`` at scale: a killed run is continued, not started over, and gives the files a run
+from scratch gives; ``--no-sample-tables`` writes only what training reads, and the tools that
+need the per-sample tables say so."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from energon import WorkerConfig, get_loader, get_train_dataset
+from energon.cli.main import cli
+from energon.errors import SampleTablesMissingError
+from energon.format.prepare_work import WORK_FOLDER_NAME
+from energon.source.meta import meta_reader
+from energon.source.webdataset import WebdatasetLeaf
+from tests.helpers.datasets import make_text_dataset
+from tests.helpers.paths import REPO_ROOT
+
+# `energon prepare` in a child that kills itself (SIGKILL) when its N-th chunk is finished (the
+# rename of a chunk folder into place), and prints how many chunks it finished.
+CHILD = r"""
+import os, signal, sys
+kill_at, args = int(sys.argv[1]), sys.argv[2:]
+finished = 0
+real_replace = os.replace
+
+def replace(src, dst, *a, **k):
+    global finished
+    result = real_replace(src, dst, *a, **k)
+    if os.path.basename(str(dst)).startswith("chunk-"):
+        finished += 1
+        if finished == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return result
+
+os.replace = replace
+from energon.cli.main import cli
+try:
+    cli(args, standalone_mode=False)
+finally:
+    print("CHUNKS", finished)
+"""
+ARGS = [
+    "prepare",
+    "--non-interactive",
+    "--split-ratio",
+    "3,1,0",
+    "--sample-type",
+    "TextSample",
+    "--field-map",
+    '{"text": "txt"}',
+    "--num-workers",
+    "1",
+    "--no-progress",
+    "--checksums",
+]
+
+
+def _prepare(root: Path, kill_at: int = 0) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, str(kill_at), *ARGS, str(root)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=600,
+    )
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every generated file, the random ``index.uuid`` blanked where it is named."""
+    files = {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(".tar")
+    }
+    uuid = files.pop(".nv-meta/index.uuid")
+    return {name: data.replace(uuid, b"-" * len(uuid)) for name, data in files.items()}
+
+
+def _shards_only(root: Path) -> Path:
+    make_text_dataset(root, num_samples=96, num_shards=8)
+    for path in [*root.rglob("*.tar.idx"), *(root / ".nv-meta").iterdir()]:
+        path.unlink()
+    return root
+
+
+def test_a_killed_prepare_continues_and_writes_what_a_clean_run_writes(tmp_path):
+    clean, killed = _shards_only(tmp_path / "clean"), _shards_only(tmp_path / "killed")
+    done = _prepare(clean)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "CHUNKS 8" in done.stdout  # one chunk per shard at this size
+    first = _prepare(killed, kill_at=4)
+    assert first.returncode == -9
+    assert not (killed / ".nv-meta" / ".info.json").exists()
+    again = _prepare(killed)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "CHUNKS 4" in again.stdout  # the four finished chunks were not scanned again
+    assert not (killed / ".nv-meta" / WORK_FOLDER_NAME).exists()
+    assert _files(killed) == _files(clean)
+
+
+def test_without_sample_tables_training_loads_and_key_lookups_say_what_to_do(tmp_path):
+    full, lean = _shards_only(tmp_path / "full"), _shards_only(tmp_path / "lean")
+    assert _prepare(full).returncode == 0
+    for root in (full, lean):
+        (root / ".nv-meta" / "dataset.yaml").write_text(
+            (full / ".nv-meta" / "dataset.yaml").read_text()
+        )
+    result = CliRunner().invoke(
+        cli,
+        [
+            "prepare",
+            "--non-interactive",
+            "--split-ratio",
+            "3,1,0",
+            "--no-sample-tables",
+            "--skip-dataset-yaml",
+            "--no-progress",
+            str(lean),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert not (lean / ".nv-meta" / "index.sqlite").exists()
+    assert _train_keys(lean) == _train_keys(full)
+    leaf = WebdatasetLeaf.open(lean, split_part="train")
+    with pytest.raises(SampleTablesMissingError, match=re.escape(f"--tar-index-only {lean}")):
+        meta_reader(leaf).key(0)
+    split = lean / ".nv-meta" / "split.yaml"
+    shard = leaf.shards.name(0)
+    split.write_text(split.read_text().replace("exclude: []", f"exclude:\n- {shard}/x"))
+    with pytest.raises(SampleTablesMissingError, match="excluding samples by key"):
+        WebdatasetLeaf.open(lean, split_part="train")
+    result = CliRunner().invoke(cli, ["prepare", "--tar-index-only", "--no-progress", str(lean)])
+    assert result.exit_code == 0, result.output
+    assert meta_reader(WebdatasetLeaf.open(lean, split_part="train")).key(1) is not None
+
+
+def _train_keys(root: Path) -> list[str]:
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    ds = get_train_dataset(
+        root, worker_config=wc, batch_size=4, shuffle_buffer_size=5, max_samples_per_sequence=5
+    )
+    it = iter(get_loader(ds))
+    return [k for _ in range(6) for k in next(it).__key__]
