@@ -112,7 +112,9 @@ def run_chunk(task: ChunkTask) -> ChunkSummary:
 def _scan_into(task: ChunkTask, folder: Path) -> ChunkSummary:
     summary = ChunkSummary(task.chunk, [], [])
     names = {task.first_id + n: shard for n, shard in enumerate(task.shards)}
-    writer = SqliteIndexWriter(folder / CHUNK_ROWS, names) if task.sample_tables else None
+    writer = (
+        SqliteIndexWriter(folder / CHUNK_ROWS, names, chunk=True) if task.sample_tables else None
+    )
     try:
         for n, tar_path in enumerate(task.tar_paths):
             scan = _scan_shard(tar_path, task, folder, n, writer)
@@ -124,7 +126,7 @@ def _scan_into(task: ChunkTask, folder: Path) -> ChunkSummary:
                     (key, [part for part, _, _ in parts]) for key, _, parts in scan.samples[:2]
                 ]
         if writer is not None:
-            writer.close(indexes=False)
+            writer.close()
     except BaseException:
         if writer is not None:
             writer.abort()

@@ -72,6 +72,7 @@ INDEXES = (
 )
 
 _MEDIA_TABLES = ("media_metadata", "media_filters")
+CACHE_KIB = 65536  # sqlite's page cache while writing: a constant, whatever the dataset's size
 
 
 class SqliteIndexWriter:
@@ -83,19 +84,32 @@ class SqliteIndexWriter:
     """
 
     def __init__(
-        self, db_path: PathLike, shard_names: Sequence[str] | Mapping[int, str] = ()
+        self,
+        db_path: PathLike,
+        shard_names: Sequence[str] | Mapping[int, str] = (),
+        *,
+        chunk: bool = False,
     ) -> None:
+        """``chunk``: a chunk database of a ``prepare`` (its rows go into the real index by
+        :meth:`add_chunk`, whose ``UNIQUE`` key column finds duplicates): no ``UNIQUE`` index of
+        its own to keep up, and one transaction for all its shards."""
         self.db_path = Path(db_path)
         self.shard_names = (
             dict(shard_names) if isinstance(shard_names, Mapping) else dict(enumerate(shard_names))
         )
         self.rows_written = 0
+        self.chunk = chunk
         self._db = sqlite3.connect(self.db_path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=OFF")
         self._db.execute("PRAGMA synchronous=OFF")
         self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute(f"PRAGMA cache_size={-CACHE_KIB}")
         for statement in SCHEMA:
-            self._db.execute(statement)
+            self._db.execute(
+                statement.replace("NOT NULL UNIQUE", "NOT NULL") if chunk else statement
+            )
+        if chunk:
+            self._db.execute("BEGIN")
 
     def add_shard(
         self,
@@ -217,9 +231,11 @@ class SqliteIndexWriter:
         """Record the filter the media metadata was computed with."""
         record_media_filter(self._db, strategy, patterns)
 
-    def close(self, indexes: bool = True) -> None:
+    def close(self) -> None:
         """Create the lookup indexes (a chunk database needs none) and close the database."""
-        if indexes:
+        if self.chunk:
+            self._db.execute("COMMIT")
+        else:
             for statement in INDEXES:
                 self._db.execute(statement)
         self._db.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import threading
 
 import numpy as np
 
@@ -172,10 +173,22 @@ def walk_headers(path: str) -> Members | None:
         os.close(fd)
 
 
+class _Buffers(threading.local):
+    """The arrays one walk fills, made once per thread (a 4 MiB name buffer costs as much to
+    clear as a small shard takes to walk)."""
+
+    def __init__(self) -> None:
+        self.arrays = [np.empty(_CAP, dtype=np.int64) for _ in range(4)]
+        self.types = np.empty(_CAP, dtype=np.uint8)
+        self.names = ctypes.create_string_buffer(_CAP * 64)
+
+
+_buffers = _Buffers()
+
+
 def _walk_all(lib: ctypes.CDLL, fd: int, size: int) -> Members | None:
-    header_off, data_off, sizes, name_end = (np.empty(_CAP, dtype=np.int64) for _ in range(4))
-    types = np.empty(_CAP, dtype=np.uint8)
-    names = ctypes.create_string_buffer(_CAP * 64)
+    header_off, data_off, sizes, name_end = _buffers.arrays
+    types, names = _buffers.types, _buffers.names
     nxt, status = ctypes.c_int64(0), ctypes.c_int64(0)
     parts: list[tuple] = []
     start = 0
