@@ -416,10 +416,11 @@ SYSTEM_EXCEPTIONS: tuple[type[BaseException], ...] = (
 )
 
 
-def log_exception(exc: BaseException, sample: Any = None, sources: Sequence | None = None) -> None:
-    """Default handler: print the error with where the sample came from; the sample is skipped."""
+def log_exception(e: BaseException, sample: Any = None, sources: Sequence | None = None) -> None:
+    """Default handler: print the error with where the sample came from; the sample is skipped.
+    (Parameter names are the reference's, for handlers called by keyword.)"""
     lines = ["Sample skipped after an error:"]
-    lines += traceback.format_exception(type(exc), exc, exc.__traceback__)
+    lines += traceback.format_exception(type(e), e, e.__traceback__)
     for src in sources or ():
         names = ",".join(getattr(src, "file_names", ()) or ())
         lines.append(
@@ -430,10 +431,10 @@ def log_exception(exc: BaseException, sample: Any = None, sources: Sequence | No
 
 
 def reraise_exception(
-    exc: BaseException, sample: Any = None, sources: Sequence | None = None
+    e: BaseException, _sample: Any = None, _sources: Sequence | None = None
 ) -> None:
     """Handler that turns every sample error into a hard failure."""
-    raise exc
+    raise e
 
 
 ErrorHandler = Callable[..., None]

@@ -493,7 +493,7 @@ def _as_bytes(stream_or_bytes: bytes | bytearray | memoryview | BinaryIO) -> byt
 class AVDecoder:
     """Lazy decoder of one audio/video file held in memory.
 
-    ``stream_or_bytes``: the encoded file (bytes or a binary stream, read completely).
+    ``stream``: the encoded file (a binary stream or bytes, read completely; the reference's name).
     ``suppress_warnings``: do not warn when frame/second conversions may be approximate.
     ``timeout``: seconds each public call may take (None: unbounded); exceeding it raises
     ``energon.deadline.DecodeTimeoutError``.
@@ -505,7 +505,7 @@ class AVDecoder:
 
     def __init__(
         self,
-        stream_or_bytes: bytes | bytearray | memoryview | BinaryIO,
+        stream: bytes | bytearray | memoryview | BinaryIO,
         suppress_warnings: bool = False,
         *,
         timeout: float | None = None,
@@ -513,7 +513,7 @@ class AVDecoder:
         name: str = "media",
         reuse_window_seconds: float = 1.0,
     ) -> None:
-        self._data = _as_bytes(stream_or_bytes)
+        self._data = _as_bytes(stream)
         self.suppress_warnings = suppress_warnings
         self.timeout = timeout
         self.codec_threads = codec_threads if codec_threads is not None else DEFAULT_CODEC_THREADS

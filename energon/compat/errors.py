@@ -70,15 +70,18 @@ class ErrorContext:
 
 
 @contextmanager
-def handle_restore_errors(handler: Callable[..., None], sample: Any) -> Generator[None, None, None]:
+def handle_restore_errors(
+    error_handler: Callable[..., None], sample: Any
+) -> Generator[None, None, None]:
     """Errors while regenerating a sample from its restore key: a skip is unexpected there."""
     try:
         yield
     except (SkipSample, GeneratorExit) as e:
-        handler(ValueError(f"Unexpected skip sample {sample!r} during restoration: {e!r}"), sample)
+        skip = ValueError(f"Unexpected skip sample {sample!r} during restoration: {e!r}")
+        error_handler(skip, sample, None)
     except SYSTEM_EXCEPTIONS as e:
         if isinstance(e, FatalSampleError):
             raise
         raise FatalSampleError(f"restoring {sample!r}: {type(e).__name__}: {e}") from e
     except Exception as e:
-        handler(e, sample)
+        error_handler(e, sample, None)  # (exception, sample, sources) as every handler

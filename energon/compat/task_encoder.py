@@ -134,7 +134,10 @@ def get_stateless(fn: Callable) -> bool:
     return bool(getattr(fn, "__stateless__", False))
 
 
-def get_failure_tolerance(fn: Callable, default: int = 100) -> int:
+def get_failure_tolerance(fn: Callable, default_failure_tolerance: int | None = None) -> int:
+    """The tolerance ``@stateless(failure_tolerance=...)`` set on ``fn``, else the default
+    (0 when none is given, as the reference answers)."""
+    default = default_failure_tolerance or 0
     return int(getattr(fn, "__failure_tolerance__", default))
 
 

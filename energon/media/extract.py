@@ -13,7 +13,9 @@ import dataclasses
 import fnmatch
 import io
 import logging
+import os
 from enum import Enum
+from typing import BinaryIO
 
 from energon.media.metadata import (
     AVMetadata,
@@ -40,8 +42,8 @@ class MediaFilterStrategy(str, Enum):
     """How files are selected (the ``strategy`` column of ``media_filters``)."""
 
     EXTENSION = "EXTENSION"
-    GLOB = "GLOB"
     HEADER = "HEADER"
+    GLOB = "GLOB"
 
 
 def _extension(name: str) -> str:
@@ -117,6 +119,44 @@ class MediaFilterConfig:
             if found is not None:
                 return found
         return _type_by_extension(name)
+
+    # The reference's per-file API (scripts call it to test a filter on their own files).
+
+    def should_consider_all(self) -> bool:
+        """Whether every file must be read to decide (HEADER looks at the content)."""
+        return self.needs_content
+
+    def should_consider_media(self, name: str) -> bool:
+        """Whether ``name`` passes the filter before its content is read."""
+        if self.strategy is MediaFilterStrategy.HEADER:
+            return True
+        if self.strategy is MediaFilterStrategy.GLOB:
+            return any(fnmatch.fnmatch(name.lower(), p) for p in self.patterns)
+        return _type_by_extension(name) is not None
+
+    def extract_metadata(
+        self, source: bytes | str | os.PathLike | BinaryIO, filename: str | None = None
+    ) -> MediaMetadata | None:
+        """Metadata of one file (bytes, a path, or an open binary file; ``filename`` names the
+        first and last), or None when the filter skips it or it cannot be parsed as media."""
+        if isinstance(source, (str, os.PathLike)):
+            filename = filename or os.path.basename(os.fspath(source))
+        if filename is None:
+            raise ValueError("extract_metadata needs filename= when the source is not a path")
+        if not self.should_consider_media(filename):
+            return None
+        data = _read_source(source)
+        media_type = self.media_type(filename, data)
+        return None if media_type is None else extract_media_metadata(filename, data, media_type)
+
+
+def _read_source(source: bytes | str | os.PathLike | BinaryIO) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            return f.read()
+    return source.read()
 
 
 def _image_metadata(data: bytes) -> ImageMetadata:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "AVMetadata",
@@ -28,11 +28,20 @@ class MediaMetadataType(str, Enum):
     IMAGE = "image"
     AV = "av"
 
+    @classmethod
+    def from_string(cls, value: str) -> MediaMetadataType:
+        """The type stored in a ``metadata_type`` column (exact, lower-case names)."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"Unsupported media metadata type: {value!r}") from None
+
 
 @dataclasses.dataclass
 class ImageMetadata:
     """Size and format of an image, read from its header (no pixel decoding)."""
 
+    metadata_type: ClassVar[MediaMetadataType] = MediaMetadataType.IMAGE
     width: int
     height: int
     format: str = "UNKNOWN"
@@ -43,6 +52,7 @@ class ImageMetadata:
 class AVMetadata:
     """Durations (seconds), rates and sizes of an audio/video file; None where not present."""
 
+    metadata_type: ClassVar[MediaMetadataType] = MediaMetadataType.AV
     video_duration: float | None = None
     video_num_frames: int | None = None
     video_fps: float | None = None
@@ -63,10 +73,8 @@ _TYPES: dict[MediaMetadataType, type] = {
 
 
 def metadata_type_of(metadata: MediaMetadata) -> MediaMetadataType:
-    if isinstance(metadata, ImageMetadata):
-        return MediaMetadataType.IMAGE
-    if isinstance(metadata, AVMetadata):
-        return MediaMetadataType.AV
+    if isinstance(metadata, (ImageMetadata, AVMetadata)):
+        return metadata.metadata_type
     raise TypeError(f"not a media metadata record: {type(metadata).__name__}")
 
 

@@ -605,3 +605,64 @@ out["checkpoint_info"] = result.exit_code
 return out
 """
 )
+
+program("media_metadata_api")(
+    """
+import io
+from pathlib import Path
+from PIL import Image
+from megatron.energon.media.extractor import MediaFilterConfig, MediaFilterStrategy
+from megatron.energon.media import MediaMetadataType, ImageMetadata, AVMetadata
+buf = io.BytesIO()
+Image.new("RGB", (5, 3)).save(buf, format="PNG")
+folder = Path(data["files"]) / "media_api"
+folder.mkdir()
+(folder / "a.png").write_bytes(buf.getvalue())
+(folder / "b.txt").write_bytes(buf.getvalue())
+(folder / "c.jpg").write_bytes(b"not an image")
+def plain(meta):
+    return None if meta is None else [type(meta).__name__, meta.metadata_type.value, meta.width, meta.height, meta.format, meta.mode]
+out = {"strategies": [s.value for s in MediaFilterStrategy],
+       "types": [MediaMetadataType.from_string("image").name, MediaMetadataType.from_string("av").name, ImageMetadata.metadata_type.name, AVMetadata.metadata_type.name]}
+try:
+    MediaMetadataType.from_string("IMAGE")
+except ValueError:
+    out["types"].append("ValueError")
+# GLOB is left out of extract_metadata: the reference fails every glob-matched file there (migrating.md)
+for config in (MediaFilterConfig.parse(None, False, True), MediaFilterConfig.parse("*.png,*.txt", False, False), MediaFilterConfig.parse(None, True, False)):
+    row = [config.strategy.value, list(config.patterns), config.should_consider_all(),
+           [config.should_consider_media(n) for n in ("a.png", "b.txt", "x.mp4", "X.PNG", "noext")]]
+    if config.strategy is not MediaFilterStrategy.GLOB:
+        for name in ("a.png", "b.txt", "c.jpg"):
+            with open(folder / name, "rb") as f:
+                row.append([plain(config.extract_metadata(folder / name)), plain(config.extract_metadata((folder / name).read_bytes(), name)), plain(config.extract_metadata(f, name))])
+    out[config.strategy.value] = row
+return out
+"""
+)
+
+program("handlers_by_keyword")(
+    """
+from megatron.energon.errors import log_exception, reraise_exception
+from megatron.energon.wrappers.map_dataset import handle_restore_errors
+from megatron.energon.task_encoder.base import get_failure_tolerance, stateless
+out = {}
+log_exception(e=ValueError("logged"), sample={"__key__": "k"}, sources=None)
+try:
+    reraise_exception(e=KeyError("raised"), _sample=None)
+except KeyError as e:
+    out["reraise"] = str(e)
+seen = []
+with handle_restore_errors(error_handler=lambda e, *rest: seen.append([type(e).__name__, str(e), list(rest)]), sample="s1"):
+    raise IndexError("while restoring")
+out["restore"] = seen
+def plain(x):
+    return x
+@stateless(failure_tolerance=3)
+def tolerant(x):
+    return x
+out["tolerance"] = [get_failure_tolerance(plain), get_failure_tolerance(plain, 5), get_failure_tolerance(plain, default_failure_tolerance=7),
+                    get_failure_tolerance(tolerant), get_failure_tolerance(tolerant, default_failure_tolerance=7)]
+return out
+"""
+)
