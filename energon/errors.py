@@ -128,14 +128,18 @@ class SampleException(EnergonError, ValueError):
     def from_sample_key(cls, key: str, message: str = "") -> SampleException:
         return cls(f"Sample {key!r}: {message}")
 
+    @classmethod
+    def from_sample(cls, sample: Any, message: str = "") -> SampleException:
+        """The error for ``sample``, shown in one line as the reference shows it
+        (``Sample {...} failed: message``)."""
+        from energon.sample_text import format_sample_compact  # (imports torch: only when used)
+
+        text = f"Sample {format_sample_compact(sample)} failed"
+        return cls(f"{text}: {message}" if message else text)
+
 
 class FatalSampleError(SampleException):
     """Never skipped: stops the loader (too many consecutive failures, or a programming error)."""
-
-    @classmethod
-    def from_sample(cls, sample: Any, message: str) -> FatalSampleError:
-        key = getattr(sample, "__key__", None)
-        return cls(f"{message} (sample {key!r})")
 
 
 class ErrorBudgetExceeded(FatalSampleError):

@@ -7,7 +7,6 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any
 
-from energon.compat.sample_utils import format_sample_compact, format_sample_detailed
 from energon.errors import (
     SYSTEM_EXCEPTIONS,
     EmptyDatasetError,
@@ -20,6 +19,7 @@ from energon.errors import (
     log_exception,
     reraise_exception,
 )
+from energon.sample_text import format_sample_compact, format_sample_detailed
 from energon.samples.source_info import SourceInfo, get_source_info
 
 __all__ = [

@@ -119,7 +119,7 @@ REFERENCE_MODULES: dict[str, str] = {
     "metadataset.join_dataset_loader": "energon.compat.join_dataset_loader",
     "metadataset.metadataset_v2": "energon.compat.metadataset_v2",
     "metadataset.dataset_loader": "energon.compat.metadataset",
-    "sample_utils": "energon.compat.sample_utils",
+    "sample_utils": "energon.sample_text",
     "savable_loader": "energon.compat.savable_loader",
     "source_info": "energon.compat.source_info",
     "task_encoder": "energon.compat.task_encoder",

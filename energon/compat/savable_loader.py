@@ -12,7 +12,6 @@ from energon.compat.cache import CachePool
 from energon.compat.deprecation import deprecated
 from energon.compat.flavors import State
 from energon.compat.rng import SystemRng, SystemRngState
-from energon.compat.sample_utils import default_get_batch_keys
 from energon.compat.savable import FlexState
 from energon.compat.wrappers.base import BaseWrapperDataset, add_sample_restore_key
 from energon.compat.wrappers.batch_dataset import BatchDataset
@@ -20,6 +19,7 @@ from energon.compat.wrappers.gc_dataset import GC_DEFAULT_EVERY_N_ITER, GcDatase
 from energon.compat.wrappers.watchdog_dataset import WatchdogDataset
 from energon.loader.data_loader import BasicDataLoader, SavableDataLoader
 from energon.loader.savable_dataset import SavableDataset
+from energon.sample_text import default_get_batch_keys
 from energon.samples.edataclass import edataclass
 from energon.worker import WorkerConfig
 

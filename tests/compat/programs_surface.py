@@ -661,6 +661,13 @@ def plain(x):
 @stateless(failure_tolerance=3)
 def tolerant(x):
     return x
+from megatron.energon.errors import SampleException
+from megatron.energon import TextSample
+class MyError(SampleException):
+    pass
+errors = [SampleException.from_sample({"__key__": "k1", "x": 1}, "bad value"), SampleException.from_sample("raw"),
+          MyError.from_sample(TextSample(__key__="k", __restore_key__=(), text="hello"), "m")]
+out["from_sample"] = [[type(e).__name__, str(e)] for e in errors]
 out["tolerance"] = [get_failure_tolerance(plain), get_failure_tolerance(plain, 5), get_failure_tolerance(plain, default_failure_tolerance=7),
                     get_failure_tolerance(tolerant), get_failure_tolerance(tolerant, default_failure_tolerance=7)]
 return out

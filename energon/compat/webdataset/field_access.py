@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from energon.compat.sample_utils import format_sample_compact
 from energon.errors import FieldAccessError, SampleException
+from energon.sample_text import format_sample_compact
 
 __all__ = [
     "FieldAccessError",

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from energon.compat.sample_utils import default_get_batch_keys
 from energon.compat.wrappers.base import (
     BaseWrapperDataset,
     PassThrough,
     SavableDataset,
     WorkerConfig,
 )
+from energon.sample_text import default_get_batch_keys
 
 __all__ = [
     "BaseWrapperDataset",

@@ -1,7 +1,8 @@
-"""``megatron.energon.sample_utils``: the reference's renderings of samples, character for
-character (``format_sample_detailed``: YAML with tensors and arrays as one-line summaries;
-``format_sample_compact``: one line, leaves quoted). energon's own renderings, used in its error
-messages and ``energon preview``, are :mod:`energon.samples.render`."""
+"""Samples as text, as the reference renders them, character for character: the module
+``megatron.energon.sample_utils`` (``format_sample_detailed``: YAML with tensors and arrays as
+one-line summaries; ``format_sample_compact``: one line, leaves quoted), and the message of
+``SampleException.from_sample``. It sits in the foundation so that the error tree can use it.
+energon's own renderings, used in ``energon preview``, are :mod:`energon.samples.render`."""
 
 from __future__ import annotations
 
