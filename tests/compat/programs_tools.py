@@ -139,7 +139,8 @@ result = CliRunner().invoke(main, ["prepare", target, "--split-parts", "train:pa
                                    "--split-parts", "val:parts/data-2.tar", "--num-workers", "1"], input="n\\n")
 meta = os.path.join(target, ".nv-meta")
 info = _json.load(open(os.path.join(meta, ".info.json")))
-return [result.exit_code, sorted(f for f in os.listdir(meta) if not f.startswith("index")), info["shard_counts"]]
+energon_only = {"shard_table.bin"}  # energon's addition to .nv-meta (docs/format.md)
+return [result.exit_code, sorted(f for f in os.listdir(meta) if not f.startswith("index") and f not in energon_only), info["shard_counts"]]
 """
 )
 
