@@ -308,11 +308,27 @@ def traverse_metadataset(
     ]
 
 
+def _resolve_aux(kind: str, path: Any, mds_path: Any) -> EPath:
+    """``path`` relative to the folder of the metadataset file ``mds_path`` (absolute paths stay)."""
+    if mds_path is None:
+        raise ValueError(f"{kind}.post_initialize needs the metadataset's path (mds_path)")
+    return EPath(mds_path).parent / path
+
+
 class AuxDatasetReference:
     """An aux entry naming a prepared dataset (random access by ``<key>.<part>``)."""
 
     def __init__(self, *, path: Any) -> None:
         self.path = path
+
+    def post_initialize(self, mds_path: Any = None) -> None:
+        """Resolve ``path`` against the metadataset's folder; it must be a prepared dataset."""
+        self.path = _resolve_aux("AuxDatasetReference", self.path, mds_path)
+        if not check_dataset_info_present(self.path):
+            raise ValueError(
+                f"auxiliary datasets must be prepared energon datasets: {self.path} does not "
+                "exist or is not prepared (run `energon prepare` on it)"
+            )
 
     def get_file_store(self) -> Any:
         from energon.source.file_store import WebdatasetFileStore
@@ -327,7 +343,8 @@ class AuxFilesystemReference:
         self.fs_path = fs_path
 
     def post_initialize(self, mds_path: Any = None) -> None:
-        """Relative folders are resolved against the metadataset's directory when loading."""
+        """Resolve ``fs_path`` against the metadataset's folder."""
+        self.fs_path = _resolve_aux("AuxFilesystemReference", self.fs_path, mds_path)
 
     def get_file_store(self) -> Any:
         from energon.source.file_store import SystemFileStore

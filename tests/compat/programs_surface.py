@@ -696,3 +696,29 @@ for key, data in (("x.bin", encoded("PNG")), ("y", encoded("JPEG")), ("z.txt", b
 return out
 """
 )
+
+program("aux_references")(
+    """
+from pathlib import Path
+from megatron.energon.epathlib import EPath
+from megatron.energon.metadataset.metadataset_v2 import AuxDatasetReference, AuxFilesystemReference
+root = Path(data["root"])
+mds = EPath(root / "meta" / "m.yaml")
+out = []
+for cls, field, path in ((AuxDatasetReference, "path", "../a"), (AuxDatasetReference, "path", str(root / "a")),
+                         (AuxFilesystemReference, "fs_path", "media"), (AuxFilesystemReference, "fs_path", "/abs/y"),
+                         (AuxDatasetReference, "path", "missing")):
+    ref = cls(**{field: path})
+    try:
+        ref.post_initialize(mds)
+        value = getattr(ref, field)
+        out.append([type(value).__name__, str(value).replace(str(root), "<root>")])
+    except Exception:
+        out.append("error")
+try:
+    AuxFilesystemReference(fs_path="x").post_initialize()
+except Exception:
+    out.append("error without mds_path")
+return out
+"""
+)
