@@ -46,8 +46,8 @@ _EXPORTS = {
     "skip_steps": "energon.cursor.skip",
     "Ledger": "energon.ledger.ledger",
     "export_exposures": "energon.ledger.exposure",
-    "simulate": "energon.observe.simulate",
-    "SimulationSettings": "energon.observe.simulate",
+    "simulate": "energon.preflight.simulate",
+    "SimulationSettings": "energon.preflight.simulate",
     "BasicDataLoader": "energon.loader",
     "SavableDataLoader": "energon.loader",
     "get_loader": "energon.loader",
@@ -166,6 +166,9 @@ _EXPORTS = {
 _MOVED = {
     "energon.decode.deadline": "energon.deadline",
     "energon.samples.edataclass": "energon.structs",
+    "energon.observe.simulate": "energon.preflight.simulate",
+    "energon.observe.measure": "energon.preflight.measure",
+    "energon.observe.report": "energon.preflight.report",
 }
 
 

@@ -40,8 +40,8 @@ def command(
     """Write an HTML report of CONFIG (a dataset or a metadataset YAML)."""
     from tqdm import tqdm
 
-    from energon.observe.report import build_report
-    from energon.observe.simulate import SimulationSettings
+    from energon.preflight.report import build_report
+    from energon.preflight.simulate import SimulationSettings
 
     settings = SimulationSettings(
         world_size=world_size,

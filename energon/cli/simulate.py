@@ -62,7 +62,7 @@ def command(
     progress: bool,
 ) -> None:
     """Simulate CONFIG (a dataset or a metadataset YAML) on WORLD_SIZE ranks x NUM_WORKERS."""
-    from energon.observe.simulate import SimulationSettings, simulate
+    from energon.preflight.simulate import SimulationSettings, simulate
 
     if val_split is not None:
         check_split(config, val_split, "--val-split")
@@ -82,7 +82,7 @@ def command(
     click.echo(sim.text())
     figures = sim.to_dict()
     if measure:
-        from energon.observe.measure import measure as run_measure
+        from energon.preflight.measure import measure as run_measure
 
         with blame("--measure"):
             result = run_measure(

@@ -19,7 +19,7 @@ from energon import WorkerConfig, get_savable_loader, get_train_dataset, get_val
 from energon.errors import ParquetFormatError
 from energon.format.parquet import prepare_parquet
 from energon.ledger.ledger import Ledger
-from energon.observe.simulate import SimulationSettings, simulate
+from energon.preflight.simulate import SimulationSettings, simulate
 from energon.source.parquet_read import reset_table_reader
 from energon.source.shard_reader import reset_shard_reader
 from tests.helpers.datasets import make_captioning_dataset

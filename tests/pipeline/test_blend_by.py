@@ -21,7 +21,7 @@ from energon.demo import write_text_shards
 from energon.errors import MetadatasetError
 from energon.format.prepare import prepare_dataset
 from energon.loader.blend_report import simulate_blend
-from energon.observe.simulate import SimulationSettings, simulate
+from energon.preflight.simulate import SimulationSettings, simulate
 from tests.helpers.datasets import TEXT_YAML
 
 L = 4

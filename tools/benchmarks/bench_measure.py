@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_common import DEFAULT_ROOT, ensure_workload  # noqa: E402
 from bench_observe import loader_rate  # noqa: E402
 
-from energon.observe.measure import measure  # noqa: E402
-from energon.observe.simulate import SimulationSettings  # noqa: E402
+from energon.preflight.measure import measure  # noqa: E402
+from energon.preflight.simulate import SimulationSettings  # noqa: E402
 
 
 def main() -> None:

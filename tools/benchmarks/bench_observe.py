@@ -42,8 +42,8 @@ from bench_common import (  # noqa: E402
 from bench_loader import ensure_dataset_yaml, prepare_workload  # noqa: E402
 
 from energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset  # noqa: E402
-from energon.observe.measure import measure  # noqa: E402
-from energon.observe.simulate import SimulationSettings  # noqa: E402
+from energon.preflight.measure import measure  # noqa: E402
+from energon.preflight.simulate import SimulationSettings  # noqa: E402
 
 
 def _dataset(path: str, workers: int, batch_size: int):

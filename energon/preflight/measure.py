@@ -81,8 +81,8 @@ def measure(
     seed: int = 0,
 ) -> Measurement:
     """Decode about ``samples`` samples of ``config`` (built as ``settings`` says, see
-    :class:`energon.observe.simulate.SimulationSettings`) through the real pipeline of random streams."""
-    from energon.observe.simulate import build
+    :class:`energon.preflight.simulate.SimulationSettings`) through the real pipeline of random streams."""
+    from energon.preflight.simulate import build
 
     dataset = build(config, settings, "train") or build(config, settings, "val")
     if dataset is None:

@@ -18,7 +18,7 @@ from energon import (
     is_padding,
 )
 from energon.cli.main import main
-from energon.observe.simulate import SimulationSettings, simulate
+from energon.preflight.simulate import SimulationSettings, simulate
 from tests.helpers.datasets import make_text_dataset
 
 R, W, B = 3, 1, 4

@@ -8,7 +8,7 @@ The page holds (everything inlined: images as data URIs, no file or network fetc
 - histograms of image widths and heights per part: from prepare's media metadata
   (``--media-metadata-*``, no data read) when the dataset has it, else from the images of the
   sample grid (their headers);
-- the simulation (:mod:`energon.observe.simulate`): its figures, the shares of each source among
+- the simulation (:mod:`energon.preflight.simulate`): its figures, the shares of each source among
   the samples delivered over the first steps, samples drawn per shard in an epoch, and its warnings.
 
 Plots use matplotlib (the ``plot`` extra).
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from energon.errors import MissingDependencyError
-from energon.observe.simulate import Simulation, SimulationSettings, build, simulate
 from energon.plan.rng import CounterRng, stable_seed
+from energon.preflight.simulate import Simulation, SimulationSettings, build, simulate
 from energon.source.meta import meta_reader
 
 IMAGE_TYPES = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "gif": "gif"}
