@@ -169,6 +169,9 @@ _MOVED = {
     "energon.observe.simulate": "energon.preflight.simulate",
     "energon.observe.measure": "energon.preflight.measure",
     "energon.observe.report": "energon.preflight.report",
+    "energon.ledger.native": "energon.pipeline.pointers_native",
+    "energon.balance.executor": "energon.pipeline.balanced_executor",
+    "energon.ledger.journal": "energon.loader.journal",
 }
 
 

@@ -481,8 +481,8 @@ def _merge_balanced(
     states: list[dict[str, Any]],
 ) -> tuple[dict[int, StreamSnapshot], list[dict[str, Any]] | None]:
     """The streams' snapshots and the error totals of balanced states. Each rank counts the
-    samples it lost in its own accounts of the streams (energon.balance.executor), so all ranks'
-    accounts are added up into the totals (kept by new rank 0, like the finished passes' totals
+    samples it lost in its own accounts of the streams (energon.pipeline.balanced_executor), so all
+    ranks' accounts are added up into the totals (kept by new rank 0, like the finished passes' totals
     of any merge: counted once) and the merged snapshots start with clean accounts."""
     merged = {
         s: snapshot.make_snapshot(snapshot.emitted(snap), snapshot.stage_states(snap))

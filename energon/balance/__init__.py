@@ -5,8 +5,8 @@ positions of each of ``Balance.window`` global steps are pooled, each sample is 
 index metadata (no data read, :mod:`energon.balance.cost`), the pool is composed into steps of
 ``R`` near-equal shares (:mod:`energon.balance.assign`, within the bound of
 :mod:`energon.balance.bound`) and each rank loads and packs only its
-share (:mod:`energon.balance.executor`, :mod:`energon.balance.packed`). Every rank computes the
-same plan from the plan of the data alone.
+share (:mod:`energon.pipeline.balanced_executor`, :mod:`energon.balance.packed`). Every rank
+computes the same plan from the plan of the data alone.
 """
 
 from energon.balance.assign import balance_costs, compose_steps

@@ -1,8 +1,8 @@
 """The *tail* of a balanced window interrupted by an elastic restore (another number of ranks).
 
 A window of ``Balance.window`` global steps is planned for the ``R`` ranks that trained it
-(:mod:`energon.balance.executor`). States saved after step ``d`` of it hold the window's start
-snapshots; restored on ``R'`` ranks, the window is planned as it was, for ``R`` ranks, and exactly
+(:mod:`energon.pipeline.balanced_executor`). States saved after step ``d`` of it hold the window's
+start snapshots; restored on ``R'`` ranks, the window is planned as it was, for ``R`` ranks, and exactly
 the samples of its steps ``d, d+1, ...`` (not delivered yet) are composed into
 ``ceil((steps - d) * R / R')`` steps for ``R'`` ranks: the tail. Normal windows for ``R'`` ranks
 follow from the window's end. A tail interrupted by another elastic restore becomes the next

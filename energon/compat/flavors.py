@@ -37,8 +37,8 @@ from energon.decode import SampleDecoder
 from energon.errors import EmptyDatasetError
 from energon.format.layout import MAIN_FOLDER_NAME
 from energon.loader.savable_dataset import SavableDataset
-from energon.metadataset.resolve import Source
 from energon.pipeline.spec import PipelineSpec
+from energon.plan.sources import Source
 from energon.samples import (
     Batch,
     CaptioningSample,

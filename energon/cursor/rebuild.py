@@ -16,9 +16,9 @@ from typing import Any
 
 from energon.errors import ArgumentError, StateError
 from energon.loader.savable_dataset import SavableDataset
-from energon.metadataset.resolve import Source
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.plan.edits import edits_from_json
+from energon.plan.sources import Source
 from energon.source.kinds import open_leaf
 from energon.state import fingerprint_differences
 from energon.task_encoder.base import TaskEncoder

@@ -5,9 +5,9 @@ stepped item by item, exactly, but at Python speed. :class:`SimulatedStream` jum
 behind the pointer stages says how many upstream items ``count`` of its own items take
 (``Stage.skip_items``; a batch of 8 takes 8 samples, a 1:1 hook one) and moves its counters; then
 only the pointer stages run, pointer by pointer, in C where possible
-(:class:`~energon.ledger.native.NativePointers`, else the Python stages). Where a stage cannot say
-(packing, grouping: they buffer and decide from what they see) the stream is stepped item by item.
-Either way the stream ends up in exactly the state the item-by-item run reaches (tested).
+(:class:`~energon.pipeline.pointers_native.NativePointers`, else the Python stages). Where a
+stage cannot say (packing, grouping: they buffer and decide from what they see) the stream is
+stepped item by item. Either way the stream ends up in exactly the state the item-by-item run reaches (tested).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from energon.ledger.native import NativePointers
 from energon.pipeline.keys import Key, pointer_target, pointers_of
 from energon.pipeline.pointers import ExcludeFilter, PointerSource
+from energon.pipeline.pointers_native import NativePointers
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stages import LoadStage

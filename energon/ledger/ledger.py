@@ -10,7 +10,7 @@ streams of the asked positions are moved, and they jump (:mod:`energon.ledger.ad
 
 A record names every sample of the micro-batch: key, dataset, split, shard, byte offset, epoch,
 subflavors, grouped by output (a packed sample lists its members). Steps recorded in a journal
-(:mod:`energon.ledger.journal`) are taken from it instead (``origin: "journal"``): that is what the
+(:mod:`energon.loader.journal`) are taken from it instead (``origin: "journal"``): that is what the
 loader delivered, whatever the hooks did.
 """
 
@@ -26,9 +26,9 @@ from energon import arguments
 from energon.balance.tail import TAIL_FIELD
 from energon.errors import ArgumentError, ArgumentTypeError, StateError
 from energon.ledger.advance import Counts, SimulatedStream
-from energon.ledger.journal import JournalReader, sources_digest
 from energon.ledger.simulate import assumptions, simulated_spec
 from energon.ledger.timeline import Segment, segment_at, timeline
+from energon.loader.journal import JournalReader, sources_digest
 from energon.pipeline import snapshot as snapshots
 from energon.pipeline.keys import (
     Key,
@@ -182,8 +182,8 @@ class Ledger:
     def describe_balanced_step(self, step: int) -> list[MicroBatchRecord]:
         """Each rank's share of a balanced ``step`` (``get_train_dataset(balance=...)``), one
         record per rank: the ledger plans the step's window as every rank does
-        (:mod:`energon.balance.executor`): the pointers of the window's positions, their costs
-        from the index, :func:`~energon.balance.assign.compose_steps`. Each sample is an output
+        (:mod:`energon.pipeline.balanced_executor`): the pointers of the window's positions, their
+        costs from the index, :func:`~energon.balance.assign.compose_steps`. Each sample is an output
         of its own (how a rank packs them depends on the encoded lengths). Steps count from the
         first state's origin of a run that kept its number of ranks."""
         from energon.balance.assign import compose_steps
@@ -486,8 +486,8 @@ def _check_balanced_grid(states: list[dict[str, Any]], world_size: int, window: 
 
 
 def _with_fresh_stages(snap: StreamSnapshot, fresh: StreamSnapshot) -> StreamSnapshot:
-    """A balanced-mode snapshot (its pointer stages only: energon.balance.executor) completed
-    with the fresh states of the chain's other stages (empty at a micro-batch boundary)."""
+    """A balanced-mode snapshot (its pointer stages only: energon.pipeline.balanced_executor)
+    completed with the fresh states of the chain's other stages (empty at a micro-batch boundary)."""
     stages = snapshots.stage_states(snap)
     rest = snapshots.stage_states(fresh)[len(stages) :]
     return snapshots.make_snapshot(snapshots.emitted(snap), [*stages, *rest])

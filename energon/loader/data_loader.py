@@ -40,10 +40,10 @@ from energon.errors import (
     StateError,
     WatchdogTimeout,
 )
-from energon.ledger.journal import JournalWriter, sources_digest
 from energon.loader.blend_report import BlendReport, BlendTracker, source_names, source_rows
 from energon.loader.error_report import ErrorReport
 from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
+from energon.loader.journal import JournalWriter, sources_digest
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.loader.transit import pack_strings
 from energon.memory.batch_arena import ANY_WORKER, NO_WORKER, BatchArena, arena_supported

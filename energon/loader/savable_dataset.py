@@ -18,7 +18,7 @@ from typing import Any
 
 import torch.utils.data
 
-from energon.balance.executor import BalancedExecutor
+from energon.pipeline.balanced_executor import BalancedExecutor
 from energon.pipeline.executor import Executor
 from energon.pipeline.pointers import build_pointer_stages
 from energon.pipeline.snapshot import StreamSnapshot

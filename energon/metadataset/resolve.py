@@ -35,50 +35,12 @@ from energon.metadataset.config import (
 )
 from energon.pipeline.blend_by import BlendBy
 from energon.plan.schedules import Mixture, WeightSchedule
+from energon.plan.sources import BlendLevel, Source
 from energon.source.join import JoinSpec
 from energon.source.kinds import detect_kind, open_leaf
 from energon.source.leaf import LeafDataset
 
 TINY_WEIGHT = 1e-3
-
-
-@dataclasses.dataclass
-class Source:
-    """One leaf dataset as the plan sees it: which samples, with what weight or repetitions."""
-
-    leaf: LeafDataset
-    start: int
-    end: int
-    weight: float = 1.0
-    repetitions: float = 1.0
-    shuffle_over_epochs: int | None = 1
-    aux: dict[str, str] = dataclasses.field(default_factory=dict)
-    # the blends above this source, outermost first: (blend level, entry number); see _Level
-    weight_path: tuple[tuple[_Level, int], ...] = ()
-    pack_whole: bool = False  # packing never splits its samples across packs
-
-    def __len__(self) -> int:
-        return self.end - self.start
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {
-            **self.leaf.fingerprint(),
-            "range": [self.start, self.end],
-            "weight": self.weight,
-            "repetitions": self.repetitions,
-            "shuffle_over_epochs": self.shuffle_over_epochs,
-            **({"pack_whole": True} if self.pack_whole else {}),
-        }
-
-    def config(self) -> dict[str, Any]:
-        return {**self.leaf.config(), **self.fingerprint(), "aux": self.aux}
-
-
-@dataclasses.dataclass(eq=False)
-class _Level:
-    """One weight blend of the tree: its entries' weights as schedules on the sample clock."""
-
-    schedules: tuple[WeightSchedule, ...]
 
 
 @dataclasses.dataclass
@@ -104,7 +66,7 @@ class _Context:
     split_config: str | None = None
     mds_path: str = ""
     global_batch_size: int | None = None  # converts schedules in steps (innermost file wins)
-    weight_path: tuple[tuple[_Level, int], ...] = ()
+    weight_path: tuple[tuple[BlendLevel, int], ...] = ()
     token_config: Any = None  # the token_config= argument: a GPTConfig (or a mapping), the default
     # token_config mappings of the YAML levels above (inner levels win), with the place last set
     token_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -209,7 +171,7 @@ def _finish(resolved: Resolved, training: bool) -> Resolved:
 def _mixture(sources: list[Source]) -> Mixture | None:
     """The blend tree above ``sources`` as weight functions; None when no weight changes over time
     (fixed weights keep their resolved numbers, so their order is what it always was)."""
-    levels: dict[int, tuple[int, _Level]] = {}
+    levels: dict[int, tuple[int, BlendLevel]] = {}
     paths = []
     for source in sources:
         path = []
@@ -355,7 +317,7 @@ def _resolve_blend(node: Blend, ctx: _Context) -> Resolved:
     ctx = _with_subset(ctx, node.subset, "blend", leaf=False)
     level = None
     if node.mode == "weight":
-        level = _Level(
+        level = BlendLevel(
             tuple(
                 _in_samples(entry.weight, ctx, f"{node.where}.blend[{i}]")
                 for i, entry in enumerate(node.entries)

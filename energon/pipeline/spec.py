@@ -22,12 +22,12 @@ from energon.task_encoder.base import DefaultTaskEncoder, TaskEncoder
 if TYPE_CHECKING:
     from energon.balance.config import Balance
     from energon.decode.sample_decoder import SampleDecoder
-    from energon.metadataset.resolve import Source
+    from energon.plan.sources import Source
 
 
 @dataclasses.dataclass
 class PipelineSpec:
-    """``sources`` are :class:`energon.metadataset.resolve.Source` (a leaf, its sample range, weight,
+    """``sources`` are :class:`energon.plan.sources.Source` (a leaf, its sample range, weight,
     repetitions); ``mode`` says how a stream mixes them: ``"none"`` (one source), ``"concat"``
     (one after the other: validation), ``"weight"`` (blend) or ``"repetitions"`` (epochized blend)."""
 

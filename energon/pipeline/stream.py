@@ -60,7 +60,7 @@ from energon.task_encoder.base import (
 from energon.task_encoder.cooking import select_cooker
 
 if TYPE_CHECKING:
-    from energon.metadataset.resolve import Source
+    from energon.plan.sources import Source
 
 
 class Stream(Stage):

@@ -23,7 +23,7 @@ from energon.balance import Balance, BalanceCostError, MultimodalCost, SampleCos
 from energon.balance.assign import compose_steps, straggler_ratio
 from energon.balance.table import CostTable
 from energon.demo.vlm import VlmTaskEncoder, write_vlm_shards
-from energon.ledger.native import library as native_pointers
+from energon.pipeline.pointers_native import library as native_pointers
 from energon.samples import TextSample
 from energon.samples.padding import is_padding
 from energon.source.meta import SampleMeta, meta_reader

@@ -7,9 +7,9 @@ import json
 from collections.abc import Callable, Sequence
 
 from energon.errors import ErrorPolicy, SampleException, reraise_exception
-from energon.metadataset.resolve import Source
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage
+from energon.plan.sources import Source
 
 
 class _MemoryBuilder:

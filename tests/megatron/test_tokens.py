@@ -22,8 +22,8 @@ from energon.megatron.indexed import (
     find_prefixes,
     merge_prefixes,
 )
-from energon.metadataset.resolve import Source
 from energon.pipeline.spec import PipelineSpec
+from energon.plan.sources import Source
 from energon.source.tokens import TokenLeaf
 from energon.task_encoder import DefaultTaskEncoder
 from tests.helpers.datasets import write_prefix

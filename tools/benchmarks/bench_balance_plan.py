@@ -26,8 +26,8 @@ from bench_balance import dataset_root, make_loaders
 
 from energon import WorkerConfig, get_train_dataset
 from energon.balance import Balance
-from energon.balance.executor import BalancedExecutor
 from energon.demo.vlm import VlmTaskEncoder
+from energon.pipeline.balanced_executor import BalancedExecutor
 
 MAX_LENGTH = 16384
 

@@ -81,9 +81,9 @@ def fresh_states(dataset) -> list[dict]:
 
 def pointer_speed(dataset, count: int) -> tuple[float, float]:
     """ns per sample of one stream's pointer stages: Python, C."""
-    from energon.ledger.native import NativePointers
     from energon.ledger.simulate import simulated_spec
     from energon.pipeline.pointers import build_pointer_stages
+    from energon.pipeline.pointers_native import NativePointers
 
     spec = simulated_spec(dataset.spec)
     stages = build_pointer_stages(spec, 0)

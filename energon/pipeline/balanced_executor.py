@@ -40,11 +40,11 @@ from energon.errors import (
     StateError,
     log_exception,
 )
-from energon.ledger.native import NativePointers, OrdersCache
 from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, pointer_target
 from energon.pipeline.pointers import PointerSource, build_pointer_stages
+from energon.pipeline.pointers_native import NativePointers, OrdersCache
 from energon.pipeline.snapshot import (
     StreamSnapshot,
     emitted,

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon.ledger import native
-from energon.ledger.native import NativePointers
+from energon.pipeline import pointers_native as native
 from energon.pipeline.keys import pointer_target
 from energon.pipeline.pointers import build_pointer_stages
+from energon.pipeline.pointers_native import NativePointers
 from energon.plan.edits import Exclusion, PlanEdits
 from tests.helpers.stages import MemoryLeaf, memory_spec
 

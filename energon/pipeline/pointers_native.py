@@ -1,4 +1,5 @@
-"""The pointer stages of a stream stepped in C: the ledger's fast inner loop.
+"""The pointer stages of a stream stepped in C, next to the Python ones it copies: the fast inner
+loop of the ledger, the balanced executor and simulate.
 
 Describing a step of a large job from a state saved 10,000 steps earlier, or counting every
 exposure up to a step, means producing tens of millions of sample pointers; the Python stages
@@ -14,7 +15,7 @@ or schedule class, a finite pass, padding, a reader without samples) makes ``att
 and the caller runs the Python stages: the result is the same, only slower. Slice orders are
 computed by the readers themselves (``SliceReader.slice_order``): the C loop pauses when it needs
 the order of an epoch it has not been given. Bit-identity with the Python stages is tested with
-random configurations (tests/ledger/test_native.py).
+random configurations (tests/pipeline/test_pointers_native.py).
 """
 
 from __future__ import annotations
