@@ -18,7 +18,7 @@ import posixpath
 import shutil
 from collections.abc import Iterator
 
-from energon.format.layout import atomic_write_bytes, remove_quietly, temp_name_for
+from energon.atomic import atomic_write_bytes, remove_quietly, temp_name_for
 from energon.remote import RemoteNotFoundError, msc, s3
 from energon.remote import cache as remote_cache
 from energon.remote.store import RemoteStore
