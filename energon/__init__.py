@@ -172,6 +172,7 @@ _MOVED = {
     "energon.ledger.native": "energon.pipeline.pointers_native",
     "energon.balance.executor": "energon.pipeline.balanced_executor",
     "energon.ledger.journal": "energon.loader.journal",
+    "energon.media.metadata": "energon.format.media_metadata",
 }
 
 

@@ -38,7 +38,7 @@ from energon.av.index import AVProbeIndex
 from energon.av.wav import PcmWav, parse_pcm_wav
 from energon.deadline import DecodeTimeoutError, check_deadline, deadline
 from energon.errors import SYSTEM_EXCEPTIONS, EnergonError
-from energon.media.metadata import AVMetadata
+from energon.format.media_metadata import AVMetadata
 
 __all__ = ["AVDecoder"]
 

@@ -15,7 +15,7 @@ import math
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from energon.errors import BalanceCostError
-from energon.media.metadata import AVMetadata, ImageMetadata
+from energon.format.media_metadata import AVMetadata, ImageMetadata
 from energon.source.meta import SampleMeta
 
 TEXT_EXTENSIONS = frozenset({"txt", "text", "json", "jsonl", "md", "cls", "html"})

@@ -25,7 +25,7 @@ from energon.balance.cost import (
     cost_name,
     dataset_name,
 )
-from energon.media.metadata import deserialize_media_metadata
+from energon.format.media_metadata import deserialize_media_metadata
 from energon.source.meta import SampleMeta, WebdatasetMeta, has_table, meta_reader
 
 CACHED_SHARDS = 64

@@ -8,7 +8,7 @@ import enum
 from typing import Any, Literal
 
 from energon.av import AVData, AVDecoder, AVProbeIndex, get_clips_uniform, get_single_frames_uniform
-from energon.media.metadata import AVMetadata
+from energon.format.media_metadata import AVMetadata
 from energon.samples.edataclass import edataclass
 
 __path__: list[str] = []  # a package for the alias: av.* map here (av.av_reader: compat.av_reader)

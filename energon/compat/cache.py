@@ -30,7 +30,7 @@ from energon.compat.media import MediaMetadataBase
 from energon.compat.webdataset.itar_reader import SqliteITarEntryReader
 from energon.compat.webdataset.thread_local_sqlite import ThreadLocalSqlite
 from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
-from energon.media.metadata import deserialize_media_metadata
+from energon.format.media_metadata import deserialize_media_metadata
 from energon.samples import SourceInfo, add_source_info
 from energon.samples.edataclass import edataclass
 from energon.source.file_store import (

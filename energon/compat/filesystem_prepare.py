@@ -16,8 +16,8 @@ from energon.compat.webdataset.prepare import (
 )
 from energon.compat.webdataset.structs import ShardInfo
 from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
+from energon.format.media_metadata import serialize_media_metadata
 from energon.media.extract import MediaFilterConfig
-from energon.media.metadata import serialize_media_metadata
 from energon.media.prepare import prepare_folder_media
 
 __all__ = [

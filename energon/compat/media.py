@@ -9,14 +9,14 @@ from typing import Any
 
 from energon.av import AVDecoder
 from energon.compat.epathlib import EPath
-from energon.media.extract import MediaFilterConfig, MediaFilterStrategy
-from energon.media.metadata import (
+from energon.format.media_metadata import (
     AVMetadata,
     ImageMetadata,
     MediaMetadataType,
     deserialize_media_metadata,
     serialize_media_metadata,
 )
+from energon.media.extract import MediaFilterConfig, MediaFilterStrategy
 from energon.samples.edataclass import edataclass
 
 __path__: list[str] = []  # a package for the alias: media.metadata / media.extractor map here

@@ -35,6 +35,7 @@ CHECKSUMS_FOLDER_NAME = "checksums"  # optional: <shard>.crc32 per shard (prepar
 CHECKSUMS_SUFFIX = ".crc32"
 PREPARE_LOCK_FILENAME = ".prepare.lock"  # held by a running prepare (flock)
 
+
 def nv_meta_dir(root: PathLike) -> Path:
     """The ``.nv-meta`` folder of a dataset root."""
     return Path(root) / MAIN_FOLDER_NAME

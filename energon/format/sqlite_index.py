@@ -27,7 +27,6 @@ from energon.format.layout import (
     atomic_write_text,
     nv_meta_dir,
 )
-from energon.media.store import record_media_filter, replace_media_rows
 
 SAMPLE_SCHEMA = (
     """CREATE TABLE samples (
@@ -73,6 +72,29 @@ INDEXES = (
 
 _MEDIA_TABLES = ("media_metadata", "media_filters")
 CACHE_KIB = 65536  # sqlite's page cache while writing: a constant, whatever the dataset's size
+
+
+#: ``(entry_key, metadata_type, metadata_json)``
+MediaRow = tuple[str, str, str]
+
+
+def replace_media_rows(db: sqlite3.Connection, rows: Iterable[MediaRow]) -> int:
+    """Insert or overwrite rows; returns how many were written."""
+    rows = list(rows)
+    db.executemany(
+        "INSERT OR REPLACE INTO media_metadata (entry_key, metadata_type, metadata_json) "
+        "VALUES (?, ?, ?)",
+        rows,
+    )
+    return len(rows)
+
+
+def record_media_filter(db: sqlite3.Connection, strategy: str, patterns: str) -> None:
+    """Remember how the metadata was selected (one row per distinct filter)."""
+    db.execute(
+        "INSERT OR IGNORE INTO media_filters (strategy, patterns) VALUES (?, ?)",
+        (strategy, patterns),
+    )
 
 
 class SqliteIndexWriter:

@@ -1,8 +1,7 @@
 """Media metadata: image sizes and audio/video durations, rates and sizes stored at preparation
 time in ``index.sqlite``, so cookers and task encoders can plan clips without decoding."""
 
-from energon.media.extract import MediaFilterConfig, MediaFilterStrategy, extract_media_metadata
-from energon.media.metadata import (
+from energon.format.media_metadata import (
     AVMetadata,
     ImageMetadata,
     MediaMetadata,
@@ -10,6 +9,7 @@ from energon.media.metadata import (
     deserialize_media_metadata,
     serialize_media_metadata,
 )
+from energon.media.extract import MediaFilterConfig, MediaFilterStrategy, extract_media_metadata
 from energon.media.store import MediaMetadataReader, get_media_metadata
 
 __all__ = [

@@ -17,7 +17,7 @@ import os
 from enum import Enum
 from typing import BinaryIO
 
-from energon.media.metadata import (
+from energon.format.media_metadata import (
     AVMetadata,
     ImageMetadata,
     MediaMetadata,

@@ -28,12 +28,12 @@ from energon.format.layout import (
     remove_quietly,
     temp_name_for,
 )
+from energon.format.media_metadata import serialize_media_metadata
 from energon.format.processes import process_context
 from energon.format.split_shards import refresh_shard_table
 from energon.format.sqlite_index import MEDIA_SCHEMA, sample_tables_path, write_index_uuid
 from energon.format.tar import scan_tar
 from energon.media.extract import MediaFilterConfig, extract_media_metadata
-from energon.media.metadata import serialize_media_metadata
 from energon.media.store import MediaRow, record_media_filter, replace_media_rows
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Reading and writing the ``media_metadata`` / ``media_filters`` tables of ``index.sqlite``.
+"""Reading the ``media_metadata`` / ``media_filters`` tables of ``index.sqlite`` (they are written
+by :mod:`energon.format.sqlite_index`, whose writers are re-exported here).
 
 Readers open the database read-only (``?mode=ro``) with one connection per thread (sqlite
 connections must not cross threads) and never pickle it: a reader sent to a worker process
@@ -12,13 +13,13 @@ import functools
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from energon.format.layout import INDEX_SQLITE_FILENAME, PathLike, nv_meta_dir
+from energon.format.media_metadata import MediaMetadata, deserialize_media_metadata
+from energon.format.sqlite_index import MediaRow, record_media_filter, replace_media_rows
 from energon.format.tar import split_member_name
-from energon.media.metadata import MediaMetadata, deserialize_media_metadata
 
 __all__ = [
     "MediaMetadataReader",
@@ -28,33 +29,11 @@ __all__ = [
     "replace_media_rows",
 ]
 
-#: ``(entry_key, metadata_type, metadata_json)``
-MediaRow = tuple[str, str, str]
-
 _HOW_TO_PREPARE = (
     "run `energon prepare --media-metadata-by-extension` (or --media-metadata-by-glob / "
     "--media-metadata-by-header) on a WebDataset, or `energon prepare-media "
     "--media-metadata-by-extension PATH` on a prepared dataset or a plain media folder"
 )
-
-
-def replace_media_rows(db: sqlite3.Connection, rows: Iterable[MediaRow]) -> int:
-    """Insert or overwrite rows; returns how many were written."""
-    rows = list(rows)
-    db.executemany(
-        "INSERT OR REPLACE INTO media_metadata (entry_key, metadata_type, metadata_json) "
-        "VALUES (?, ?, ?)",
-        rows,
-    )
-    return len(rows)
-
-
-def record_media_filter(db: sqlite3.Connection, strategy: str, patterns: str) -> None:
-    """Remember how the metadata was selected (one row per distinct filter)."""
-    db.execute(
-        "INSERT OR IGNORE INTO media_filters (strategy, patterns) VALUES (?, ?)",
-        (strategy, patterns),
-    )
 
 
 class MediaMetadataReader:

@@ -258,7 +258,7 @@ def _image_size_histograms(spec: Any, drawn: list[list[int]], grid: ImageSizes) 
 
 def _media_image_sizes(spec: Any, drawn: list[list[int]]) -> ImageSizes:
     """(width, height) per image part from prepare's media metadata (images; video frames)."""
-    from energon.media.metadata import AVMetadata, ImageMetadata
+    from energon.format.media_metadata import AVMetadata, ImageMetadata
 
     found: ImageSizes = {}
     for source, indices in zip(spec.sources, drawn):

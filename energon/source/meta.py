@@ -212,7 +212,7 @@ class WebdatasetMeta(MetaReader):
         """``{"<key>.<part>": metadata}`` of one shard (empty without media metadata)."""
         if not has_table(db, "media_metadata"):
             return {}
-        from energon.media.metadata import deserialize_media_metadata
+        from energon.format.media_metadata import deserialize_media_metadata
 
         rows = db.execute(
             "SELECT m.entry_key, m.metadata_type, m.metadata_json FROM samples s "
@@ -227,7 +227,7 @@ class WebdatasetMeta(MetaReader):
         db = self._connection()
         if key is None or not has_table(db, "media_metadata"):
             return {}
-        from energon.media.metadata import deserialize_media_metadata
+        from energon.format.media_metadata import deserialize_media_metadata
 
         found = {}
         for part in self.part_sizes(index):

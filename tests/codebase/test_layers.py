@@ -29,9 +29,7 @@ _BEING_UNTIED = {
     ("energon.format.prepare", "energon.media.extract"),
     ("energon.format.prepare_scan", "energon.media.extract"),
     ("energon.format.prepare_scan", "energon.media.prepare"),
-    ("energon.format.sqlite_index", "energon.media.store"),
-    ("energon.media.extract", "energon.av"),
-    ("energon.media.extract", "energon.decode.sniff"),
+    ("energon.format.prepare", "energon.media.prepare"),
 }
 
 

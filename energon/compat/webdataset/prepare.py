@@ -40,10 +40,10 @@ from energon.format.layout import (
     MAIN_FOLDER_NAME,
     SPLIT_YAML_FILENAME,
 )
+from energon.format.media_metadata import serialize_media_metadata
 from energon.format.prepare import prepare_dataset as prepare_webdataset
 from energon.format.tar import iter_tar_members, split_member_name
 from energon.media.extract import MediaFilterConfig
-from energon.media.metadata import serialize_media_metadata
 from energon.samples.edataclass import edataclass
 
 __all__ = [
