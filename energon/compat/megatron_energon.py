@@ -50,7 +50,7 @@ def __getattr__(name: str) -> Any:
         return getattr(energon, name)
     except AttributeError:
         pass
-    from energon.megatron_alias import reference_submodule
+    from energon.compat.alias import reference_submodule
 
     try:
         return reference_submodule(sys.modules[__name__], name)

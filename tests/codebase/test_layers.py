@@ -21,17 +21,6 @@ from tests.helpers.paths import REPO_ROOT
 
 CONTRACTS = REPO_ROOT / "docs" / "internals-contracts.md"
 
-# Imports that still run up while the knot is being untied (issue 34): each entry is removed
-# when its import is; the test fails on a stale entry, so the list can only shrink.
-_BEING_UNTIED = {
-    ("energon.compat.megatron_energon", "energon.megatron_alias"),
-    ("energon.format.join_index", "energon.metadataset.config"),
-    ("energon.format.prepare", "energon.media.extract"),
-    ("energon.format.prepare_scan", "energon.media.extract"),
-    ("energon.format.prepare_scan", "energon.media.prepare"),
-    ("energon.format.prepare", "energon.media.prepare"),
-}
-
 
 def read_layers(text: str) -> list[list[str]]:
     """The units of each layer, bottom first: the numbered items of the "Layers" section, each
@@ -77,16 +66,12 @@ def test_no_module_imports_from_a_higher_layer(graph):
     text = CONTRACTS.read_text()
     upward = upward_imports(graph, read_layers(text))
     allowed = read_allowed(text)
-    assert sorted(upward - allowed - _BEING_UNTIED) == []
-    assert sorted((allowed | _BEING_UNTIED) - upward) == []  # stale entries go
+    assert sorted(upward - allowed) == []
+    assert sorted(allowed - upward) == []  # stale entries go
 
 
 def test_no_cycle_between_units(graph):
-    untied = {
-        module: targets - {t for m, t in _BEING_UNTIED if m == module}
-        for module, targets in graph.items()
-    }
-    assert import_cycles(unit_graph(untied)) == []
+    assert import_cycles(unit_graph(graph)) == []
 
 
 def test_upward_imports_are_found_inside_functions(tmp_path):
