@@ -40,7 +40,7 @@ _EXPORTS = {
     "WatchdogTimeout": "energon.errors",
     "log_exception": "energon.errors",
     "reraise_exception": "energon.errors",
-    "prepare_metadataset": "energon.format.join_index",
+    "prepare_metadataset": "energon.prepare.join_indices",
     "exclude_samples": "energon.cursor.exclude",
     "migrate_states": "energon.cursor.migrate",
     "skip_steps": "energon.cursor.skip",
@@ -173,6 +173,10 @@ _MOVED = {
     "energon.balance.executor": "energon.pipeline.balanced_executor",
     "energon.ledger.journal": "energon.loader.journal",
     "energon.media.metadata": "energon.format.media_metadata",
+    "energon.format.prepare": "energon.prepare.dataset",
+    "energon.format.prepare_scan": "energon.prepare.scan",
+    "energon.format.prepare_work": "energon.prepare.work",
+    "energon.media.prepare": "energon.prepare.media",
 }
 
 

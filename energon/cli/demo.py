@@ -65,7 +65,7 @@ def command(
 
     from energon import WorkerConfig, get_loader, get_train_dataset
     from energon.demo import write_captioning_shards
-    from energon.format.prepare import prepare_dataset
+    from energon.prepare.dataset import prepare_dataset
 
     if shards > samples:
         raise click.BadParameter(

@@ -113,8 +113,8 @@ def command(
 ) -> None:
     """Generate, prepare (with media metadata) and load a small video-QA dataset."""
     from energon import WorkerConfig, get_loader, get_val_dataset
-    from energon.format.prepare import prepare_dataset
     from energon.media import MediaFilterConfig, get_media_metadata
+    from energon.prepare.dataset import prepare_dataset
 
     if shards > clips:
         raise click.BadParameter(

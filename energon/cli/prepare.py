@@ -40,10 +40,10 @@ from energon.format.layout import (
     SPLIT_YAML_FILENAME,
     nv_meta_dir,
 )
-from energon.format.prepare import PrepareResult, discover_shards, prepare_dataset
 from energon.format.split_shards import write_shard_table_for
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.format.tar_index import TarIndex, tar_index_path
+from energon.prepare.dataset import PrepareResult, discover_shards, prepare_dataset
 
 MAX_PART_TYPES_FOR_FIELD_MAP = 10
 CRUDE_CHOICE_LABEL = "Crude sample (plain dict for cooking)"
@@ -353,7 +353,7 @@ def _prepare_file(path: Path | str, progress: bool) -> None:
         count = prepare_jsonl(path)
         click.echo(f"Done. Found {count} samples.")
         return
-    from energon.format.join_index import prepare_metadataset
+    from energon.prepare.join_indices import prepare_metadataset
 
     for line in prepare_metadataset(path, progress=progress):
         click.echo(line)

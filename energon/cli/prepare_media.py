@@ -66,7 +66,7 @@ def command(
     tmp_path: Path | None,
 ) -> None:
     """Compute media metadata for the dataset or media folder at PATH."""
-    from energon.media.prepare import prepare_folder_media, prepare_webdataset_media
+    from energon.prepare.media import prepare_folder_media, prepare_webdataset_media
 
     media_filter = parse_media_filter(
         media_metadata_by_glob, media_metadata_by_header, media_metadata_by_extension

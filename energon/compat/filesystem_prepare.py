@@ -18,7 +18,7 @@ from energon.compat.webdataset.structs import ShardInfo
 from energon.format.layout import INDEX_SQLITE_FILENAME, MAIN_FOLDER_NAME
 from energon.format.media_metadata import serialize_media_metadata
 from energon.media.extract import MediaFilterConfig
-from energon.media.prepare import prepare_folder_media
+from energon.prepare.media import prepare_folder_media
 
 __all__ = [
     "INDEX_BATCH_SIZE",

@@ -26,9 +26,9 @@ from energon.compat.webdataset.metadata import (
     get_dataset_type,
 )
 from energon.compat.webdataset.structs import DatasetSubset
-from energon.format.join_index import prepare_metadataset
 from energon.metadataset.resolve import TraversedDatasetReference, resolve_dataset
 from energon.metadataset.resolve import traverse_metadataset as core_traverse
+from energon.prepare.join_indices import prepare_metadataset
 from energon.samples.edataclass import edataclass
 from energon.source.file_store import FileStore
 from energon.task_encoder.composition import DatasetBlendMode

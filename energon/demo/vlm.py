@@ -40,8 +40,8 @@ def write_vlm_shards(
 ) -> str:
     """Write (and by default prepare, with media metadata) the synthetic VLM dataset."""
     from energon.format.layout import DATASET_YAML_FILENAME, nv_meta_dir
-    from energon.format.prepare import prepare_dataset
     from energon.media.extract import MediaFilterConfig, MediaFilterStrategy
+    from energon.prepare.dataset import prepare_dataset
 
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(math.log(text_median_chars), text_sigma, num_samples), 8, 60000)

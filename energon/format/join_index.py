@@ -1,5 +1,6 @@
-"""Join indices: which sample of each member dataset makes up each row of a ``join``, and
-``prepare_metadataset``, which builds them.
+"""Join indices: which sample of each member dataset makes up each row of a ``join`` (their
+file layout, name and builder; ``energon prepare mix.yaml`` runs the builder for every join:
+:func:`energon.prepare.join_indices.prepare_metadataset`).
 
 ``energon prepare mix.yaml`` writes, for every ``join`` of every split, the file
 ``<mix>.yaml.cache/join_index_<sha256>.bin`` in the reference's ``JIDX0001`` layout: 8 magic bytes,
@@ -23,24 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from energon.errors import DatasetNotPreparedError
+from energon.errors import DatasetNotPreparedError, MetadatasetError
 from energon.format.info import read_info
 from energon.format.layout import (
-    DATASET_YAML_FILENAME,
     INDEX_UUID_FILENAME,
-    SPLIT_YAML_FILENAME,
     nv_meta_dir,
 )
 from energon.format.parquet import (
     ROWS,
-    is_prepared_parquet,
     key_column_of,
     read_parquet_index,
     row_keys,
 )
-from energon.format.split import read_split
 from energon.format.sqlite_index import read_index_uuid, sample_tables_path
-from energon.metadataset.config import Blend, Join, JoinMember, MetadatasetError, load_metadataset
 
 MAGIC = b"JIDX0001"
 HEADER_SIZE = len(MAGIC) + 8  # magic, then the int64 column count
@@ -60,38 +56,6 @@ class JoinMemberSplit:
     split_config: str
     name: str | None
     kind: str = "webdataset"  # or "parquet" (a prepared Parquet/Arrow dataset)
-
-
-def resolve_join_member(member: JoinMember, base_dir: str, split_part: str) -> JoinMemberSplit:
-    """The member's dataset (relative to ``base_dir``) and split (its own, else ``split_part``)."""
-    root = (
-        member.path
-        if os.path.isabs(member.path)
-        else os.path.normpath(os.path.join(base_dir, member.path))
-    )
-    if not nv_meta_dir(root).is_dir():
-        raise DatasetNotPreparedError(
-            f"join member {root} is not a prepared dataset (run `energon prepare {root}`)"
-        )
-    split = read_split(root, member.split_config or SPLIT_YAML_FILENAME)
-    part = member.split_part or split_part
-    if part not in split.split_parts:
-        raise MetadatasetError(
-            f"join member {root}: no split {part!r}; splits: {sorted(split.split_parts)}"
-        )
-    shards = list(split.split_parts[part])
-    return JoinMemberSplit(
-        root=root,
-        split_part=part,
-        shards=shards,
-        excluded_shards=set(split.exclude) & set(shards),
-        excluded_keys={pair for pair in split.sample_excludes() if pair[0] in shards},
-        nonmatch=member.nonmatch,
-        dataset_config=member.dataset_config or DATASET_YAML_FILENAME,
-        split_config=member.split_config or SPLIT_YAML_FILENAME,
-        name=member.name,
-        kind="parquet" if is_prepared_parquet(root) else "webdataset",
-    )
 
 
 def join_index_name(members: list[JoinMemberSplit]) -> str:
@@ -248,42 +212,3 @@ def _tar_member_samples(m: JoinMemberSplit) -> dict[str, Any]:
         "offset": np.array([r[3] for r in rows], dtype=np.int64),
         "size": np.array([r[4] for r in rows], dtype=np.int64),
     }
-
-
-def _joins_of(node: Any) -> list[Join]:
-    if isinstance(node, Join):
-        return [node]
-    if isinstance(node, Blend):
-        return [j for entry in node.entries for j in _joins_of(entry)]
-    return []
-
-
-def prepare_metadataset(path: str | os.PathLike, *, progress: bool = True) -> list[str]:
-    """Build every join index of every split of the metadataset; remove stale ones. Returns a report."""
-    path = os.path.abspath(os.fspath(path))
-    mds = load_metadataset(path)
-    folder = cache_dir(path)
-    produced: set[str] = set()
-    report: list[str] = []
-    for split_part, node in mds.splits.items():
-        for join in _joins_of(node):
-            members = [
-                resolve_join_member(m, mds.directory, join.split_part or split_part)
-                for m in join.members
-            ]
-            name = join_index_name(members)
-            produced.add(name)
-            target = os.path.join(folder, name)
-            if os.path.exists(target):
-                report.append(f"{split_part}: join index up to date ({name})")
-                continue
-            rows, total = build_join_index(members, target)
-            message = (
-                f"Joined all {rows} samples" if rows == total else f"Joined {rows}/{total} samples"
-            )
-            report.append(f"{split_part}: {message} ({name})")
-    if os.path.isdir(folder):
-        for stale in sorted(set(os.listdir(folder)) - produced):
-            os.remove(os.path.join(folder, stale))
-            report.append(f"Cleanup cache file {stale}")
-    return report

@@ -549,7 +549,7 @@ def prepare_parquet(
     all found and named before anything is written (:class:`ParquetFormatError`).
     """
     from energon.format.layout import nv_meta_dir, prepare_lock
-    from energon.format.prepare import split_by_patterns, split_by_ratio
+    from energon.format.split import split_by_patterns, split_by_ratio
 
     root = epath.normalize(root)
     names = list(files) if files is not None else discover_table_files(root, exclude)

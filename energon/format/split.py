@@ -8,10 +8,12 @@ order of the list, because that order is the order in which a split's shards are
 from __future__ import annotations
 
 import json
+import random
 import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import yaml
 from braceexpand import braceexpand
@@ -256,3 +258,48 @@ def write_split(
     meta.mkdir(parents=True, exist_ok=True)
     text = split_config_text(split_parts, exclude, as_json=split_config.endswith(".json"))
     atomic_write_text(meta / split_config, text, mode_like=mode_like)
+
+
+def split_by_ratio(
+    shards: Sequence[str],
+    ratios: Sequence[tuple[str, float]],
+    shuffle_seed: int | None = None,
+) -> dict[str, list[str]]:
+    """Assign whole shards to splits by ratio (cumulative boundaries, rounded down).
+
+    Boundaries are computed with exact fractions of the decimal ratios, so ``7,2,1`` over 10 shards
+    gives 7/2/1 shards (floating cumulative sums would round 0.7+0.2 down and lose a shard).
+    ``shuffle_seed`` shuffles the shard list first with ``random.Random(seed)`` (reference-compatible).
+    """
+    if not ratios or any(r < 0 for _, r in ratios) or sum(r for _, r in ratios) <= 0:
+        raise ValueError(f"invalid split ratios {list(ratios)}: need non-negative values, sum > 0")
+    order = list(shards)
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(order)
+    exact = [Fraction(repr(float(r))) for _, r in ratios]
+    total = sum(exact)
+    result: dict[str, list[str]] = {}
+    start = 0
+    cumulative = Fraction(0)
+    for (name, _), ratio in zip(ratios, exact):
+        cumulative += ratio
+        end = int(len(order) * cumulative / total)
+        result[name] = order[start:end]
+        start = end
+    return result
+
+
+def split_by_patterns(
+    shards: Sequence[str], patterns: Sequence[tuple[str, str]]
+) -> dict[str, list[str]]:
+    """Assign shards to splits by regular expression (``re.match`` on the relative path).
+
+    Each pattern may contain braces and is expanded into several regexes. A shard can land in
+    several splits, or in none.
+    """
+    result: dict[str, list[str]] = {}
+    for name, pattern in patterns:
+        regexes = [re.compile(p) for p in expand_braces(pattern)]
+        matched = [s for s in shards if any(r.match(s) for r in regexes)]
+        result.setdefault(name, []).extend(s for s in matched if s not in result[name])
+    return result

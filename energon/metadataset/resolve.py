@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from energon import epath
-from energon.format.join_index import cache_dir, join_index_name, resolve_join_member
+from energon.format.join_index import cache_dir, join_index_name
 from energon.format.typeref import resolve_class
 from energon.megatron.gpt_dataset import GPTConfig
 from energon.metadataset.config import (
@@ -33,6 +33,7 @@ from energon.metadataset.config import (
     parse_metadataset,
     parse_token_config,
 )
+from energon.metadataset.join_members import resolve_join_member
 from energon.pipeline.blend_by import BlendBy
 from energon.plan.schedules import Mixture, WeightSchedule
 from energon.plan.sources import BlendLevel, Source

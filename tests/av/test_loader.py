@@ -22,7 +22,7 @@ from energon import (  # noqa: E402
 from energon.av import AVData, AVDecoder, get_single_frames_uniform  # noqa: E402
 from energon.decode import SampleDecoder  # noqa: E402
 from energon.demo.av import encode_audio, encode_video, frame_number, write_tar_shards  # noqa: E402
-from energon.format.prepare import prepare_dataset  # noqa: E402
+from energon.prepare.dataset import prepare_dataset  # noqa: E402
 from energon.samples import (  # noqa: E402
     InterleavedSample,
     SimilarityInterleavedSample,

@@ -14,7 +14,6 @@ av = pytest.importorskip("av")
 
 from energon.cli.main import cli  # noqa: E402
 from energon.demo.av import encode_audio, encode_video, write_tar_shards  # noqa: E402
-from energon.format.prepare import prepare_dataset  # noqa: E402
 from energon.media import (  # noqa: E402
     AVMetadata,
     ImageMetadata,
@@ -25,6 +24,7 @@ from energon.media import (  # noqa: E402
     get_media_metadata,
     serialize_media_metadata,
 )
+from energon.prepare.dataset import prepare_dataset  # noqa: E402
 
 
 def image(size=(32, 16), fmt="JPEG") -> bytes:

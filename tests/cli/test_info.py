@@ -11,7 +11,7 @@ from energon.format.dataset_yaml import (
     field_map_dataset_yaml,
     write_dataset_yaml,
 )
-from energon.format.prepare import prepare_dataset
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers.tarfiles import make_captioning_shards
 
 

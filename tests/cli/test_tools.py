@@ -20,7 +20,7 @@ from energon import (
 )
 from energon.cli.checkpoint import output_names
 from energon.cli.main import cli
-from energon.format.prepare import prepare_dataset
+from energon.prepare.dataset import prepare_dataset
 from energon.state import state_file_format
 from tests.helpers.datasets import CAPTIONING_YAML
 

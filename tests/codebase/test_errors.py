@@ -98,7 +98,7 @@ def test_docstring_draws_the_whole_tree():
         ("energon.remote.RemoteNotFoundError", FileNotFoundError),
         ("energon.format.tar.TarFormatError", ValueError),
         ("energon.format.split.UnknownSplitError", KeyError),
-        ("energon.format.prepare.ShardReadError", OSError),
+        ("energon.prepare.dataset.ShardReadError", OSError),
         ("energon.source.webdataset.SampleReadError", ValueError),
         ("energon.av.AVDecodeError", ValueError),
         ("energon.deadline.DecodeTimeoutError", ValueError),

@@ -12,7 +12,7 @@ import numpy as np
 import yaml
 
 from energon.format.jsonl import prepare_jsonl
-from energon.format.prepare import prepare_dataset
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers.tarfiles import png_bytes, write_tar
 
 

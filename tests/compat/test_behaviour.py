@@ -463,7 +463,7 @@ print(json.dumps(sorted([s.__key__, s.text] for s in get_loader(ds))))
 def pickled_dataset(tmp_path_factory):
     import pickle
 
-    from energon.format.prepare import prepare_dataset
+    from energon.prepare.dataset import prepare_dataset
     from tests.helpers.tarfiles import write_tar
 
     root = tmp_path_factory.mktemp("pickled")

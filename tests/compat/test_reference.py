@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 from energon.format.info import read_info
-from energon.format.prepare import prepare_dataset
 from energon.format.split import read_split
 from energon.format.tar import split_member_name, split_sample_bytes
 from energon.format.tar_index import TarIndex, tar_index_path
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.tarfiles import png_bytes, write_tar
 

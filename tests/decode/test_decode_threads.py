@@ -22,7 +22,7 @@ from energon import (
     get_val_dataset,
 )
 from energon.decode.threads import default_decode_threads, run_on_threads
-from energon.format.prepare import prepare_dataset
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers.datasets import CAPTIONING_YAML
 from tests.helpers.tarfiles import write_tar
 

@@ -19,7 +19,6 @@ from energon.format.dataset_yaml import (
     write_sample_loader_template,
 )
 from energon.format.info import DatasetInfoError, read_dataset_info, read_info, write_info
-from energon.format.prepare import prepare_dataset
 from energon.format.split import (
     SplitConfigError,
     UnknownSplitError,
@@ -31,6 +30,7 @@ from energon.format.split import (
 )
 from energon.format.sqlite_index import INDEXES, read_index_uuid
 from energon.format.tar_index import TarIndex, TarIndexError, tar_index_path, write_tar_index
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers.tarfiles import make_captioning_shards
 
 # ---- .tar.idx ------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from energon.demo import write_captioning_shards, write_text_shards
-from energon.format.prepare import prepare_dataset
 from energon.megatron.indexed import TokenFileWriter
+from energon.prepare.dataset import prepare_dataset
 
 TEXT_YAML = """sample_type:
   __module__: megatron.energon

@@ -17,7 +17,7 @@ from energon import (
     reraise_exception,
 )
 from energon.errors import DatasetNotPreparedError
-from energon.format.prepare import prepare_dataset
+from energon.prepare.dataset import prepare_dataset
 from energon.source.dataset_config import DatasetConfigError
 from tests.helpers.datasets import CAPTIONING_YAML
 

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from energon import WorkerConfig, get_loader, get_val_dataset
 from energon.cli.main import cli
 from energon.errors import DamagedSampleError, TruncatedShardError
-from energon.format.prepare import prepare_dataset
 from energon.format.tar_index import TarIndex, tar_index_path
+from energon.prepare.dataset import prepare_dataset
 from energon.source.shard_reader import reset_shard_reader
 from tests.helpers.datasets import make_text_dataset
 from tests.helpers.ref_venv import ref_python, run_script  # noqa: F401 - ref_python is a fixture

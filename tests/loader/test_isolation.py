@@ -19,7 +19,7 @@ from energon import (
     get_train_dataset,
     get_val_dataset,
 )
-from energon.format.prepare import prepare_dataset
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers.ref_venv import OUR_PYTHON, ref_python, run_script  # noqa: F401
 
 

@@ -8,8 +8,8 @@ import pickle
 from multiprocessing.reduction import ForkingPickler
 
 from energon import TextSample, WorkerConfig, get_loader, get_train_dataset
-from energon.format.prepare import prepare_dataset
 from energon.loader.transit import pack_strings
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers.datasets import TEXT_YAML
 from tests.helpers.tarfiles import write_tar
 

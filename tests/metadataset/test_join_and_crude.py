@@ -129,8 +129,9 @@ def test_joined_samples_restore_from_shuffle_buffers(join_root):
 
 
 def test_split_is_part_of_the_join_index_name(join_root):
-    from energon.format.join_index import join_index_name, resolve_join_member
+    from energon.format.join_index import join_index_name
     from energon.metadataset.config import JoinMember
+    from energon.metadataset.join_members import resolve_join_member
 
     a_train = resolve_join_member(JoinMember(path="a"), str(join_root), "train")
     (join_root / "a" / ".nv-meta" / "split2.yaml").write_text(

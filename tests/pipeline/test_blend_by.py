@@ -19,9 +19,9 @@ from energon import (
 )
 from energon.demo import write_text_shards
 from energon.errors import MetadatasetError
-from energon.format.prepare import prepare_dataset
 from energon.loader.blend_report import simulate_blend
 from energon.preflight.simulate import SimulationSettings, simulate
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers.datasets import TEXT_YAML
 
 L = 4

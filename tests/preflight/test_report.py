@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from energon.cli.main import main
 from energon.demo import write_captioning_shards
 from energon.demo.av import encode_audio, encode_video, pick_codec, write_tar_shards
-from energon.format.prepare import prepare_dataset
 from energon.media.extract import MediaFilterConfig
 from energon.plan.rng import CounterRng
 from energon.preflight import report
 from energon.preflight.simulate import SimulationSettings, build
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers import browser
 from tests.helpers.datasets import CAPTIONING_YAML
 

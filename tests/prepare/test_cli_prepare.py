@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from energon.cli.main import cli
 from energon.cli.prepare import available_sample_types, parse_split_ratio
 from energon.format.info import read_info
-from energon.format.prepare import prepare_dataset
 from energon.format.split import read_split
+from energon.prepare.dataset import prepare_dataset
 from tests.helpers.tarfiles import make_captioning_shards
 
 

@@ -19,7 +19,7 @@ import pytest
 from energon import WorkerConfig, get_loader, get_val_dataset
 from energon.errors import DuplicateSampleKeyError, PrepareError, TarFormatError
 from energon.format.info import has_info
-from energon.format.prepare import prepare_dataset
+from energon.prepare.dataset import prepare_dataset
 from energon.source.shard_reader import reset_shard_reader
 from tests.helpers.datasets import make_text_dataset
 from tests.helpers.paths import REPO_ROOT
@@ -270,7 +270,7 @@ def test_prepare_and_prepare_media_share_the_lock(shards_only, tmp_path):
 
     from energon.format.layout import prepare_lock
     from energon.media.extract import MediaFilterConfig
-    from energon.media.prepare import prepare_webdataset_media
+    from energon.prepare.media import prepare_webdataset_media
 
     root = Path(shutil.copytree(shards_only, tmp_path / "ds"))
     prepare_dataset(root, split_parts_ratio=[("train", 1.0)], progress=False)

@@ -9,7 +9,11 @@ import sqlite3
 import pytest
 
 from energon.format.info import read_dataset_info, read_info
-from energon.format.prepare import (
+from energon.format.split import read_split
+from energon.format.sqlite_index import DuplicateSampleKeyError, read_index_uuid
+from energon.format.tar import DuplicateKeyInShardError, TarFormatError
+from energon.format.tar_index import TarIndex
+from energon.prepare.dataset import (
     EmptyShardError,
     PrepareError,
     ShardReadError,
@@ -18,10 +22,6 @@ from energon.format.prepare import (
     split_by_patterns,
     split_by_ratio,
 )
-from energon.format.split import read_split
-from energon.format.sqlite_index import DuplicateSampleKeyError, read_index_uuid
-from energon.format.tar import DuplicateKeyInShardError, TarFormatError
-from energon.format.tar_index import TarIndex
 from tests.helpers.tarfiles import captioning_members, make_captioning_shards, write_tar
 
 

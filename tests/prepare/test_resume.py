@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from energon import WorkerConfig, get_loader, get_train_dataset
 from energon.cli.main import cli
 from energon.errors import SampleTablesMissingError
-from energon.format.prepare_work import WORK_FOLDER_NAME
+from energon.prepare.work import WORK_FOLDER_NAME
 from energon.source.meta import meta_reader
 from energon.source.webdataset import WebdatasetLeaf
 from tests.helpers.datasets import make_text_dataset

@@ -157,7 +157,7 @@ def test_interrupted_remote_prepare_keeps_the_old_metadata(raw_and_local, monkey
     before = {k: _get(f"{url}/{k}") for k in _keys_on_s3(url) if k.startswith(".nv-meta/")}
 
     # re-prepare with other splits; the upload dies at index.sqlite (after the tar indices)
-    from energon.format import prepare as prepare_module
+    from energon.prepare import dataset as prepare_module
 
     real_upload = prepare_module.epath.upload
 

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from energon import SampleDecoder, TextSample
-from energon.format.join_index import prepare_metadataset
 from energon.format.jsonl import prepare_jsonl
 from energon.format.parquet import prepare_parquet
 from energon.megatron.gpt_dataset import GPTConfig
 from energon.metadataset.resolve import resolve_dataset
+from energon.prepare.join_indices import prepare_metadataset
 from energon.source.join import JoinLeaf, JoinSpec
 from energon.source.jsonl import JsonlLeaf
 from energon.source.kinds import detect_kind, open_leaf

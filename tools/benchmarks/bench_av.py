@@ -33,7 +33,7 @@ from energon import DefaultTaskEncoder, WorkerConfig, get_loader, get_val_datase
 from energon.av import AVDecoder, get_clips_uniform, get_single_frames_uniform  # noqa: E402
 from energon.av._pyav import open_container  # noqa: E402
 from energon.demo.av import encode_audio, encode_video, pick_codec, write_tar_shards  # noqa: E402
-from energon.format.prepare import prepare_dataset  # noqa: E402
+from energon.prepare.dataset import prepare_dataset  # noqa: E402
 from energon.samples import CrudeSample, VidQASample  # noqa: E402
 
 SECTION = "Audio and video"

@@ -39,7 +39,7 @@ from bench_loader import (  # noqa: E402
 from bench_raw import warm_page_cache  # noqa: E402
 
 from energon.format.layout import CHECKSUMS_FOLDER_NAME, MAIN_FOLDER_NAME  # noqa: E402
-from energon.format.prepare import prepare_dataset  # noqa: E402
+from energon.prepare.dataset import prepare_dataset  # noqa: E402
 
 
 def prepare_both(workload: Workload) -> Workload:

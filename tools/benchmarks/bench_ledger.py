@@ -26,7 +26,7 @@ from bench_common import machine_summary, print_markdown_table  # noqa: E402
 
 def ensure_dataset(root: str, samples: int, shards: int) -> str:
     from energon.demo import write_text_shards
-    from energon.format.prepare import prepare_dataset
+    from energon.prepare.dataset import prepare_dataset
 
     path = os.path.abspath(os.path.join(root, f"ledger-text-{samples}"))
     marker = os.path.join(path, "ready.json")

@@ -124,7 +124,7 @@ def prepare_workload(workload: Workload, force: bool = False) -> float:
     (``force``: always; guards against metadata left by an older version of the prepare code).
     Returns seconds taken. Not by default because the benchmark data may be shared: re-preparing
     rewrites the index under other readers, and fails if something else was put in the folder."""
-    from energon.format.prepare import prepare_dataset
+    from energon.prepare.dataset import prepare_dataset
 
     index = os.path.join(workload.path, ".nv-meta", "index.sqlite")
     with Timer() as timer:

@@ -50,7 +50,7 @@ def make_data(root: str, workload: str, samples: int, row_group: int) -> tuple[s
 
     from energon.demo import write_captioning_shards, write_text_shards
     from energon.format.parquet import prepare_parquet
-    from energon.format.prepare import prepare_dataset
+    from energon.prepare.dataset import prepare_dataset
 
     base = os.path.join(root, f"{workload}-{samples}-{row_group}")
     tar_root, pq_root = os.path.join(base, "tar"), os.path.join(base, "parquet")

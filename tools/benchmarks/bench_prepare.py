@@ -36,7 +36,7 @@ from bench_common import (  # noqa: E402
     print_markdown_table,
 )
 
-from energon.format.prepare import prepare_dataset  # noqa: E402
+from energon.prepare.dataset import prepare_dataset  # noqa: E402
 
 # Flags that make both CLIs run without a question: one "train" split with every shard, no
 # dataset.yaml (asking for a sample type is interactive), overwrite without asking.

@@ -11,7 +11,7 @@ How the data is made: shards are written by a numpy template (one header layout,
 number and checksum patched in). Up to ``--max-real`` samples every shard is a real file; above
 it, the shards are hard links to the shards of the largest real set, and (because their members
 are then the same) the keys are made unique while scanning by prefixing each key with its
-shard's name (a patch of ``energon.format.prepare_scan._scan_local`` in the measured process,
+shard's name (a patch of ``energon.prepare.scan._scan_local`` in the measured process,
 inherited by its forked workers): the tar walk, the grouping, the sqlite writing and merging
 all run on real bytes and rows. ``--no-sample-tables`` needs no such patch (it does not compare
 keys across shards).
@@ -96,8 +96,8 @@ CHILD = textwrap.dedent(
     """
     import json, os, sys, time
     root, workers, tables, unique_keys = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-    from energon.format import prepare_scan
-    from energon.format.prepare import prepare_dataset
+    from energon.prepare import scan as prepare_scan
+    from energon.prepare.dataset import prepare_dataset
 
     if unique_keys:  # shards that are links to the same file: keys made unique by shard name
         real_scan = prepare_scan._scan_local

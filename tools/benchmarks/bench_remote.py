@@ -52,7 +52,7 @@ BATCH = 32
 
 def local_copy(workload: str, shards: int, root: str) -> str:
     """A prepared dataset of the first ``shards`` shards of the workload."""
-    from energon.format.prepare import prepare_dataset
+    from energon.prepare.dataset import prepare_dataset
 
     source = ensure_workload(workload, root)
     target = tempfile.mkdtemp(prefix=f"energon-remote-{workload}-")

@@ -34,9 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import ensure_workload, machine_summary, print_markdown_table  # noqa: E402
 
 from energon import Blender, WorkerConfig, get_loader, get_train_dataset  # noqa: E402
-from energon.format.prepare import prepare_dataset  # noqa: E402
 from energon.plan.mixing import WeightedSchedule  # noqa: E402
 from energon.plan.schedules import FlatWeights, WeightSchedule  # noqa: E402
+from energon.prepare.dataset import prepare_dataset  # noqa: E402
 
 TEXT_YAML = "sample_type:\n  __module__: megatron.energon\n  __class__: TextSample\nfield_map:\n  text: txt\n"
 BATCH = 32

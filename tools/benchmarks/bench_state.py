@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import ensure_workload, machine_summary, print_markdown_table  # noqa: E402
 
 from energon import WorkerConfig, get_savable_loader, get_train_dataset  # noqa: E402
-from energon.format.prepare import prepare_dataset  # noqa: E402
+from energon.prepare.dataset import prepare_dataset  # noqa: E402
 
 YAML = {
     "captioning": "sample_type:\n  __module__: megatron.energon\n  __class__: CaptioningSample\n"

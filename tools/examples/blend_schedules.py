@@ -43,7 +43,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from energon import WorkerConfig, get_savable_loader, get_train_dataset  # noqa: E402
-from energon.format.prepare import prepare_dataset  # noqa: E402
+from energon.prepare.dataset import prepare_dataset  # noqa: E402
 
 DOMAINS = ("repetitive", "digits", "letters")  # from easy to hard to predict
 TEXT_YAML = (

@@ -183,7 +183,7 @@ def generate_captioning(root: Path, num_samples: int = 96, seed: int = 0) -> str
     """JPEG+caption WebDataset shards (``energon.demo``) prepared with ``energon prepare``'s code."""
     from energon.cli.demo import DEMO_DATASET_YAML
     from energon.demo import write_captioning_shards
-    from energon.format.prepare import prepare_dataset
+    from energon.prepare.dataset import prepare_dataset
 
     meta = root / ".nv-meta" / "dataset.yaml"
     if not meta.exists():

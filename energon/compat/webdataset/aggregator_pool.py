@@ -1,7 +1,7 @@
 """``megatron.energon.flavors.webdataset.aggregator_pool``: worker processes produce items for
 submitted tasks; one aggregator consumes them (in the calling process) and returns a result. This is
 how the reference's preparation is organised; energon's preparation has its own pipeline
-(:mod:`energon.format.prepare`), and this class serves code that uses the pattern directly."""
+(:mod:`energon.prepare.dataset`), and this class serves code that uses the pattern directly."""
 
 from __future__ import annotations
 

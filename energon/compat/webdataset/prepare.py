@@ -2,7 +2,7 @@
 
 ``WebdatasetPreparator.prepare_dataset`` (also reachable as ``BaseWebdatasetFactory.prepare_dataset``,
 as in the reference's "Programmatic Data Preparation" example) runs energon's preparation
-(:func:`energon.format.prepare.prepare_dataset`), which writes exactly what ``energon prepare``
+(:func:`energon.prepare.dataset.prepare_dataset`), which writes exactly what ``energon prepare``
 writes: the ``.tar.idx`` files, ``.nv-meta/index.sqlite``, ``index.uuid``, the split config and
 ``.info.json`` (no ``dataset.yaml``: scripts copy or write their own, as with the reference).
 """
@@ -41,9 +41,9 @@ from energon.format.layout import (
     SPLIT_YAML_FILENAME,
 )
 from energon.format.media_metadata import serialize_media_metadata
-from energon.format.prepare import prepare_dataset as prepare_webdataset
 from energon.format.tar import iter_tar_members, split_member_name
 from energon.media.extract import MediaFilterConfig
+from energon.prepare.dataset import prepare_dataset as prepare_webdataset
 from energon.samples.edataclass import edataclass
 
 __all__ = [
@@ -234,7 +234,7 @@ class WebdatasetPreparator:
         index_sqlite_tmp_path: Path | None = None,
     ) -> int:
         """Add (or refresh) media metadata in a prepared dataset's index; returns the count."""
-        from energon.media.prepare import prepare_webdataset_media
+        from energon.prepare.media import prepare_webdataset_media
 
         return prepare_webdataset_media(
             os.fspath(parent_path), media_filter, num_workers=_workers(workers), progress=False

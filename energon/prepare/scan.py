@@ -7,7 +7,7 @@ A chunk's folder (``.nv-meta/.prepare-work/chunk-NNNNNN``) holds, for its shards
 ``--no-sample-tables``) and ``meta.json`` (sample counts, part names, the first samples, and the
 size and modification time of each shard it was made from). It is written under a temporary
 name and renamed when complete: a folder with the final name is a finished chunk, which a
-``prepare`` killed later does not have to scan again (:mod:`energon.format.prepare_work`).
+``prepare`` killed later does not have to scan again (:mod:`energon.prepare.work`).
 Nothing is held in memory beyond one shard's scan, so a worker's memory does not depend on the
 size of the dataset.
 """
@@ -30,7 +30,7 @@ from energon.format.sqlite_index import SqliteIndexWriter
 from energon.format.tar import TarScan, scan_tar
 from energon.format.tar_index import encode_offsets
 from energon.media.extract import MediaFilterConfig
-from energon.media.prepare import media_rows_for_samples
+from energon.prepare.media import media_rows_for_samples
 
 MAX_PART_NAMES = 50
 CHUNK_META = "meta.json"

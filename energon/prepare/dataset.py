@@ -1,8 +1,8 @@
 """``prepare``: scan a WebDataset's shards once and write its ``.nv-meta`` metadata.
 
 Shards are scanned in chunks of consecutive shards by parallel worker processes, each reading
-only tar headers (:mod:`energon.format.prepare_scan`); finished chunks wait in
-``.nv-meta/.prepare-work`` (:mod:`energon.format.prepare_work`), so a killed run is continued by
+only tar headers (:mod:`energon.prepare.scan`); finished chunks wait in
+``.nv-meta/.prepare-work`` (:mod:`energon.prepare.work`), so a killed run is continued by
 the next. Results are merged in the order of the shard list (which defines ``tar_file_id``), so
 the output does not depend on which worker finished first, nor on where a run was killed.
 
@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import re
 import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 
 from tqdm import tqdm
@@ -64,20 +62,25 @@ from energon.format.layout import (
     remove_quietly,
     temp_name_for,
 )
-from energon.format.prepare_scan import (
+from energon.format.processes import process_context
+from energon.format.split import (  # split_by_*: also importable from here, as before
+    expand_all,
+    split_by_patterns,
+    split_by_ratio,
+    write_split,
+)
+from energon.format.split_shards import write_shard_table
+from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid
+from energon.format.tar_index import tar_index_path
+from energon.media.extract import MediaFilterConfig
+from energon.prepare.scan import (
     CHUNK_ROWS,
     MAX_PART_NAMES,
     ChunkSummary,
     ChunkTask,
     run_chunk,
 )
-from energon.format.prepare_work import WorkFolder, publish_file
-from energon.format.processes import process_context
-from energon.format.split import expand_all, expand_braces, write_split
-from energon.format.split_shards import write_shard_table
-from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid
-from energon.format.tar_index import tar_index_path
-from energon.media.extract import MediaFilterConfig
+from energon.prepare.work import WorkFolder, publish_file
 
 SHARD_SUFFIXES = (".tar", ".tgz")
 DEFAULT_SPLIT_NAMES = ("train", "val", "test")
@@ -143,51 +146,6 @@ def _discover_remote_shards(root: str, exclude_re: re.Pattern | None) -> list[st
         if exclude_re is None or not exclude_re.search(rel):
             found.append(rel)
     return sorted(found)
-
-
-def split_by_ratio(
-    shards: Sequence[str],
-    ratios: Sequence[tuple[str, float]],
-    shuffle_seed: int | None = None,
-) -> dict[str, list[str]]:
-    """Assign whole shards to splits by ratio (cumulative boundaries, rounded down).
-
-    Boundaries are computed with exact fractions of the decimal ratios, so ``7,2,1`` over 10 shards
-    gives 7/2/1 shards (floating cumulative sums would round 0.7+0.2 down and lose a shard).
-    ``shuffle_seed`` shuffles the shard list first with ``random.Random(seed)`` (reference-compatible).
-    """
-    if not ratios or any(r < 0 for _, r in ratios) or sum(r for _, r in ratios) <= 0:
-        raise ValueError(f"invalid split ratios {list(ratios)}: need non-negative values, sum > 0")
-    order = list(shards)
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(order)
-    exact = [Fraction(repr(float(r))) for _, r in ratios]
-    total = sum(exact)
-    result: dict[str, list[str]] = {}
-    start = 0
-    cumulative = Fraction(0)
-    for (name, _), ratio in zip(ratios, exact):
-        cumulative += ratio
-        end = int(len(order) * cumulative / total)
-        result[name] = order[start:end]
-        start = end
-    return result
-
-
-def split_by_patterns(
-    shards: Sequence[str], patterns: Sequence[tuple[str, str]]
-) -> dict[str, list[str]]:
-    """Assign shards to splits by regular expression (``re.match`` on the relative path).
-
-    Each pattern may contain braces and is expanded into several regexes. A shard can land in
-    several splits, or in none.
-    """
-    result: dict[str, list[str]] = {}
-    for name, pattern in patterns:
-        regexes = [re.compile(p) for p in expand_braces(pattern)]
-        matched = [s for s in shards if any(r.match(s) for r in regexes)]
-        result.setdefault(name, []).extend(s for s in matched if s not in result[name])
-    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +231,7 @@ def prepare_dataset(
     ``sample_tables=False`` (``--no-sample-tables``): write only what training reads (no
     ``index.sqlite``; an old one is removed); tools that look samples up by key say so.
     A run that was killed or interrupted is continued by the next one with the same shards and
-    options (:mod:`energon.format.prepare_work`).
+    options (:mod:`energon.prepare.work`).
     ``before_info(result, staged_root)`` runs after everything else was written and before
     ``.info.json``: the CLI writes ``dataset.yaml`` there, so a killed run never leaves a dataset
     that looks prepared but lacks it (``staged_root`` holds the new metadata: ``root``, or the

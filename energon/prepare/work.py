@@ -2,7 +2,7 @@
 
 ``prepare`` cuts the shard list into chunks of consecutive shards (the same cut for the same
 shard list, whatever the number of workers) and scans them in worker processes
-(:mod:`energon.format.prepare_scan`); each finished chunk is a folder here. A run that was
+(:mod:`energon.prepare.scan`); each finished chunk is a folder here. A run that was
 killed (or failed) leaves its finished chunks behind, and the next ``prepare`` of the same
 shards with the same options (``plan.json`` records both; the shards' sizes and modification
 times are checked per chunk) scans only the chunks that are missing, then builds the same
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from energon.format.layout import nv_meta_dir, remove_quietly, temp_name_for
-from energon.format.prepare_scan import CHUNK_META, ChunkSummary, shard_stat
+from energon.prepare.scan import CHUNK_META, ChunkSummary, shard_stat
 
 WORK_FOLDER_NAME = ".prepare-work"
 PLAN_FILENAME = "plan.json"
