@@ -8,11 +8,16 @@ The ``energon`` command line maps the names back to its options (``from_step`` i
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import operator
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from energon.errors import ArgumentError, ArgumentTypeError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def integer(
@@ -84,3 +89,44 @@ def step_span(first: Any, until: Any, names: tuple[str, str]) -> range:
 def _described(value: Any) -> str:
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def known_keywords(*also: str) -> Callable[[F], F]:
+    """Decorator: a keyword the function does not name (nor lists in ``also``, the keywords its
+    ``**kwargs`` takes) is an :class:`ArgumentTypeError` that names the closest valid keyword, so
+    a typo such as ``shuffle_buffer=`` fails at the call, saying ``shuffle_buffer_size``. The
+    signature stays the function's own (``inspect.signature`` sees through the wrapper)."""
+
+    def decorate(function: F) -> F:
+        parameters = inspect.signature(function).parameters.values()
+        named = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        valid = frozenset(named) | frozenset(also)
+
+        @functools.wraps(function)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            unknown = [name for name in kwargs if name not in valid]
+            if unknown:
+                raise unknown_keywords(function.__name__, unknown, sorted(valid))
+            return function(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return decorate
+
+
+def unknown_keywords(
+    function: str, unknown: Sequence[str], valid: Sequence[str]
+) -> ArgumentTypeError:
+    """The error for keywords ``function`` does not take, each with its closest valid one (all
+    valid keywords when none is close)."""
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+        hints.append(
+            f"{name!r}: did you mean {close[0]!r}?"
+            if close
+            else f"{name!r}: none is close; the keywords are {', '.join(valid)}"
+        )
+    return ArgumentTypeError(
+        ", ".join(unknown), f"not a keyword of {function}() ({'; '.join(hints)})"
+    )

@@ -9,20 +9,48 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from energon import arguments, epath
+from energon.balance.config import Balance
 from energon.decode.threads import check_decode_threads, default_decode_threads
 from energon.errors import ArgumentError, ArgumentTypeError, DatasetNotFoundError, ErrorBudget
 from energon.loader.savable_dataset import SavableDataset
 from energon.metadataset.resolve import resolve_dataset
 from energon.pipeline.blend_by import BlendBy
 from energon.pipeline.spec import PipelineSpec, check_blend_streams
+from energon.source.meta import SampleMeta
 from energon.task_encoder import DefaultTaskEncoder, TaskEncoder
 from energon.task_encoder.composition import composition
 from energon.worker import WorkerConfig
 
+# The reference's deprecated keywords of its dataset factories: the only ones ``**kwargs`` takes.
 _DECODE_KWARGS = ("auto_decode", "image_decode", "av_decode", "video_decode_audio")
+_REFERENCE_KWARGS = (*_DECODE_KWARGS, "handler")
+
+BlendByArgument = str | Callable[[SampleMeta], float] | BlendBy | None
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetOptions:
+    """energon's keywords of :func:`get_train_dataset` and :func:`get_val_dataset` beyond the
+    reference's, carried as one value into :func:`_build` (each is documented there)."""
+
+    num_streams: int | None = None
+    parallel_shard_iters: int | None = None
+    subflavors: dict[str, Any] | None = None
+    dataset_config: str | None = None
+    split_config: str | None = None
+    token_config: Mapping[str, Any] | None = None
+    global_batch_size: int | None = None
+    blend_by: BlendByArgument = None
+    balance: Balance | None = None
+    error_budget: ErrorBudget | None = None
+    decode_threads: int | None = None
+    group_max_wait: int | None = None
+    sample_type: type | None = None
+    even_ranks: bool = True
 
 
 def _apply_decode_kwargs(task_encoder: TaskEncoder, kwargs: dict[str, Any]) -> None:
@@ -66,7 +94,8 @@ def _build(
     task_encoder: TaskEncoder | None,
     repeat: bool,
     limit: int | None,
-    kwargs: dict[str, Any],
+    options: DatasetOptions,
+    reference_kwargs: dict[str, Any],
 ) -> SavableDataset:
     _check_arguments(
         path,
@@ -80,82 +109,53 @@ def _build(
         shuffle_over_epochs_multiplier=shuffle_over_epochs_multiplier,
         task_encoder=task_encoder,
         limit=limit,
-        kwargs=kwargs,
+        options=options,
     )
     task_encoder = task_encoder if task_encoder is not None else DefaultTaskEncoder()
-    kwargs = dict(kwargs)
-    _apply_decode_kwargs(task_encoder, kwargs)
-    num_streams = kwargs.pop("num_streams", None)
-    group_max_wait = kwargs.pop("group_max_wait", None)
-    parallel_shard_iters = kwargs.pop("parallel_shard_iters", None)
-    sample_type = kwargs.pop("sample_type", None)
-    even_ranks = kwargs.pop("even_ranks", True)
-    global_batch_size = kwargs.pop("global_batch_size", None)
-    balance = _check_balance(
-        kwargs.pop("balance", None), batch_size, packing_buffer_size, task_encoder
-    )
-    blend_by = _blend_by(kwargs.pop("blend_by", None))
-    error_budget = kwargs.pop("error_budget", None) or ErrorBudget.from_env()
-    decode_threads = kwargs.pop("decode_threads", None)
-    decode_threads = (
-        default_decode_threads(worker_config.num_workers)
-        if decode_threads is None
-        else check_decode_threads(decode_threads)
-    )
+    _apply_decode_kwargs(task_encoder, dict(reference_kwargs))
+    balance = _check_balance(options.balance, batch_size, packing_buffer_size, task_encoder)
     resolved = resolve_dataset(
         path,
         split_part=split_part,
         training=training,
-        subflavors=kwargs.pop("subflavors", None),
+        subflavors=options.subflavors,
         shuffle_over_epochs_multiplier=shuffle_over_epochs_multiplier if training else None,
-        dataset_config=kwargs.pop("dataset_config", None),
-        split_config=kwargs.pop("split_config", None),
-        token_config=kwargs.pop("token_config", None),
-        global_batch_size=global_batch_size,
+        dataset_config=options.dataset_config,
+        split_config=options.split_config,
+        token_config=options.token_config,
+        global_batch_size=options.global_batch_size,
     )
-    if kwargs:
-        raise ArgumentTypeError(
-            ", ".join(sorted(kwargs)), "unexpected keyword argument(s) of this function"
-        )
-    blend_by = _combined_blend_by(blend_by, resolved.blend_by, resolved.mode, training)
-    _check_sample_type(resolved.sources, sample_type)
-    if training and resolved.mode == "weight" and not repeat:
-        raise ArgumentError(
-            "repeat", "a weighted blend is infinite: use repeat=True (or blend_epochized)"
-        )
-    if training and parallel_shard_iters not in (None, 1):
-        if any(s.shuffle_over_epochs is None for s in resolved.sources):
-            raise ArgumentError(
-                "parallel_shard_iters",
-                "unshuffled training (shuffle_over_epochs_multiplier=None) reads one slice at a time",
-            )
+    blend_by = _combined_blend_by(
+        _blend_by(options.blend_by), resolved.blend_by, resolved.mode, training
+    )
+    _check_resolved(resolved, options, training=training, repeat=repeat)
     spec = PipelineSpec(
         sources=resolved.sources,
         mode=resolved.mode,
         training=training,
         seed=worker_config.seed_offset,
-        num_streams=num_streams or worker_config.default_num_streams,
-        num_streams_fixed=num_streams is not None,
+        num_streams=options.num_streams or worker_config.default_num_streams,
+        num_streams_fixed=options.num_streams is not None,
         batch_size=batch_size,
         batch_drop_last=batch_drop_last,
         shuffle_buffer_size=shuffle_buffer_size if training else None,
         max_samples_per_sequence=max_samples_per_sequence if training else None,
-        parallel_shard_iters=parallel_shard_iters,
+        parallel_shard_iters=options.parallel_shard_iters,
         repeat=repeat if training else False,
         task_encoder=task_encoder,
         decoder=task_encoder.decoder,
         error_handler=worker_config.global_error_handler,
         failure_tolerance=getattr(task_encoder, "__default_failure_tolerance__", 100),
-        error_budget=error_budget,
+        error_budget=options.error_budget or ErrorBudget.from_env(),
         virtual_epoch_length=virtual_epoch_length if training else 0,
         limit=limit,
         packing_buffer_size=packing_buffer_size or None,
-        group_max_wait=group_max_wait,
-        even_ranks=bool(even_ranks) and worker_config.world_size > 1,
+        group_max_wait=options.group_max_wait,
+        even_ranks=bool(options.even_ranks) and worker_config.world_size > 1,
         mixture=resolved.mixture,
-        global_batch_size=global_batch_size or resolved.global_batch_size,
+        global_batch_size=options.global_batch_size or resolved.global_batch_size,
         balance=balance,
-        decode_threads=decode_threads,
+        decode_threads=_decode_threads(options.decode_threads, worker_config),
         blend_by=blend_by,
     )
     _check_streams_have_samples(spec)
@@ -163,6 +163,29 @@ def _build(
     if task_encoder.composes_pipeline():  # Megatron-Energon's build_* hooks, overridden
         return composition().compose(task_encoder, spec, worker_config)
     return SavableDataset(spec, worker_config)
+
+
+def _decode_threads(given: int | None, worker_config: WorkerConfig) -> int:
+    if given is None:
+        return default_decode_threads(worker_config.num_workers)
+    return check_decode_threads(given)
+
+
+def _check_resolved(
+    resolved: Any, options: DatasetOptions, *, training: bool, repeat: bool
+) -> None:
+    """What can only be checked once the path is resolved into sources."""
+    _check_sample_type(resolved.sources, options.sample_type)
+    if training and resolved.mode == "weight" and not repeat:
+        raise ArgumentError(
+            "repeat", "a weighted blend is infinite: use repeat=True (or blend_epochized)"
+        )
+    if training and options.parallel_shard_iters not in (None, 1):
+        if any(s.shuffle_over_epochs is None for s in resolved.sources):
+            raise ArgumentError(
+                "parallel_shard_iters",
+                "unshuffled training (shuffle_over_epochs_multiplier=None) reads one slice at a time",
+            )
 
 
 def _blend_by(value: Any) -> BlendBy | None:
@@ -199,7 +222,7 @@ def _check_arguments(
     worker_config: Any,
     task_encoder: Any,
     packing_buffer_size: Any,
-    kwargs: dict[str, Any],
+    options: DatasetOptions,
     **numbers: Any,
 ) -> None:
     """Bad arguments are an :class:`~energon.errors.ArgumentError` naming them, before any work."""
@@ -224,7 +247,7 @@ def _check_arguments(
             "shuffle_over_epochs_multiplier", "expected -1, None or an integer >= 1, got 0"
         )
     for name in ("num_streams", "parallel_shard_iters", "group_max_wait", "global_batch_size"):
-        arguments.integer(kwargs.get(name), name, low=1, none=True)
+        arguments.integer(getattr(options, name), name, low=1, none=True)
     if packing_buffer_size and not (
         task_encoder is not None
         and task_encoder.is_active("select_samples_to_pack")
@@ -262,7 +285,6 @@ def _check_balance(
     too: every rank takes part in every step, so the ranks stay even by construction."""
     if balance is None:
         return None
-    from energon.balance.config import Balance
 
     if not isinstance(balance, Balance):
         raise ArgumentTypeError(
@@ -312,6 +334,7 @@ def _check_blend_streams(spec: PipelineSpec) -> None:
     check_blend_streams(spec, spec.mixture, "the weight schedules")
 
 
+@arguments.known_keywords(*_REFERENCE_KWARGS)
 def get_train_dataset(
     path: Any,
     *,
@@ -326,24 +349,74 @@ def get_train_dataset(
     shuffle_over_epochs_multiplier: int | None = 1,
     task_encoder: TaskEncoder | None = None,
     repeat: bool = True,
+    num_streams: int | None = None,
+    parallel_shard_iters: int | None = None,
+    subflavors: dict[str, Any] | None = None,
+    dataset_config: str | None = None,
+    split_config: str | None = None,
+    token_config: Mapping[str, Any] | None = None,
+    global_batch_size: int | None = None,
+    blend_by: BlendByArgument = None,
+    balance: Balance | None = None,
+    error_budget: ErrorBudget | None = None,
+    decode_threads: int | None = None,
+    group_max_wait: int | None = None,
+    sample_type: type | None = None,
+    even_ranks: bool = True,
     **kwargs: Any,
 ) -> SavableDataset:
     """An infinite (``repeat=True``), reshuffled-every-epoch training dataset.
 
     ``batch_size``, ``shuffle_buffer_size`` and ``max_samples_per_sequence`` must be given (``None`` is
     allowed) so that the trade-off between randomness and read locality is a conscious choice.
-    Extra keywords: ``num_streams`` (logical streams; default ``world_size * max(1, num_workers)``),
-    ``parallel_shard_iters``, ``dataset_config``, ``split_config``, ``subflavors``,
-    ``global_batch_size`` (samples per training step: converts blend weight schedules given in
-    steps, and ``loader.set_blend_weights(from_step=...)``).
-    ``blend_by``: what a weight blend's weights share: ``"samples"`` (default), ``"tokens"``,
-    ``"bytes"`` or a function of a :class:`~energon.source.meta.SampleMeta` (docs/metadatasets.md;
-    also the metadataset key ``blend_by``).
-    ``error_budget`` (an :class:`~energon.errors.ErrorBudget`; default from ``ENERGON_ERROR_BUDGET``).
-    ``decode_threads``: threads that decode a batch's JPEGs in each loading process (default: up
-    to 4 with ``num_workers=0``, else 1; ``ENERGON_DECODE_THREADS``); batches are the same for
-    any value (see :mod:`energon.decode.threads`).
+
+    energon's options (all keyword-only, all optional):
+
+    - ``num_streams``: logical streams (default ``world_size * max(1, num_workers)``); fixing it
+      keeps the order when the number of ranks or workers changes (docs/ordering.md).
+    - ``parallel_shard_iters``: slices a stream reads at once (default 1).
+    - ``subflavors``: a dict merged into every sample's ``__subflavors__``.
+    - ``dataset_config`` / ``split_config``: file names in ``.nv-meta`` other than ``dataset.yaml``
+      / ``split.yaml``.
+    - ``token_config``: the GPT settings of a Megatron token prefix (docs/megatron.md).
+    - ``global_batch_size``: samples per training step: converts blend weight schedules given in
+      steps, and ``loader.set_blend_weights(from_step=...)``.
+    - ``blend_by``: what a weight blend's weights share: ``"samples"`` (default), ``"tokens"``,
+      ``"bytes"`` or a function of a :class:`~energon.source.meta.SampleMeta`
+      (docs/metadatasets.md; also the metadataset key ``blend_by``).
+    - ``balance``: an :class:`energon.balance.Balance`: compute-balanced steps across ranks
+      (docs/balance.md).
+    - ``error_budget``: an :class:`~energon.errors.ErrorBudget` (default from
+      ``ENERGON_ERROR_BUDGET``).
+    - ``decode_threads``: threads that decode a batch's JPEGs in each loading process (default: up
+      to 4 with ``num_workers=0``, else 1; ``ENERGON_DECODE_THREADS``); batches are the same for
+      any value (see :mod:`energon.decode.threads`).
+    - ``group_max_wait``: samples after which a ``batch_group_criterion`` bucket is flushed as a
+      smaller batch (docs/task-encoders.md).
+    - ``sample_type``: the sample class every leaf must yield (checked before loading).
+    - ``even_ranks``: validation gives every rank the same number of batches (default True;
+      False: the reference's behaviour, every stream's natural batches).
+
+    The reference's deprecated decoding keywords (``auto_decode``, ``image_decode``, ``av_decode``,
+    ``video_decode_audio``, ``handler``) still work through ``**kwargs``, with a
+    ``FutureWarning``; any other keyword raises, naming the closest valid one.
     """
+    options = DatasetOptions(
+        num_streams=num_streams,
+        parallel_shard_iters=parallel_shard_iters,
+        subflavors=subflavors,
+        dataset_config=dataset_config,
+        split_config=split_config,
+        token_config=token_config,
+        global_batch_size=global_batch_size,
+        blend_by=blend_by,
+        balance=balance,
+        error_budget=error_budget,
+        decode_threads=decode_threads,
+        group_max_wait=group_max_wait,
+        sample_type=sample_type,
+        even_ranks=even_ranks,
+    )
     return _build(
         path,
         training=True,
@@ -359,10 +432,12 @@ def get_train_dataset(
         task_encoder=task_encoder,
         repeat=repeat,
         limit=None,
-        kwargs=kwargs,
+        options=options,
+        reference_kwargs=kwargs,
     )
 
 
+@arguments.known_keywords(*_REFERENCE_KWARGS)
 def get_val_dataset(
     path: Any,
     *,
@@ -373,15 +448,41 @@ def get_val_dataset(
     packing_buffer_size: int | None = None,
     limit: int | None = None,
     task_encoder: TaskEncoder | None = None,
+    num_streams: int | None = None,
+    parallel_shard_iters: int | None = None,
+    subflavors: dict[str, Any] | None = None,
+    dataset_config: str | None = None,
+    split_config: str | None = None,
+    token_config: Mapping[str, Any] | None = None,
+    global_batch_size: int | None = None,
+    blend_by: BlendByArgument = None,
+    balance: Balance | None = None,
+    error_budget: ErrorBudget | None = None,
+    decode_threads: int | None = None,
+    group_max_wait: int | None = None,
+    sample_type: type | None = None,
+    even_ranks: bool = True,
     **kwargs: Any,
 ) -> SavableDataset:
     """One deterministic pass over the split: every sample exactly once, the same batches every
-    pass, and the same number of batches on every rank (see docs/ordering.md).
-
-    ``even_ranks=False`` gives Megatron-Energon's behaviour instead: every stream emits its natural
-    batches (full ones, no balancing, no padding), so ranks may get different numbers of batches.
-    ``error_budget``, ``decode_threads``: as in :func:`get_train_dataset`.
-    """
+    pass, and the same number of batches on every rank (see docs/ordering.md); ``limit`` caps the
+    samples read. energon's options are :func:`get_train_dataset`'s."""
+    options = DatasetOptions(
+        num_streams=num_streams,
+        parallel_shard_iters=parallel_shard_iters,
+        subflavors=subflavors,
+        dataset_config=dataset_config,
+        split_config=split_config,
+        token_config=token_config,
+        global_batch_size=global_batch_size,
+        blend_by=blend_by,
+        balance=balance,
+        error_budget=error_budget,
+        decode_threads=decode_threads,
+        group_max_wait=group_max_wait,
+        sample_type=sample_type,
+        even_ranks=even_ranks,
+    )
     return _build(
         path,
         training=False,
@@ -397,10 +498,12 @@ def get_val_dataset(
         task_encoder=task_encoder,
         repeat=False,
         limit=limit,
-        kwargs=kwargs,
+        options=options,
+        reference_kwargs=kwargs,
     )
 
 
+@arguments.known_keywords(*_REFERENCE_KWARGS)
 def get_val_datasets(
     path: Any,
     *,
@@ -411,6 +514,20 @@ def get_val_datasets(
     packing_buffer_size: int | None = None,
     limit: int | None = None,
     task_encoder: TaskEncoder | None = None,
+    num_streams: int | None = None,
+    parallel_shard_iters: int | None = None,
+    subflavors: dict[str, Any] | None = None,
+    dataset_config: str | None = None,
+    split_config: str | None = None,
+    token_config: Mapping[str, Any] | None = None,
+    global_batch_size: int | None = None,
+    blend_by: BlendByArgument = None,
+    balance: Balance | None = None,
+    error_budget: ErrorBudget | None = None,
+    decode_threads: int | None = None,
+    group_max_wait: int | None = None,
+    sample_type: type | None = None,
+    even_ranks: bool = True,
     **kwargs: Any,
 ) -> list[tuple[SavableDataset, Any]]:
     """One validation pipeline per leaf dataset, each with the source that describes it (the
@@ -424,6 +541,20 @@ def get_val_datasets(
         packing_buffer_size=packing_buffer_size,
         limit=limit,
         task_encoder=task_encoder,
+        num_streams=num_streams,
+        parallel_shard_iters=parallel_shard_iters,
+        subflavors=subflavors,
+        dataset_config=dataset_config,
+        split_config=split_config,
+        token_config=token_config,
+        global_batch_size=global_batch_size,
+        blend_by=blend_by,
+        balance=balance,
+        error_budget=error_budget,
+        decode_threads=decode_threads,
+        group_max_wait=group_max_wait,
+        sample_type=sample_type,
+        even_ranks=even_ranks,
         **kwargs,
     )
     out = []

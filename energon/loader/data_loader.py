@@ -30,7 +30,7 @@ import torch.utils.data
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as _torch_pin_memory
 
-from energon import debug_log
+from energon import arguments, debug_log
 from energon.balance.tail import TAIL_FIELD, settled
 from energon.errors import (
     ArgumentError,
@@ -1220,6 +1220,7 @@ def _check_worker_config(dataset: SavableDataset, worker_config: WorkerConfig | 
     warnings.warn("the loader's worker_config argument is deprecated", FutureWarning, stacklevel=3)
 
 
+@arguments.known_keywords()
 def get_loader(
     dataset: SavableDataset,
     *,
@@ -1242,6 +1243,7 @@ def get_loader(
     )
 
 
+@arguments.known_keywords()
 def get_savable_loader(
     dataset: SavableDataset,
     *,
