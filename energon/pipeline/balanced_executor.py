@@ -40,6 +40,7 @@ from energon.errors import (
     StateError,
     log_exception,
 )
+from energon.pipeline import assembly
 from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.executor import ItemMeta
 from energon.pipeline.keys import Key, pointer_target
@@ -249,11 +250,7 @@ class BalancedExecutor:
             [cook_function(spec, source) for source in spec.sources],
         )
         te = spec.task_encoder
-        self._hooks = [
-            getattr(te, hook)
-            for hook in ("encode_sample", "preencode_sample", "postencode_sample")
-            if te.is_active(hook)
-        ]
+        self._steps = assembly.sample_steps(spec)  # the normal executor's, in the same order
         self._encode_batch = te.encode_batch if te.is_active("encode_batch") else None
         self.packer = SequencePacker(
             self.balance.max_length,
@@ -453,11 +450,11 @@ class BalancedExecutor:
             return []
         self._load_policy.succeeded()
         outputs = [sample]
-        for hook in self._hooks:
+        for step in self._steps:
             produced = []
             for value in outputs:
                 try:
-                    produced.extend(call_hook(_outputs_of, sample_index, hook, value))
+                    produced.extend(call_hook(_outputs_of, sample_index, step.fn, value))
                 except SkipSample:
                     continue
                 except Exception as e:

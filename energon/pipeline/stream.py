@@ -20,6 +20,7 @@ from energon.errors import (
     StateError,
     log_exception,
 )
+from energon.pipeline import assembly
 from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.keys import Key, is_group, pointer_target, pointers_of
 from energon.pipeline.packing import PackStage
@@ -199,8 +200,9 @@ def _view_for(spec: PipelineSpec, hook: Any) -> Callable[[Value, Key], Any] | No
 
 
 def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
-    """The stage chain of ``stream_id``: pointers -> shuffle -> load (+cook) -> encode -> pack ->
-    batch or group -> encode batch. Only hooks the task encoder overrides become stages."""
+    """The stage chain of ``stream_id``: pointers -> shuffle -> load (+cook) -> the sample steps
+    (:func:`energon.pipeline.assembly.sample_steps`: encode, ...) -> pack -> batch or group ->
+    encode batch. Only hooks the task encoder overrides become stages."""
     te = spec.task_encoder
     handler = spec.error_handler or log_exception
     stages = build_pointer_stages(spec, stream_id, prefetch_observers(spec))
@@ -215,14 +217,13 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
         tolerance = getattr(fn, "__failure_tolerance__", spec.failure_tolerance)
         return ErrorPolicy(name, handler, tolerance, account)
 
-    def hook_stage(hook: str, identity: bool = False) -> None:
-        fn = getattr(te, hook)
+    def map_stage(name: str, fn: Any, identity: bool = False) -> None:
         stages.append(
             MapStage(
                 stages[-1],
                 fn,
-                hook,
-                policy(hook, fn),
+                name,
+                policy(name, fn),
                 stream=stream_id,
                 num_streams=spec.num_streams,
                 identity=identity,
@@ -244,14 +245,9 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             reads=account.reads_now,
         )
     )
-    if te.is_active("preencode_sample"):
-        if _user_defined(te, "encode_sample"):
-            raise ValueError(
-                "define either encode_sample or preencode_sample/postencode_sample, not both"
-            )
-        hook_stage("preencode_sample")
-    elif te.is_active("encode_sample"):
-        hook_stage("encode_sample", identity=defer_images and _identity_encode(te))
+    identity_encode = defer_images and _identity_encode(te)
+    for step in assembly.sample_steps(spec, identity_encode=identity_encode):
+        map_stage(step.name, step.fn, step.identity)
     postencode = te.postencode_sample if te.is_active("postencode_sample") else None
     if spec.packing_buffer_size:
         stages.append(
@@ -268,8 +264,6 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 whole_sources=[source.pack_whole for source in spec.sources],
             )
         )
-    elif postencode is not None:
-        hook_stage("postencode_sample")
     if te.is_active("batch_group_criterion"):
         stages.append(
             GroupBatchStage(
@@ -302,7 +296,7 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
     if (spec.batch_size is not None or te.is_active("batch_group_criterion")) and te.is_active(
         "encode_batch"
     ):
-        hook_stage("encode_batch")
+        map_stage("encode_batch", te.encode_batch)
     return Stream(stream_id, spec, stages, account)
 
 
@@ -354,11 +348,6 @@ def _built_by_library(source: Source) -> bool:
         and sample_type is not None
         and sample_type.__module__.startswith("energon.samples.")
     )
-
-
-def _user_defined(te: TaskEncoder, hook: str) -> bool:
-    """Overridden by the user (not just by DefaultTaskEncoder's identity version)."""
-    return te.is_active(hook) and getattr(type(te), hook) is not getattr(DefaultTaskEncoder, hook)
 
 
 def cook_function(spec: PipelineSpec, source: Source) -> Hook | None:
