@@ -34,8 +34,35 @@ BlendByArgument = str | Callable[[SampleMeta], float] | BlendBy | None
 
 @dataclasses.dataclass(frozen=True)
 class DatasetOptions:
-    """energon's keywords of :func:`get_train_dataset` and :func:`get_val_dataset` beyond the
-    reference's, carried as one value into :func:`_build` (each is documented there)."""
+    """energon's keywords of :func:`get_train_dataset`, :func:`get_val_dataset` and
+    :func:`get_val_datasets` beyond the reference's (all optional), carried as one value into
+    the build:
+
+    - ``num_streams``: logical streams (default ``world_size * max(1, num_workers)``); fixing it
+      keeps the order when the number of ranks or workers changes (docs/ordering.md).
+    - ``parallel_shard_iters``: slices a stream reads at once (default 1).
+    - ``subflavors``: a dict merged into every sample's ``__subflavors__``.
+    - ``dataset_config`` / ``split_config``: file names in ``.nv-meta`` other than ``dataset.yaml``
+      / ``split.yaml``.
+    - ``token_config``: the GPT settings of a Megatron token prefix (docs/megatron.md).
+    - ``global_batch_size``: samples per training step: converts blend weight schedules given in
+      steps, and ``loader.set_blend_weights(from_step=...)``.
+    - ``blend_by``: what a weight blend's weights share: ``"samples"`` (default), ``"tokens"``,
+      ``"bytes"`` or a function of a :class:`~energon.source.meta.SampleMeta`
+      (docs/metadatasets.md; also the metadataset key ``blend_by``).
+    - ``balance``: an :class:`energon.balance.Balance`: compute-balanced steps across ranks
+      (docs/balance.md).
+    - ``error_budget``: an :class:`~energon.errors.ErrorBudget` (default from
+      ``ENERGON_ERROR_BUDGET``).
+    - ``decode_threads``: threads that decode a batch's JPEGs in each loading process (default: up
+      to 4 with ``num_workers=0``, else 1; ``ENERGON_DECODE_THREADS``); batches are the same for
+      any value (see :mod:`energon.decode.threads`).
+    - ``group_max_wait``: samples after which a ``batch_group_criterion`` bucket is flushed as a
+      smaller batch (docs/task-encoders.md).
+    - ``sample_type``: the sample class every leaf must yield (checked before loading).
+    - ``even_ranks``: validation gives every rank the same number of batches (default True;
+      False: the reference's behaviour, every stream's natural batches).
+    """
 
     num_streams: int | None = None
     parallel_shard_iters: int | None = None
@@ -129,7 +156,50 @@ def _build(
         _blend_by(options.blend_by), resolved.blend_by, resolved.mode, training
     )
     _check_resolved(resolved, options, training=training, repeat=repeat)
-    spec = PipelineSpec(
+    spec = _spec_of(
+        resolved,
+        options,
+        training=training,
+        worker_config=worker_config,
+        task_encoder=task_encoder,
+        batch_size=batch_size,
+        batch_drop_last=batch_drop_last,
+        packing_buffer_size=packing_buffer_size,
+        shuffle_buffer_size=shuffle_buffer_size,
+        max_samples_per_sequence=max_samples_per_sequence,
+        virtual_epoch_length=virtual_epoch_length,
+        repeat=repeat,
+        limit=limit,
+        balance=balance,
+        blend_by=blend_by,
+    )
+    _check_streams_have_samples(spec)
+    _check_blend_streams(spec)
+    if task_encoder.composes_pipeline():  # Megatron-Energon's build_* hooks, overridden
+        return composition().compose(task_encoder, spec, worker_config)
+    return SavableDataset(spec, worker_config)
+
+
+def _spec_of(
+    resolved: Any,
+    options: DatasetOptions,
+    *,
+    training: bool,
+    worker_config: WorkerConfig,
+    task_encoder: TaskEncoder,
+    batch_size: int | None,
+    batch_drop_last: bool,
+    packing_buffer_size: int | None,
+    shuffle_buffer_size: int | None,
+    max_samples_per_sequence: int | None,
+    virtual_epoch_length: int,
+    repeat: bool,
+    limit: int | None,
+    balance: Balance | None,
+    blend_by: BlendBy,
+) -> PipelineSpec:
+    """Everything a worker needs to run the streams (picklable, no open files)."""
+    return PipelineSpec(
         sources=resolved.sources,
         mode=resolved.mode,
         training=training,
@@ -158,11 +228,6 @@ def _build(
         decode_threads=_decode_threads(options.decode_threads, worker_config),
         blend_by=blend_by,
     )
-    _check_streams_have_samples(spec)
-    _check_blend_streams(spec)
-    if task_encoder.composes_pipeline():  # Megatron-Energon's build_* hooks, overridden
-        return composition().compose(task_encoder, spec, worker_config)
-    return SavableDataset(spec, worker_config)
 
 
 def _decode_threads(given: int | None, worker_config: WorkerConfig) -> int:
@@ -370,36 +435,10 @@ def get_train_dataset(
     ``batch_size``, ``shuffle_buffer_size`` and ``max_samples_per_sequence`` must be given (``None`` is
     allowed) so that the trade-off between randomness and read locality is a conscious choice.
 
-    energon's options (all keyword-only, all optional):
-
-    - ``num_streams``: logical streams (default ``world_size * max(1, num_workers)``); fixing it
-      keeps the order when the number of ranks or workers changes (docs/ordering.md).
-    - ``parallel_shard_iters``: slices a stream reads at once (default 1).
-    - ``subflavors``: a dict merged into every sample's ``__subflavors__``.
-    - ``dataset_config`` / ``split_config``: file names in ``.nv-meta`` other than ``dataset.yaml``
-      / ``split.yaml``.
-    - ``token_config``: the GPT settings of a Megatron token prefix (docs/megatron.md).
-    - ``global_batch_size``: samples per training step: converts blend weight schedules given in
-      steps, and ``loader.set_blend_weights(from_step=...)``.
-    - ``blend_by``: what a weight blend's weights share: ``"samples"`` (default), ``"tokens"``,
-      ``"bytes"`` or a function of a :class:`~energon.source.meta.SampleMeta`
-      (docs/metadatasets.md; also the metadataset key ``blend_by``).
-    - ``balance``: an :class:`energon.balance.Balance`: compute-balanced steps across ranks
-      (docs/balance.md).
-    - ``error_budget``: an :class:`~energon.errors.ErrorBudget` (default from
-      ``ENERGON_ERROR_BUDGET``).
-    - ``decode_threads``: threads that decode a batch's JPEGs in each loading process (default: up
-      to 4 with ``num_workers=0``, else 1; ``ENERGON_DECODE_THREADS``); batches are the same for
-      any value (see :mod:`energon.decode.threads`).
-    - ``group_max_wait``: samples after which a ``batch_group_criterion`` bucket is flushed as a
-      smaller batch (docs/task-encoders.md).
-    - ``sample_type``: the sample class every leaf must yield (checked before loading).
-    - ``even_ranks``: validation gives every rank the same number of batches (default True;
-      False: the reference's behaviour, every stream's natural batches).
-
-    The reference's deprecated decoding keywords (``auto_decode``, ``image_decode``, ``av_decode``,
-    ``video_decode_audio``, ``handler``) still work through ``**kwargs``, with a
-    ``FutureWarning``; any other keyword raises, naming the closest valid one.
+    energon's own options (the keywords after ``repeat``, all optional) are documented on
+    :class:`DatasetOptions`. The reference's deprecated decoding keywords (``auto_decode``,
+    ``image_decode``, ``av_decode``, ``video_decode_audio``, ``handler``) still work through
+    ``**kwargs``, with a ``FutureWarning``; any other keyword raises, naming the closest valid one.
     """
     options = DatasetOptions(
         num_streams=num_streams,

@@ -264,40 +264,51 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 whole_sources=[source.pack_whole for source in spec.sources],
             )
         )
-    if te.is_active("batch_group_criterion"):
-        stages.append(
-            GroupBatchStage(
-                stages[-1],
-                te.batch_group_criterion,
-                te.batch,
-                policy("batch", te.batch),
-                batch_size=spec.batch_size,
-                drop_last=spec.batch_drop_last,
-                max_wait=spec.group_max_wait,
-                stream=stream_id,
-                num_streams=spec.num_streams,
-                view=_view_for(spec, te.batch_group_criterion),
-            )
-        )
-    elif spec.batch_size is not None:
-        sizes = _batch_sizes(spec, stream_id)
-        stages.append(
-            BatchStage(
-                stages[-1],
-                sizes,
-                te.batch,
-                policy("batch", te.batch),
-                drop_last=spec.batch_drop_last,
-                stream=stream_id,
-                num_streams=spec.num_streams,
-                deferred_images=defer_images,
-            )
-        )
+    batching = _batching_stage(spec, stream_id, stages[-1], policy, defer_images)
+    if batching is not None:
+        stages.append(batching)
     if (spec.batch_size is not None or te.is_active("batch_group_criterion")) and te.is_active(
         "encode_batch"
     ):
         map_stage("encode_batch", te.encode_batch)
     return Stream(stream_id, spec, stages, account)
+
+
+def _batching_stage(
+    spec: PipelineSpec,
+    stream_id: int,
+    upstream: Stage,
+    policy: Callable[[str, Any], ErrorPolicy],
+    deferred_images: bool,
+) -> Stage | None:
+    """The stage that makes batches: grouped by ``batch_group_criterion``, else by size (none
+    without a batch size)."""
+    te = spec.task_encoder
+    if te.is_active("batch_group_criterion"):
+        return GroupBatchStage(
+            upstream,
+            te.batch_group_criterion,
+            te.batch,
+            policy("batch", te.batch),
+            batch_size=spec.batch_size,
+            drop_last=spec.batch_drop_last,
+            max_wait=spec.group_max_wait,
+            stream=stream_id,
+            num_streams=spec.num_streams,
+            view=_view_for(spec, te.batch_group_criterion),
+        )
+    if spec.batch_size is None:
+        return None
+    return BatchStage(
+        upstream,
+        _batch_sizes(spec, stream_id),
+        te.batch,
+        policy("batch", te.batch),
+        drop_last=spec.batch_drop_last,
+        stream=stream_id,
+        num_streams=spec.num_streams,
+        deferred_images=deferred_images,
+    )
 
 
 def _only_library_batching_sees_samples(spec: PipelineSpec, cooks: list[Any]) -> bool:
