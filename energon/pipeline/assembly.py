@@ -1,4 +1,5 @@
-"""Which steps a sample goes through between loading and batching, decided in one place.
+"""Which parts a logical stream has, and the steps a sample goes through between loading and
+batching, decided in one place.
 
 Every executor builds a logical stream from the same parts: the pointer stages
 (:func:`energon.pipeline.pointers.build_pointer_stages`), loading, the *sample steps* listed by
@@ -8,7 +9,9 @@ compat wrappers, which all build on it) makes each sample step a
 :class:`~energon.pipeline.stages.MapStage`; the balanced executor
 (:mod:`energon.pipeline.balanced_executor`) runs the same steps on each sample of its share
 before packing it. So a step added to :func:`sample_steps` (a filter, a probe) runs in every
-path, and cannot be missing from one of them.
+path, and cannot be missing from one of them. :func:`stream_parts` decides the rest of the
+chain (packing, batching, ``encode_batch``); the balanced executor replaces packing and batching by
+its packing of balanced shares and keeps the others.
 """
 
 from __future__ import annotations
@@ -49,6 +52,24 @@ def sample_steps(spec: PipelineSpec, *, identity_encode: bool = False) -> list[S
     if te.is_active("postencode_sample") and not spec.packing_buffer_size:
         steps.append(SampleStep("postencode_sample", te.postencode_sample))
     return steps
+
+
+def stream_parts(spec: PipelineSpec) -> list[str]:
+    """The parts of a stream's chain, in order: ``pointers``, ``load``, ``samples`` (the
+    :func:`sample_steps`), then ``pack`` (with a packing buffer), ``group`` (the task encoder
+    groups batches) or ``batch`` (a batch size), and ``encode_batch`` when batches are made and
+    the task encoder encodes them."""
+    te = spec.task_encoder
+    parts = ["pointers", "load", "samples"]
+    if spec.packing_buffer_size:
+        parts.append("pack")
+    if te.is_active("batch_group_criterion"):
+        parts.append("group")
+    elif spec.batch_size is not None:
+        parts.append("batch")
+    if parts[-1] in ("group", "batch") and te.is_active("encode_batch"):
+        parts.append("encode_batch")
+    return parts
 
 
 def _user_defined(te: TaskEncoder, hook: str) -> bool:

@@ -251,7 +251,8 @@ class BalancedExecutor:
         )
         te = spec.task_encoder
         self._steps = assembly.sample_steps(spec)  # the normal executor's, in the same order
-        self._encode_batch = te.encode_batch if te.is_active("encode_batch") else None
+        parts = assembly.stream_parts(spec)  # pack and group are refused with balance
+        self._encode_batch = te.encode_batch if "encode_batch" in parts else None
         self.packer = SequencePacker(
             self.balance.max_length,
             length=self.balance.length,

@@ -200,9 +200,9 @@ def _view_for(spec: PipelineSpec, hook: Any) -> Callable[[Value, Key], Any] | No
 
 
 def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
-    """The stage chain of ``stream_id``: pointers -> shuffle -> load (+cook) -> the sample steps
-    (:func:`energon.pipeline.assembly.sample_steps`: encode, ...) -> pack -> batch or group ->
-    encode batch. Only hooks the task encoder overrides become stages."""
+    """The stage chain of ``stream_id``: the parts :func:`energon.pipeline.assembly.stream_parts`
+    lists (pointers -> shuffle -> load (+cook) -> the sample steps -> pack -> batch or group ->
+    encode batch). Only hooks the task encoder overrides become stages."""
     te = spec.task_encoder
     handler = spec.error_handler or log_exception
     stages = build_pointer_stages(spec, stream_id, prefetch_observers(spec))
@@ -245,11 +245,12 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
             reads=account.reads_now,
         )
     )
+    parts = assembly.stream_parts(spec)
     identity_encode = defer_images and _identity_encode(te)
     for step in assembly.sample_steps(spec, identity_encode=identity_encode):
         map_stage(step.name, step.fn, step.identity)
     postencode = te.postencode_sample if te.is_active("postencode_sample") else None
-    if spec.packing_buffer_size:
+    if "pack" in parts:
         stages.append(
             PackStage(
                 stages[-1],
@@ -264,12 +265,9 @@ def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
                 whole_sources=[source.pack_whole for source in spec.sources],
             )
         )
-    batching = _batching_stage(spec, stream_id, stages[-1], policy, defer_images)
-    if batching is not None:
-        stages.append(batching)
-    if (spec.batch_size is not None or te.is_active("batch_group_criterion")) and te.is_active(
-        "encode_batch"
-    ):
+    if "group" in parts or "batch" in parts:
+        stages.append(_batching_stage(spec, stream_id, stages[-1], policy, defer_images))
+    if "encode_batch" in parts:
         map_stage("encode_batch", te.encode_batch)
     return Stream(stream_id, spec, stages, account)
 
@@ -280,9 +278,8 @@ def _batching_stage(
     upstream: Stage,
     policy: Callable[[str, Any], ErrorPolicy],
     deferred_images: bool,
-) -> Stage | None:
-    """The stage that makes batches: grouped by ``batch_group_criterion``, else by size (none
-    without a batch size)."""
+) -> Stage:
+    """The stage that makes batches: grouped by ``batch_group_criterion``, else by size."""
     te = spec.task_encoder
     if te.is_active("batch_group_criterion"):
         return GroupBatchStage(
@@ -297,8 +294,6 @@ def _batching_stage(
             num_streams=spec.num_streams,
             view=_view_for(spec, te.batch_group_criterion),
         )
-    if spec.batch_size is None:
-        return None
     return BatchStage(
         upstream,
         _batch_sizes(spec, stream_id),

@@ -25,8 +25,11 @@ from energon.demo.vlm import VlmTaskEncoder, write_vlm_shards
 from energon.ledger.ledger import Ledger
 from energon.pipeline import assembly
 from energon.pipeline.assembly import SampleStep
+from energon.pipeline.pointers import build_pointer_stages
+from energon.pipeline.stream import build_stream
 from energon.preflight.simulate import SimulationSettings, simulate
 from energon.source.meta import SampleMeta
+from energon.task_encoder import DefaultTaskEncoder
 
 WC = WorkerConfig(rank=0, world_size=1, num_workers=0)
 TRAIN = dict(worker_config=WC, batch_size=4, shuffle_buffer_size=8, max_samples_per_sequence=5)
@@ -116,3 +119,43 @@ def test_the_probe_runs_under_the_compat_wrappers(text_ds, probe):
     mapped = MapDataset(factory.build(), lambda s: s, stateless_map_fn=True, worker_config=WC)
     next(iter(get_savable_loader(mapped)))
     assert probe.take()[:1] == ["TextSample"]
+
+
+class _Grouping(DefaultTaskEncoder):
+    def batch_group_criterion(self, sample):
+        return ("all", 3)
+
+    def encode_batch(self, batch):
+        return batch
+
+
+_CLASSES = {
+    "load": ["LoadStage"],
+    "pack": ["PackStage"],
+    "group": ["GroupBatchStage"],
+    "batch": ["BatchStage"],
+    "encode_batch": ["MapStage"],
+}
+
+
+@pytest.mark.parametrize(
+    "change, tail",
+    [
+        (dict(), ["batch", "encode_batch"]),
+        (dict(batch_size=None), []),
+        (dict(task_encoder=_Grouping(), batch_size=None), ["group", "encode_batch"]),
+    ],
+)
+def test_build_stream_builds_the_parts_stream_parts_lists(text_ds, change, tail):
+    spec = get_train_dataset(text_ds, **{**TRAIN, **change}).spec
+    parts = assembly.stream_parts(spec)
+    assert parts == ["pointers", "load", "samples", *tail]
+    expected = []
+    for part in parts:
+        if part == "pointers":
+            expected += [type(s).__name__ for s in build_pointer_stages(spec, 0)]
+        elif part == "samples":
+            expected += ["MapStage"] * len(assembly.sample_steps(spec))
+        else:
+            expected += _CLASSES[part]
+    assert [type(s).__name__ for s in build_stream(spec, 0).stages] == expected
