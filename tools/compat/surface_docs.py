@@ -45,7 +45,8 @@ REASONS: list[tuple[str, str]] = [
     (
         r"join_dataset_loader\.(filter_samples_with_excludes|join_multiple_indices)",
         "join indices are built by `energon prepare mix.yaml` / `prepare_metadataset` "
-        "(`energon.format.join_index`), with member splits and excludes in the index name",
+        "(`energon.prepare.join_indices`, file format `energon.format.join_index`), with member "
+        "splits and excludes in the index name",
     ),
     (
         r"SavableDatasetWrapper|SimpleSavableDatasetWrapper",
