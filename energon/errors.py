@@ -20,6 +20,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
             SampleReadError
                 DamagedSampleError
                     TruncatedShardError (OSError)
+            WorkerLostError
             DecodeError
             DecodeTimeoutError
             AVDecodeError
@@ -54,6 +55,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
         WatchdogTimeout (TimeoutError)
         JsonValueError (ValueError)
         GcFreezeError (RuntimeError)
+        WorkerRecoveryError (RuntimeError)
 
 A bad sample must never be lost silently: a ``SampleException`` is either raised, or skipped *and
 counted*, and a run of consecutive failures beyond the tolerance stops the job with the last error
@@ -169,6 +171,12 @@ class DamagedSampleError(SampleReadError):
 class TruncatedShardError(DamagedSampleError, OSError):
     """A shard ends (or is gone) before a byte range its index names: truncated, deleted or
     replaced since it was prepared."""
+
+
+class WorkerLostError(SampleException):
+    """The loader worker that handled this sample died (a signal, ``os._exit``, the OOM killer)
+    or was stopped because it was stuck on it; the sample is skipped where the stream meets it
+    again in the replacement worker (see docs/observability.md, "When a worker dies")."""
 
 
 class DecodeError(SampleException):
@@ -402,6 +410,12 @@ class JsonValueError(EnergonError, ValueError):
 
 class GcFreezeError(EnergonError, RuntimeError):
     """Garbage collection could not be frozen as asked (``megatron.energon.wrappers.gc_dataset``)."""
+
+
+class WorkerRecoveryError(EnergonError, RuntimeError):
+    """A lost loader worker was not replaced: recovery is off, or the restart budgets of
+    :class:`~energon.loader.recovery.WorkerRecovery` are spent. The message lists every loss of
+    the pass: the worker, why it ended, and the sample it was on."""
 
 
 # Errors that indicate broken code rather than a broken sample: never skipped.

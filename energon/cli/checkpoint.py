@@ -80,6 +80,23 @@ def describe(states: list[dict]) -> list[str]:
             lines.append(
                 f"  stream {stream_id}: {snapshot.emitted(snap)} batches emitted, epoch {epochs}"
             )
+            lines += lost_sample_lines(snapshot.error_state(snap))
+    return lines
+
+
+def lost_sample_lines(account: dict | None) -> list[str]:
+    """The samples a stream's loader lost workers on (energon.loader.recovery): skipped, or to
+    be skipped where the stream meets them."""
+    lines = []
+    for entries, status in (
+        ((account or {}).get("lost", []), "skipped"),
+        ((account or {}).get("skip", []), "to skip"),
+    ):
+        for entry in entries:
+            lines.append(
+                f"    lost sample ({status}): source {entry['source']} index {entry['index']} "
+                f"key {entry['key']!r}: {entry['error']}"
+            )
     return lines
 
 

@@ -168,6 +168,10 @@ def text_lines(record: Any) -> list[str]:
     ]
     for sample in record.excluded:
         lines.append(f"  excluded (dropped here, not delivered): {sample.key}  {sample.dataset}")
+    for sample in record.lost:
+        lines.append(
+            f"  lost (a loader worker died on it; skipped here): {sample.key}  {sample.dataset}"
+        )
     for n, output in enumerate(record.outputs):
         if len(output) > 1:
             lines.append(f"  output {n}: packed from {len(output)} samples")

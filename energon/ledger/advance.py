@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from energon.pipeline.keys import Key, pointer_target, pointers_of
+from energon.pipeline.error_account import lost_sample_entry
+from energon.pipeline.keys import Key, pointer_key, pointer_target, pointers_of
 from energon.pipeline.pointers import ExcludeFilter, PointerSource
 from energon.pipeline.pointers_native import NativePointers
 from energon.pipeline.snapshot import StreamSnapshot
@@ -47,6 +48,8 @@ class SimulatedStream:
         self.pointer_stages = next(i for i, s in enumerate(stages) if isinstance(s, LoadStage))
         self._orders: dict[tuple[int, int], np.ndarray] = {}  # (reader id, epoch) -> slice order
         self.excluded: list[Key] = []  # pointers the exclusion filter dropped making the last item
+        # samples a lost loader worker died on, skipped making the last item (energon.loader.recovery)
+        self.lost: list[Key] = []
         if snapshot is not None:
             self.restore(snapshot)
 
@@ -66,9 +69,31 @@ class SimulatedStream:
         watched = self._exclude_filter()
         if watched is not None:
             watched.recent.clear()
+        account = self.stream.account
+        pending = list(account.lost_pending) if account is not None else []
         _, key = self.stream.next()
         self.excluded = list(watched.recent) if watched is not None else []
+        if pending:
+            self.lost = [
+                pointer_key("lost", e["source"], e["index"])
+                for e in pending
+                if e not in account.lost_pending
+            ]
+        else:
+            self.lost = []
         return key
+
+    def add_lost(self, entries: Sequence[dict]) -> None:
+        """Samples on which the loader lost workers after this stream's snapshot (known from
+        later states): the stream skips them where the loader's did."""
+        account = self.stream.account
+        if account is None:
+            return
+        known = {e["error"] for e in (*account.lost_pending, *account.lost_history)}
+        for entry in entries:
+            if entry["error"] not in known:
+                account.lost_pending.append(lost_sample_entry(**entry))
+                known.add(entry["error"])
 
     def _exclude_filter(self) -> ExcludeFilter | None:
         last = self.stream.stages[self.pointer_stages - 1]

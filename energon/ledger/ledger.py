@@ -89,6 +89,8 @@ class MicroBatchRecord:
     outputs: list[list[SampleRecord]]  # per output (sample or packed sample): its samples
     # samples that cursor edits excluded and that were dropped while making this micro-batch
     excluded: list[SampleRecord] = dataclasses.field(default_factory=list)
+    # samples on which the loader lost a worker, skipped while making this micro-batch
+    lost: list[SampleRecord] = dataclasses.field(default_factory=list)
 
     @property
     def samples(self) -> list[SampleRecord]:
@@ -148,6 +150,7 @@ class Ledger:
         )
         self.skipped = self.edits.skipped_ranges() if self.edits is not None else []
         self._snapshots = _collect_snapshots(states)
+        self.lost = _collect_lost(states)  # per stream: samples the loader lost workers on
         self.journal = None
         if journal is not None:
             self.journal = JournalReader(journal, sources_digest(self.spec.fingerprint()))
@@ -266,9 +269,10 @@ class Ledger:
                 samples.append(self._sample(pointer, epoch, part))
                 n += 1
             outputs.append(samples)
-        excluded = []
+        excluded, lost = [], []
         if walker is not None and walker.sim is not None:
             excluded = [self._sample(p, None) for p in walker.sim.excluded]
+            lost = [self._sample(p, None) for p in walker.sim.lost]
         skipped = any(a <= position < b for a, b in self.skipped)
         return MicroBatchRecord(
             step=step,
@@ -282,6 +286,7 @@ class Ledger:
             restore_key=stream_key(position % self.num_streams, position // self.num_streams, key),
             outputs=outputs,
             excluded=excluded,
+            lost=lost,
         )
 
     def _sample(
@@ -409,6 +414,8 @@ class StreamWalker:
                 filter_at = sim.pointer_stages - 1  # the filter is the last pointer stage
                 snap = snapshots.with_stage_state(snap, filter_at, {"dropped": 0})
             sim.restore(snap)
+        if self.ledger.spec.balance is None:
+            sim.add_lost(self.ledger.lost.get(self.stream, []))
         return sim
 
     def _enter(self, segment: Segment) -> None:
@@ -557,6 +564,19 @@ def _collect_snapshots(states: list[dict[str, Any]]) -> dict[int, list[_Known]]:
             known = _Known(snapshots.emitted(snap), snap, filtered)
             found.setdefault(stream, {})[known.emitted] = known
     return {s: [by[e] for e in sorted(by)] for s, by in found.items()}
+
+
+def _collect_lost(states: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Per stream, the samples the loader lost workers on (energon.loader.recovery), from every
+    state's snapshots: skipped ones and those still pending, each once."""
+    found: dict[int, dict[str, dict[str, Any]]] = {}
+    for state in states:
+        for stream, snap in stream_snapshots(state).items():
+            account = snapshots.error_state(snap) or {}
+            for entry in (*account.get("lost", ()), *account.get("skip", ())):
+                plain = {name: entry[name] for name in ("source", "index", "key", "error")}
+                found.setdefault(stream, {}).setdefault(entry["error"], plain)
+    return {stream: list(by.values()) for stream, by in found.items()}
 
 
 @dataclasses.dataclass(frozen=True)

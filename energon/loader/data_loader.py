@@ -1,9 +1,11 @@
 """The loaders: ``get_loader`` / ``get_savable_loader`` and the :class:`Loader` they return.
 
-A loader hands this rank its micro-batches in global-plan order. With workers, torch's DataLoader
-collects worker ``w``'s results in strict round-robin, and worker ``w`` produces exactly the rank's
-positions ``w, w + W, ...``, so the order is the plan's. Every yielded item comes with the snapshot of
-its stream, so saving the state is copying a few small dicts: nothing is paused and nothing replayed.
+A loader hands this rank its micro-batches in global-plan order. With workers
+(:mod:`energon.loader.workers`), it takes worker ``w``'s results in strict round-robin, and worker
+``w`` produces exactly the rank's positions ``w, w + W, ...``, so the order is the plan's. Every
+yielded item comes with the snapshot of its stream, so saving the state is copying a few small dicts:
+nothing is paused and nothing replayed; and a lost worker is replaced where it stood
+(:mod:`energon.loader.recovery`).
 
 A loader keeps all of its own state (position, snapshots, arena, the spec it restored) to itself:
 several loaders over one dataset object do not affect each other. Validation passes stay even across
@@ -12,14 +14,11 @@ ranks through :mod:`energon.loader.evenness`.
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
-import fcntl
 import functools
 import itertools
 import json
-import time
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,8 +26,6 @@ from typing import Any, ClassVar
 
 import torch
 import torch.utils.data
-from torch._utils import ExceptionWrapper
-from torch.utils.data._utils.pin_memory import pin_memory as _torch_pin_memory
 
 from energon import arguments, debug_log
 from energon.balance.tail import TAIL_FIELD, settled
@@ -44,10 +41,13 @@ from energon.loader.blend_report import BlendReport, BlendTracker, source_names,
 from energon.loader.error_report import ErrorReport
 from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.journal import JournalWriter, sources_digest
+from energon.loader.recovery import LostSample, Recovery, WorkerRecovery
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
-from energon.loader.transit import pack_strings
-from energon.memory.batch_arena import ANY_WORKER, NO_WORKER, BatchArena, arena_supported
-from energon.observe import probe
+from energon.loader.workers.messages import collate
+from energon.loader.workers.processes import ProcessPool
+from energon.loader.workers.results import Watch, WorkerResults, with_lost
+from energon.memory.batch_arena import BatchArena, arena_supported
+from energon.observe.stall import StallCheck
 from energon.observe.stats import LoaderMonitor
 from energon.pipeline import snapshot
 from energon.pipeline.executor import ItemMeta
@@ -57,7 +57,6 @@ from energon.pipeline.spec import check_blend_streams
 from energon.pipeline.stage import Value
 from energon.plan.edits import PlanEdits, edits_from_json
 from energon.plan.schedules import FlatWeights, WeightChange, WeightSchedule
-from energon.samples.base import needs_pinning
 from energon.source.meta import SampleMeta, meta_reader
 from energon.state import (
     check_compatible,
@@ -76,208 +75,6 @@ BLEND_REPORT_WINDOW = 1000  # global samples per window of Loader.blend_report()
 # A state may name at most world_size x MAX_WORKERS logical streams (or one per sample): more is a
 # damaged state, and building that many streams would look like a hang.
 MAX_WORKERS = 1024
-# A worker sends the items it makes within this many seconds (at most GROUP_MAX_ITEMS) as one
-# message: see _grouped.
-GROUP_SECONDS = 0.01
-GROUP_MAX_ITEMS = 8
-# Pipe capacity asked for the workers' messages to the main process (see _widen_result_pipe).
-RESULT_PIPE_BYTES = 1 << 20
-
-
-def _collate(arena: BatchArena | None, item: tuple[Value, ItemMeta]) -> tuple[Value, ItemMeta]:
-    """Runs where the item was made (a worker, or the main process without workers): torch's
-    ``default_convert`` (numpy arrays in dicts, lists and tuples -> tensors, as Megatron-Energon
-    does with and without workers), and arena tensors -> small references."""
-    value, meta = item
-    stage = probe.ACTIVE.enter(probe.TRANSFER)
-    value = torch.utils.data.default_convert(value)
-    if arena is not None:
-        value, meta.arena = arena.export(value)
-    probe.ACTIVE.enter(stage)
-    return value, meta
-
-
-class _WorkerItems(torch.utils.data.IterableDataset):
-    """What a loader's workers iterate: each its share of the rank's items, with their stream
-    snapshots, resuming where the loader says (the dataset itself holds no loader state)."""
-
-    def __init__(
-        self, dataset: SavableDataset, resume: ResumePoint, arena: BatchArena | None
-    ) -> None:
-        self.dataset = dataset
-        self.resume = resume
-        self.arena = arena
-
-    def __iter__(self) -> Iterator[tuple[Value, ItemMeta]]:
-        info = torch.utils.data.get_worker_info()
-        worker = info.id if info is not None else 0
-        if self.arena is not None:
-            self.arena.activate(worker)
-        debug_log.activate(self.dataset.worker_config)
-        groups = _grouped(worker, iter(self.dataset.executor(worker, self.resume)))
-        if self.arena is None:
-            return groups
-        return self.arena.count_groups(groups)
-
-
-class _Group:
-    """One message from a worker: some of its items in order (an error of its pipeline in the place
-    of the item it failed on), and whether they are its last (``last``).
-
-    With CUDA, torch's pin-memory thread in the main process calls :meth:`pin_memory` on every
-    message. Only items that need it (``ItemMeta.pin``, decided in the worker) are pinned: torch's
-    own walk would rebuild every list, tuple and dict of every batch, and for text batches, which
-    hold no tensor, that walk cost the main process more than all else a batch costs it there
-    (docs/benchmarks.md, "Sixth round")."""
-
-    __slots__ = ("worker", "last", "items")
-
-    def __init__(self, worker: int, last: bool = False, items: list[Any] | None = None) -> None:
-        self.worker = worker
-        self.last = last
-        self.items = [] if items is None else items
-
-    def __reduce__(self) -> tuple:
-        return _Group, (self.worker, self.last, self.items)
-
-    def pin_memory(self) -> _Group:
-        for i, item in enumerate(self.items):
-            if not isinstance(item, ExceptionWrapper) and item[1].pin:
-                self.items[i] = (_torch_pin_memory(item[0]), item[1])
-        return self
-
-
-def _grouped(worker: int, items: Iterator[tuple[Value, ItemMeta]]) -> Iterator[_Group]:
-    """A worker's items in groups, one message to the main process per group. Every message costs
-    both processes a fixed price (torch's queues, a feeder thread and a pipe write in the worker,
-    a read and the bookkeeping of torch's iterator in the main process) that is as large as the
-    work of a small batch, so a worker gathers the items it makes within ``GROUP_SECONDS`` (at
-    most ``GROUP_MAX_ITEMS``); a slow item (an image batch) travels alone as before. The price:
-    an item is not sent before the next one of its group is made, so an item that stalls (a hung
-    read, a slow hook) holds back the few items made in the ``GROUP_SECONDS`` before it; the
-    watchdog still names the stalled item. An exception of the worker's pipeline travels in its
-    place in the group, so the main process raises it exactly where the item would have been."""
-    while True:
-        group = _Group(worker)
-        started = time.monotonic()
-        try:
-            while True:
-                group.items.append(next(items))
-                if (
-                    len(group.items) >= GROUP_MAX_ITEMS
-                    or time.monotonic() - started >= GROUP_SECONDS
-                ):
-                    break
-        except StopIteration:
-            group.last = True
-        except Exception:
-            group.items.append(ExceptionWrapper(where=f"in DataLoader worker process {worker}"))
-            group.last = True
-        yield group
-        if group.last:
-            return
-
-
-def _collate_group(arena: BatchArena | None, pinned: bool, group: _Group) -> _Group:
-    """``_collate`` for every item of a worker's group (in place), its strings ready to travel
-    (:func:`pack_strings`) and, when the main process pins memory (``pinned``), marked if it has
-    anything to pin."""
-    items = group.items
-    for i, item in enumerate(items):
-        if not isinstance(item, ExceptionWrapper):
-            value, meta = items[i] = _collate(arena, item)
-            pack_strings(value)
-            meta.pin = pinned and needs_pinning(value)
-    return group
-
-
-def _widen_result_pipe(iterator: Any) -> None:
-    """Let the pipe that carries the workers' groups to the main process hold a whole group
-    (``RESULT_PIPE_BYTES``) where the system allows it. With Linux's default 64 KiB a group of
-    text batches (~600 KB) is written in many rounds, each a wake-up of the reading main process
-    and of the blocked writer. Best effort: a smaller pipe is only slower."""
-    queue = getattr(iterator, "_worker_result_queue", None)
-    reader = getattr(queue, "_reader", None)
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if reader is None or set_size is None:
-        return
-    try:
-        fcntl.fcntl(reader.fileno(), set_size, RESULT_PIPE_BYTES)
-    except OSError:
-        pass  # above the system's limit for this user (/proc/sys/fs/pipe-max-size)
-
-
-class _WorkerResults:
-    """The items of the workers' groups, in the order torch's DataLoader would hand them out one by
-    one: strict round-robin over the workers, skipping a worker once its items are over.
-
-    The groups are taken with the iterator's ``_next_data`` rather than ``next``: ``__next__``
-    wraps every call in a profiler ``record_function`` (two calls into torch's op dispatcher) and
-    counts for a length check that never applies here (the iterable has no length)."""
-
-    def __init__(self, iterator: Any, num_workers: int, arena: BatchArena | None) -> None:
-        self._iterator = iterator
-        self._arena = arena
-        self._groups_received = [0] * num_workers
-        self._pending: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
-        self._over = [False] * num_workers
-        self._turn = 0
-
-    def __iter__(self) -> _WorkerResults:
-        return self
-
-    def __next__(self) -> tuple[Value, ItemMeta]:
-        for _ in range(len(self._pending)):
-            worker = self._turn
-            self._turn = (worker + 1) % len(self._pending)
-            pending = self._pending[worker]
-            while not pending and not self._over[worker]:
-                self._receive()
-            if pending:
-                item = pending.popleft()
-                if isinstance(item, ExceptionWrapper):
-                    item.reraise()
-                return item
-        raise StopIteration
-
-    def _receive(self) -> None:
-        """The next group from torch (in its round-robin order over the workers, which may run
-        ahead of ours: groups differ in size), queued under its worker."""
-        arena = self._arena
-        if arena is not None:
-            awaited = self._awaited_worker()
-            arena.main_waits_for(awaited, self._groups_received[awaited] if awaited >= 0 else 0)
-        try:
-            group = self._iterator._next_data()
-        except StopIteration:
-            self._over = [True] * len(self._over)
-            return
-        finally:
-            if arena is not None:
-                arena.main_waits_for(NO_WORKER)
-        worker = group.worker
-        self._groups_received[worker] += 1
-        self._pending[worker].extend(group.items)
-        if group.last:
-            self._over[worker] = True
-
-    def _awaited_worker(self) -> int:
-        """The worker whose group torch hands out next (its task bookkeeping): NO_WORKER when
-        that group is already here (no wait), ANY_WORKER when torch will move past an ended
-        worker or its bookkeeping is unknown."""
-        iterator = self._iterator
-        task_info = getattr(iterator, "_task_info", None)
-        received = getattr(iterator, "_rcvd_idx", None)
-        status = getattr(iterator, "_workers_status", None)
-        info = task_info.get(received) if task_info is not None else None
-        if not info or status is None:
-            return ANY_WORKER
-        if len(info) == 2:
-            return NO_WORKER  # received out of order earlier: handed out without a wait
-        return info[0] if status[info[0]] else ANY_WORKER
-
-    def _shutdown_workers(self) -> None:
-        self._iterator._shutdown_workers()
 
 
 class Loader:
@@ -294,7 +91,10 @@ class Loader:
     options are real: after ``watchdog_timeout_seconds`` (``watchdog_initial_timeout_seconds`` for
     the first batch of a pass) without a batch, the stacks of every process and the sample each
     worker is on are logged, and with ``fail_on_timeout`` the wait ends in
-    :class:`~energon.errors.WatchdogTimeout` (None or 0 switches the watchdog off). See
+    :class:`~energon.errors.WatchdogTimeout` (None or 0 switches the watchdog off).
+    ``recovery`` (a :class:`~energon.loader.recovery.WorkerRecovery`; default: replace lost
+    workers, leave stuck ones to the watchdog) says what happens when a worker dies or is stuck:
+    it is replaced at its exact position and the sample it was on is skipped and counted. See
     docs/observability.md, also for :meth:`stats`.
     """
 
@@ -313,6 +113,7 @@ class Loader:
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
+        recovery: WorkerRecovery | None = None,
     ) -> None:
         if not isinstance(dataset, SavableDataset):
             raise ArgumentTypeError(
@@ -360,6 +161,12 @@ class Loader:
             fail_on_timeout=fail_on_timeout,
             sources=[name["path"] for name in self._errors.names],
         )
+        self._recovery = Recovery(
+            _recovery_policy(recovery, self.worker_config.num_workers),
+            _weakly(self._describe_sample),
+            dataset.spec.error_handler,
+        )
+        self._results: WorkerResults | None = None
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
 
@@ -407,6 +214,7 @@ class Loader:
         iter_id = self.next_id()
         self._log(1, "iter", iter_id=iter_id)
         self._log_pass_boundary("start", length)
+        self._recovery.new_pass()
         if self._source is None:
             self._source = self._open_source()
         agree, group = agreement_group(self.dataset)
@@ -581,25 +389,49 @@ class Loader:
         )
         if wc.num_workers == 0:
             items = self.dataset.executor(0, resume)
-            return map(functools.partial(_collate, None), items)
+            return map(functools.partial(collate, None), items)
         self._arena = BatchArena(wc.num_workers) if arena_supported() else None
-        pinned = torch.cuda.is_available()
-        generator = torch.Generator()
-        generator.manual_seed(0)  # torch draws worker base seeds from it, not from the global RNG
-        loader = torch.utils.data.DataLoader(
-            _WorkerItems(self.dataset, resume, self._arena),
-            batch_size=None,
-            num_workers=wc.num_workers,
-            collate_fn=functools.partial(_collate_group, self._arena, pinned),
-            prefetch_factor=self.prefetch_factor,
-            persistent_workers=False,
-            multiprocessing_context="fork",
-            pin_memory=pinned,
-            generator=generator,
+        pool = ProcessPool(
+            self.dataset,
+            wc.num_workers,
+            prefetch=self.prefetch_factor,
+            arena=self._arena,
+            pinned=torch.cuda.is_available(),
         )
-        iterator = iter(loader)
-        _widen_result_pipe(iterator)
-        return _WorkerResults(iterator, wc.num_workers, self._arena)
+        self._results = WorkerResults(pool, resume, self._recovery, self._watch(), self._arena)
+        return self._results
+
+    def _watch(self) -> Watch:
+        """What the worker results need to replace lost workers (energon.loader.recovery)."""
+        wc, monitor, policy = self.worker_config, self._monitor, self._recovery.policy
+        stall = None
+        if policy.on_stall == "skip" and monitor.board is not None:
+            stall = StallCheck(
+                monitor.board, policy.stall_timeout_seconds, policy.stall_timeout_per
+            )
+        return Watch(
+            rank=wc.rank,
+            world_size=wc.world_size,
+            board=monitor.board,
+            stall=stall,
+            report_stall=monitor.report_stall,
+            stopped=monitor.stopped_by_watchdog,
+            initial_snapshot=self.dataset.initial_snapshot,
+            lost_sample=self._lost_sample,
+        )
+
+    def _lost_sample(self, lost: LostSample) -> None:
+        """A worker was lost on a sample: the stream's consumed snapshot gets it as pending, so
+        that a state saved now skips it too."""
+        snap = self._snapshots.get(lost.stream) or self.dataset.initial_snapshot(lost.stream)
+        self._snapshots[lost.stream] = with_lost(snap, lost)
+
+    def worker_losses(self) -> list[dict[str, Any]]:
+        """Every worker this loader lost, in order (plain data): ``worker``, ``who`` (with its
+        process id), ``cause`` (the signal, exit code, or the stall), the logical ``stream`` it
+        was making an item of, the ``sample`` it was on (source, index, key, shard, byte_offset,
+        dataset; None if it was between samples) and the ``action`` taken."""
+        return [loss.to_json() for loss in self._recovery.losses]
 
     def _next_position(self) -> int:
         """The global micro-batch position this rank yields next."""
@@ -622,11 +454,11 @@ class Loader:
         self._source_ended = False
         if source is not None:
             self._monitor.close_source()
-        shutdown = getattr(source, "_shutdown_workers", None)
-        if shutdown is not None:
+        results, self._results = self._results, None
+        if results is not None:
             if self._arena is not None:
                 self._arena.release_workers()
-            shutdown()
+            results.close()
         if self._arena is not None:
             self._arena.close()
 
@@ -1020,9 +852,9 @@ class Loader:
         self._monitor.enabled = bool(value)
 
     def watchdog_reports(self) -> list[str]:
-        """The stall reports the watchdog has written (also logged, logger ``energon.watchdog``)."""
-        watchdog = self._monitor.watchdog
-        return list(watchdog.reports) if watchdog is not None else []
+        """The stall reports the watchdog has written (also logged, logger ``energon.watchdog``),
+        with those on workers that ``on_stall="skip"`` stopped."""
+        return self._monitor.reports()
 
     def _describe_sample(self, source: int, index: int) -> dict[str, Any]:
         """Key, shard, byte offset and dataset of sample ``index`` of ``source`` (metadata only)."""
@@ -1141,6 +973,7 @@ class SavableDataLoader(Loader):
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
+        recovery: WorkerRecovery | None = None,
     ) -> None:
         _warn_unused_options(
             checkpoint_every_sec=checkpoint_every_sec,
@@ -1156,6 +989,7 @@ class SavableDataLoader(Loader):
             watchdog_timeout_seconds=watchdog_timeout_seconds,
             watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
             fail_on_timeout=fail_on_timeout,
+            recovery=recovery,
         )
 
 
@@ -1191,6 +1025,22 @@ def _warn_unused_options(**given: Any) -> None:
             warnings.warn(
                 f"{name}={value!r} has no effect in energon: {why}", UserWarning, stacklevel=4
             )
+
+
+def _recovery_policy(recovery: WorkerRecovery | None, num_workers: int) -> WorkerRecovery:
+    """The loader's recovery policy (default: replace lost workers, report stuck ones)."""
+    if recovery is None:
+        return WorkerRecovery()
+    if not isinstance(recovery, WorkerRecovery):
+        raise TypeError(f"recovery must be a WorkerRecovery, got {recovery!r}")
+    if recovery.on_stall == "skip" and num_workers == 0:
+        warnings.warn(
+            "on_stall='skip' needs worker processes (num_workers > 0): without them a stuck "
+            "sample can only be reported (watchdog)",
+            UserWarning,
+            stacklevel=4,
+        )
+    return recovery
 
 
 def _broadcast(values: list[Any], group: Any) -> list[Any]:
@@ -1230,6 +1080,7 @@ def get_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
+    recovery: WorkerRecovery | None = None,
 ) -> BasicDataLoader:
     """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes."""
     _check_worker_config(dataset, worker_config)
@@ -1240,6 +1091,7 @@ def get_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
+        recovery=recovery,
     )
 
 
@@ -1257,6 +1109,7 @@ def get_savable_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
+    recovery: WorkerRecovery | None = None,
 ) -> SavableDataLoader:
     """A loader whose exact position can be saved (``save_state_rank``) and restored."""
     _check_worker_config(dataset, worker_config)
@@ -1271,4 +1124,5 @@ def get_savable_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
+        recovery=recovery,
     )

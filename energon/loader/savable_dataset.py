@@ -144,6 +144,12 @@ class SavableDataset(torch.utils.data.IterableDataset):
         """The stage chain of one logical stream (datasets composed otherwise override this)."""
         return build_stream(self.spec, stream_id)
 
+    def initial_snapshot(self, stream_id: int) -> StreamSnapshot:
+        """The snapshot of stream ``stream_id`` before its first item (no data is read)."""
+        if self.spec.balance is not None:
+            return self.executor(0, all_workers=True).stream(stream_id).state()
+        return self.build_stream(stream_id).state()
+
     def check_snapshot(self, stream_id: int, snapshot: StreamSnapshot) -> None:
         """Check a saved stream snapshot without reading data (``StateError`` naming the field):
         the pointer stages are built and restored (no I/O); the stages behind them check their

@@ -60,10 +60,11 @@ PID, STARTED, ACTIVE_SECONDS, TIMED_SECONDS, PUBLISHED, RETRIES, REMOTE_BYTES = 
 TIMES = 7  # TIMES + code: seconds spent in stage `code` during timed cycles
 SLOT_FIELDS = TIMES + len(STAGES)
 # int64 fields of a slot, written on the hot path: stage code, the sample being loaded (source,
-# index), samples read, items made, when the current item began (monotonic ns); then one retry
-# counter per source of the loader
-STAGE, SOURCE, INDEX, SAMPLES, ITEMS, ITEM_SINCE_NS = range(6)
-HOT_FIELDS = 6
+# index), samples read, items made, when the current item began (monotonic ns), the logical stream
+# whose item is being made (what a lost worker's recovery reads); then one retry counter per
+# source of the loader
+STAGE, SOURCE, INDEX, SAMPLES, ITEMS, ITEM_SINCE_NS, STREAM = range(7)
+HOT_FIELDS = 7
 TIMED_FIRST = 4  # the first items of a process are all timed ...
 TIMED_EVERY = 16  # ... then one item in this many
 STACK_SIGNAL = signal.SIGUSR2
@@ -77,20 +78,30 @@ class Board:
     """The shared slots of one loader pass (created by the main process, opened by workers).
 
     ``sources`` are the paths of the loader's sources (their roots: a retry of a request to an
-    object under one of them counts for that source)."""
+    object under one of them counts for that source). ``timed=False``: the processes only store
+    what they are on (stage, sample, counts) and never read a clock (stats off; the watchdog and
+    the recovery of lost workers still read the slots)."""
 
-    def __init__(self, slots: int, sources: list[str] | None = None, folder: str | None = None):
+    def __init__(
+        self,
+        slots: int,
+        sources: list[str] | None = None,
+        folder: str | None = None,
+        timed: bool = True,
+    ):
         self.folder = folder or tempfile.mkdtemp(prefix="energon-board-", dir=_shared_folder())
         self.slots = slots
         self.sources = [str(source) for source in sources or []]
+        self.timed = timed
         with open(os.path.join(self.folder, "sources.json"), "w") as f:
-            json.dump(self.sources, f)
+            json.dump({"sources": self.sources, "timed": timed}, f)
         self.hot_width = HOT_FIELDS + len(self.sources)
         self.buffer = _create(os.path.join(self.folder, "slots"), slots * SLOT_FIELDS)
         self.hot_buffer = _create(os.path.join(self.folder, "hot"), slots * self.hot_width)
         self.array = np.frombuffer(self.buffer, dtype=np.float64).reshape(slots, SLOT_FIELDS)
         self.hot = np.frombuffer(self.hot_buffer, dtype=np.int64).reshape(slots, self.hot_width)
         self.hot[:, INDEX] = -1
+        self.hot[:, STREAM] = -1
         # removed when the board is dropped or at exit, also when nobody calls close() (a loader
         # left to the garbage collector), only by the process that made it (never a forked
         # worker). multiprocessing's finalizer, not weakref.finalize: it also runs when a
@@ -161,6 +172,7 @@ class Probe:
         hot: memoryview,
         sources: list[str],
         stack_file: IO[str] | None = None,
+        timed: bool = True,
     ) -> None:
         self.slot = slot
         self.hot = hot
@@ -171,7 +183,8 @@ class Probe:
         self.since = now  # the last stage switch (read in timed cycles only)
         self.cycle_start = now
         self.cycles = 0
-        self.timing = True
+        self.timed = timed  # False: no cycle is ever timed (stats off)
+        self.timing = timed
         slot[PID] = os.getpid()
         if not slot[STARTED]:  # a later pass's worker continues the slot's totals
             slot[STARTED] = now
@@ -214,7 +227,7 @@ class Probe:
             self._count_source_retries()
         self.cycles += 1
         was_timed = self.timing
-        self.timing = self.cycles < TIMED_FIRST or self.cycles % TIMED_EVERY == 0
+        self.timing = self.timed and (self.cycles < TIMED_FIRST or self.cycles % TIMED_EVERY == 0)
         if not (was_timed or self.timing):
             return
         now = now_ns / 1e9
@@ -338,17 +351,19 @@ def activate(board: Board | str | None, slot: int) -> None:
         install(_probes[key])
         return
     if isinstance(board, Board):
-        buffer, hot_buffer, sources, stack_file = (
+        buffer, hot_buffer, sources, timed, stack_file = (
             board.buffer,
             board.hot_buffer,
             board.sources,
+            board.timed,
             None,
         )
     else:
         buffer = _map(os.path.join(folder, "slots"))
         hot_buffer = _map(os.path.join(folder, "hot"))
         with open(os.path.join(folder, "sources.json")) as f:
-            sources = json.load(f)
+            described = json.load(f)
+        sources, timed = described["sources"], described["timed"]
         stack_file = open(os.path.join(folder, f"stack-{slot}.txt"), "w")  # noqa: SIM115
         faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
     width = HOT_FIELDS + len(sources)
@@ -357,6 +372,7 @@ def activate(board: Board | str | None, slot: int) -> None:
         _row(hot_buffer, "q", slot, width),
         sources,
         stack_file,
+        timed,
     )
     _probes[key] = probe
     install(probe)
@@ -402,6 +418,7 @@ def probe_state(slot: np.ndarray, hot: np.ndarray) -> dict[str, Any]:
         "index": int(hot[INDEX]),
         "samples": int(hot[SAMPLES]),
         "items": int(hot[ITEMS]),
+        "stream": int(hot[STREAM]),
         "remote_retries": int(slot[RETRIES]),
         "remote_bytes": int(slot[REMOTE_BYTES]),
         "seconds": times,

@@ -21,7 +21,7 @@ import numpy as np
 from energon.errors import WatchdogTimeout
 from energon.observe import probe
 from energon.observe.probe import STAGES, Board
-from energon.observe.watchdog import Describe, Watchdog
+from energon.observe.watchdog import Describe, Watchdog, stall_report
 
 logger = logging.getLogger("energon.stats")
 RECENT_WAITS = 1000  # wait percentiles are over the most recent batches
@@ -40,6 +40,9 @@ class LoaderMonitor:
         sources: list[str] | None = None,
     ) -> None:
         self.num_workers = num_workers
+        self.rank = rank
+        self.describe = describe
+        self.stall_reports: list[str] = []  # reports on stuck workers, without a watchdog
         self.sources = list(sources or [])  # source paths: retries are counted per source
         self.enabled = True  # per-stage stats and the watchdog's view of the workers
         self.board: Board | None = None
@@ -60,13 +63,15 @@ class LoaderMonitor:
 
     # -- the loader's source -----------------------------------------------------------------
     def open_source(self) -> str | None:
-        """The board folder to give the workers (None: stats are off). Without workers the main
-        process runs the stages and writes slot 0 itself."""
+        """The board folder to give the workers (None: stats are off without workers). Without
+        workers the main process runs the stages and writes slot 0 itself. Workers always get a
+        board: what they are on is how a lost worker's sample is found
+        (:mod:`energon.loader.recovery`); with stats off they read no clock."""
         self._received_here = 0
-        if not self.enabled:
+        if not self.enabled and self.num_workers == 0:
             return None
         if self.board is None:
-            self.board = Board(max(1, self.num_workers), self.sources)
+            self.board = Board(max(1, self.num_workers), self.sources, timed=self.enabled)
             if self.watchdog is not None:
                 self.watchdog.board = self.board
         if self.num_workers == 0:
@@ -114,6 +119,26 @@ class LoaderMonitor:
             logger.info("%s", format_line(self.stats()))
         return entry
 
+    # -- stuck and lost workers (energon.loader.recovery) --------------------------------------
+    def report_stall(self, worker: int, headline: str) -> str:
+        """Write the watchdog's report on one worker that is stopped for being stuck (kept with
+        the watchdog's reports)."""
+        report = stall_report(self.board, worker, self.describe, headline)
+        if self.watchdog is not None:
+            self.watchdog.reports.append(report)
+        else:
+            self.stall_reports.append(report)
+        return report
+
+    def reports(self) -> list[str]:
+        """Every report written: the watchdog's and those on stuck workers."""
+        return list(self.watchdog.reports if self.watchdog is not None else self.stall_reports)
+
+    def stopped_by_watchdog(self) -> bool:
+        """Whether the watchdog fired with ``fail_on_timeout`` (it kills the workers: they are not
+        to be replaced, the wait ends in WatchdogTimeout)."""
+        return self.watchdog is not None and self.watchdog.failed is not None
+
     def close(self) -> None:
         if self.watchdog is not None:
             self.watchdog.close()
@@ -139,7 +164,7 @@ class LoaderMonitor:
             },
             "stage_seconds": stages,
             "workers": workers,
-            "watchdog_reports": len(self.watchdog.reports) if self.watchdog is not None else 0,
+            "watchdog_reports": len(self.reports()),
         }
         if errors is not None:
             retries = self.source_retries()
@@ -164,7 +189,7 @@ class LoaderMonitor:
         return self.board.source_retries()
 
     def _worker_stats(self) -> list[dict[str, Any]]:
-        if self.board is None:
+        if self.board is None or not self.enabled:
             return []
         out = []
         for worker, state in enumerate(self.board.states()):

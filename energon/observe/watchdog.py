@@ -157,25 +157,7 @@ class Watchdog:
         return [(slot, state) for slot, state in states if state["pid"]]
 
     def _describe_worker(self, slot: int, state: dict[str, Any]) -> str:
-        pid = state["pid"]
-        where = "main process" if pid == os.getpid() else f"worker {slot} (pid {pid})"
-        line = (
-            f"{where}: stage {state['stage']}, {_on_item(state)}, "
-            f"{state['samples']} samples read, {state['items']} items produced"
-        )
-        if state["index"] >= 0:
-            try:
-                sample = self.describe(state["source"], state["index"])
-            except Exception as e:  # the report must not fail because metadata does
-                sample = {"error": f"{type(e).__name__}: {e}"}
-            fields = ", ".join(f"{k} {v}" for k, v in sample.items())
-            line += (
-                f"\n  last sample loaded: source {state['source']} index {state['index']}: {fields}"
-            )
-        if pid != os.getpid() and self.board is not None:
-            stack = _worker_stack(pid, self.board.stack_path(slot))
-            line += "\n  stacks:\n" + _indent(stack, "    ")
-        return line
+        return describe_worker(self.board, slot, state, self.describe)
 
     def _kill_workers(self) -> None:
         for _, state in self._worker_states():
@@ -185,6 +167,39 @@ class Watchdog:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+
+
+def describe_worker(
+    board: Board | None, slot: int, state: dict[str, Any], describe: Describe
+) -> str:
+    """One process of a report: its stage, how long it has been on its item, the sample it
+    loaded last (key, shard, offset, dataset) and, for a worker, its stacks."""
+    pid = state["pid"]
+    where = "main process" if pid == os.getpid() else f"worker {slot} (pid {pid})"
+    line = (
+        f"{where}: stage {state['stage']}, {_on_item(state)}, "
+        f"{state['samples']} samples read, {state['items']} items produced"
+    )
+    if state["index"] >= 0:
+        try:
+            sample = describe(state["source"], state["index"])
+        except Exception as e:  # the report must not fail because metadata does
+            sample = {"error": f"{type(e).__name__}: {e}"}
+        fields = ", ".join(f"{k} {v}" for k, v in sample.items())
+        line += f"\n  last sample loaded: source {state['source']} index {state['index']}: {fields}"
+    if pid != os.getpid() and board is not None:
+        stack = _worker_stack(pid, board.stack_path(slot))
+        line += "\n  stacks:\n" + _indent(stack, "    ")
+    return line
+
+
+def stall_report(board: Board, slot: int, describe: Describe, headline: str) -> str:
+    """The report on one worker that the stall policy stops (energon.loader.recovery): what the
+    watchdog would write about it, under ``headline``. Logged like the watchdog's reports."""
+    state = board.states()[slot]
+    report = f"{headline}\n{describe_worker(board, slot, state, describe)}"
+    logger.error("%s", report)
+    return report
 
 
 def _on_item(state: dict[str, Any]) -> str:

@@ -55,7 +55,7 @@ from energon.pipeline.snapshot import (
 )
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Value
-from energon.pipeline.stages import LoadStage, call_hook
+from energon.pipeline.stages import LoadStage, call_hook, working_on
 from energon.pipeline.stream import cook_function
 from energon.samples import padding
 from energon.source.meta import SampleMeta
@@ -442,8 +442,14 @@ class BalancedExecutor:
         return SampleMeta(self.costs.reader(source), source, index)
 
     def _load(self, key: Key, sample_index: int) -> list[Value]:
-        """The encoded outputs of one sample (none when it failed and the policy skips it)."""
+        """The encoded outputs of one sample (none when it failed and the policy skips it, or
+        when a worker died on it: energon.loader.recovery)."""
         self.failures.loading(key)
+        source, index = pointer_target(key)
+        working_on(source, index, self.failures.current)
+        account = self.failures.account(self.failures.current)
+        if account.lost_pending and account.skip_lost(key, source, index):
+            return []
         try:
             sample = self._loader.rebuild(key)
         except SampleException as e:

@@ -8,6 +8,12 @@ together beyond ``max_total_rate``, or a source of which every sample a finished
 stop the run with :class:`~energon.errors.ErrorBudgetExceeded` naming the source. Samples read come
 from the stream's readers (``reads(source)``), so the account only stores what failed.
 
+Samples on which a loader worker died (:mod:`energon.loader.recovery`) are *lost samples*: the
+main process adds them to the stream's account as pending (``skip``), and the stream skips each where
+it meets it again (:meth:`ErrorAccount.skip_lost`), counting it as a failure
+(:class:`~energon.errors.WorkerLostError`) and keeping it in a short history (``lost``) that the ledger
+and ``energon checkpoint info`` read.
+
 Its state is part of the stream's snapshot (:mod:`energon.pipeline.snapshot`) and so of the loader
 state: plain data, ``None`` while nothing failed, at most :data:`MAX_REASONS` reasons and
 :data:`MAX_EXAMPLES` examples per source. The success path costs nothing.
@@ -19,12 +25,14 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from energon.errors import ErrorBudget, ErrorBudgetExceeded, StateError
+from energon.errors import ErrorBudget, ErrorBudgetExceeded, StateError, WorkerLostError
 from energon.pipeline.keys import as_key, pointer_target, pointers_of
 
 MAX_REASONS = 8  # distinct exception types per source; more are counted as "other"
 MAX_EXAMPLES = 3  # example failures kept per source and stream
 MAX_MESSAGE = 300  # characters of an example's error message
+MAX_LOST = 100  # lost samples kept in a stream's history (the oldest go first)
+LOST_FIELDS = ("source", "index", "key", "error")  # a lost sample; the history adds "failed_before"
 
 
 @dataclasses.dataclass
@@ -73,6 +81,10 @@ class ErrorAccount:
         self.failed_total = 0
         self._window = _Window()
         self._sources: dict[int, _SourceErrors] = {}
+        # lost samples to skip when the stream meets them (a stage holds this very list: it is
+        # only ever changed in place), and those skipped so far
+        self.lost_pending: list[dict[str, Any]] = []
+        self.lost_history: list[dict[str, Any]] = []
         self._state: dict[str, Any] | None = None  # cached: snapshots share it until a change
 
     # -- counting -------------------------------------------------------------------------------
@@ -125,6 +137,20 @@ class ErrorAccount:
                     f"from {self._name(source)}. {self._evidence(errors, exc)}"
                 ) from exc
 
+    def skip_lost(self, key: Any, source: int, index: int) -> bool:
+        """Whether sample ``index`` of ``source`` (pointer ``key``) is a pending lost sample; if so
+        it is counted as failed (:class:`WorkerLostError`, against the budget) and moved to the
+        history. Call it only while :attr:`lost_pending` is not empty."""
+        for i, entry in enumerate(self.lost_pending):
+            if entry["source"] == source and entry["index"] == index:
+                del self.lost_pending[i]
+                self.lost_history.append({**entry, "failed_before": self.failed_total})
+                del self.lost_history[:-MAX_LOST]
+                self._state = None
+                self.failed([key], WorkerLostError(entry["error"]), {"__key__": entry["key"]})
+                return True
+        return False
+
     def finish(self) -> None:
         """The stream ended: a source of which every sample read here failed is a fatal error."""
         for source, errors in self._sources.items():
@@ -163,8 +189,8 @@ class ErrorAccount:
 
     # -- state ----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any] | None:
-        """Plain data (None while nothing failed); treat it as read-only."""
-        if not self.failed_total:
+        """Plain data (None while nothing failed or was lost); treat it as read-only."""
+        if not (self.failed_total or self.lost_pending or self.lost_history):
             return None
         if self._state is None:
             self._state = {
@@ -172,6 +198,9 @@ class ErrorAccount:
                 "window": [self._window.index, self._window.failed],
                 "sources": [e.state(s) for s, e in sorted(self._sources.items())],
             }
+            if self.lost_pending or self.lost_history:
+                self._state["skip"] = [dict(e) for e in self.lost_pending]
+                self._state["lost"] = [dict(e) for e in self.lost_history]
         return self._state
 
     def restore(self, state: dict[str, Any] | None) -> None:
@@ -179,10 +208,14 @@ class ErrorAccount:
         self._sources = {}
         self._window = _Window()
         self.failed_total = 0
+        self.lost_pending[:] = []
+        self.lost_history[:] = []
         self._state = None
         if not state:
             return
         try:
+            self.lost_pending[:] = _lost_entries(state.get("skip", []), len(self.leaves), False)
+            self.lost_history[:] = _lost_entries(state.get("lost", []), len(self.leaves), True)
             self.failed_total = _count(state["failed"])
             self._window = _Window(*_pair(state["window"]))
             for source, failed, window, reasons, examples in state["sources"]:
@@ -204,6 +237,48 @@ def _count(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"bad count {value!r}")
     return value
+
+
+def _lost_entries(entries: Any, num_sources: int, history: bool) -> list[dict[str, Any]]:
+    """Lost samples of a saved account, checked (a ``ValueError`` names what is wrong)."""
+    if not isinstance(entries, list) or len(entries) > MAX_LOST:
+        raise ValueError(f"lost samples {entries!r:.80}")
+    fields = LOST_FIELDS + (("failed_before",) if history else ())
+    checked = []
+    for entry in entries:
+        if not isinstance(entry, dict) or set(entry) != set(fields):
+            raise ValueError(f"lost sample {entry!r:.80} (fields {', '.join(fields)})")
+        if not (isinstance(entry["source"], int) and 0 <= entry["source"] < num_sources):
+            raise ValueError(f"lost sample of source {entry['source']!r} of {num_sources}")
+        _count(entry["index"])
+        if history:
+            _count(entry["failed_before"])
+        checked.append({name: entry[name] for name in fields})
+    return checked
+
+
+def lost_sample_entry(source: int, index: int, key: str | None, error: str) -> dict[str, Any]:
+    """A lost sample for an account's pending list (:func:`with_lost_sample`)."""
+    return {"source": source, "index": index, "key": key, "error": error[:MAX_MESSAGE]}
+
+
+def with_lost_sample(account: dict[str, Any] | None, entry: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a saved account (None: a clean one) in which ``entry`` is a pending lost sample:
+    the stream skips it where it meets it (what the main process gives a replaced worker)."""
+    updated = dict(account) if account else {"failed": 0, "window": [-1, 0], "sources": []}
+    updated["skip"] = [*updated.get("skip", []), dict(entry)]
+    updated.setdefault("lost", [])
+    return updated
+
+
+def knows_lost_sample(account: dict[str, Any] | None, error: str) -> bool:
+    """Whether a saved account holds the lost sample whose error message is ``error`` (pending,
+    or already skipped)."""
+    if not account:
+        return False
+    return any(
+        e.get("error") == error for e in (*account.get("skip", ()), *account.get("lost", ()))
+    )
 
 
 def _pair(value: Any) -> tuple[int, int]:

@@ -97,6 +97,11 @@ def stage_states(snapshot: StreamSnapshot) -> list[dict[str, Any]]:
     return snapshot["stages"]
 
 
+def with_error_state(snapshot: StreamSnapshot, errors: dict[str, Any] | None) -> StreamSnapshot:
+    """The snapshot with another error account (a lost sample added by the main process)."""
+    return make_snapshot(emitted(snapshot), stage_states(snapshot), errors)
+
+
 def with_stage_state(snapshot: StreamSnapshot, index: int, state: dict[str, Any]) -> StreamSnapshot:
     """The snapshot of a chain into which a stage was inserted at ``index`` (a cursor edit that
     adds a stage, e.g. the exclusion filter), with that stage starting from ``state``."""

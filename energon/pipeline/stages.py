@@ -22,7 +22,17 @@ from energon.decode.sample_decoder import SampleDecoder
 from energon.decode.threads import DecodeWindow, window_open
 from energon.errors import ErrorPolicy, SampleException, SkipSample, StateError
 from energon.observe import probe as _probe
-from energon.observe.probe import BATCH, DECODE, ENCODE, INDEX, READ, SAMPLES, SOURCE, STAGE
+from energon.observe.probe import (
+    BATCH,
+    DECODE,
+    ENCODE,
+    INDEX,
+    READ,
+    SAMPLES,
+    SOURCE,
+    STAGE,
+    STREAM,
+)
 from energon.pipeline.keys import (
     Key,
     as_key,
@@ -73,11 +83,15 @@ class LoadStage(Stage):
         self.reads = reads
         self._idle_windows = 0  # batches in a row that handed no image to a thread
         self._loaded = 0  # debug logs only
+        # samples a lost worker died on, to skip (the account's own list, changed in place)
+        self.lost: list[dict[str, Any]] = getattr(policy.account, "lost_pending", [])
 
     def next(self) -> Item:
         while True:
             _, key = self.upstream.next()
             source, index = pointer_target(key)
+            if self.lost and self.policy.account.skip_lost(key, source, index):
+                continue
             # the stats probe's hot path, inlined (probe.switch / probe.back): stage read, the
             # sample (the watchdog names it), one more sample read; a clock only in timed items
             hot = _probe.HOT
@@ -124,6 +138,8 @@ class LoadStage(Stage):
                 except StopIteration:
                     ended = True
                     break
+                if self.lost and self.policy.account.skip_lost(key, *pointer_target(key)):
+                    continue
                 started.append(self._start(key))
             for load in started:
                 threaded = threaded or load.window.submitted
@@ -208,6 +224,8 @@ class LoadStage(Stage):
         self.restore_counters(state)
 
     def skip_items(self, count: int) -> int | None:
+        if self.lost:
+            return None  # a pending lost sample takes a pointer without giving a sample
         return count  # one sample per pointer (when nothing fails to load)
 
     def rebuild(self, key: Key) -> Value:
@@ -231,6 +249,13 @@ class LoadStage(Stage):
             raise SampleException(
                 f"cooking sample {sample.get('__key__')!r} failed: {type(e).__name__}: {e}"
             ) from e
+
+
+def working_on(source: int, index: int, stream: int) -> None:
+    """Publish the sample this process is about to handle (for stages that load outside a
+    :class:`LoadStage`): the watchdog names it, and a lost worker's recovery skips it."""
+    hot = _probe.HOT
+    hot[STAGE], hot[SOURCE], hot[INDEX], hot[STREAM] = READ, source, index, stream
 
 
 #: batches in a row without a JPEG for the decode threads after which a load stage stops trying

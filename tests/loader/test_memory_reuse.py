@@ -41,7 +41,7 @@ def _small_batches(captioning_ds, num_workers: int, **dataset_options):
 def _tight_arena(monkeypatch) -> None:
     """Arena blocks even for the test set's small batches, one batch per message, budget 0."""
     monkeypatch.setattr("energon.memory.batch_arena.MIN_BYTES", 1024)
-    monkeypatch.setattr("energon.loader.data_loader.GROUP_MAX_ITEMS", 0)
+    monkeypatch.setattr("energon.loader.workers.messages.GROUP_MAX_ITEMS", 0)
     monkeypatch.setenv("ENERGON_ARENA_MIB_PER_WORKER", "0")
 
 
@@ -115,27 +115,27 @@ def test_workers_keep_only_the_blocks_their_budget_allows(captioning_ds, monkeyp
 
 def test_workers_waiting_for_a_block_end_when_the_loader_is_dropped(captioning_ds, monkeypatch):
     """The loop holds every batch and the workers wait for blocks; dropping the loader must let
-    them end on their own, not leave torch to kill them after its join timeout (5 s each)."""
+    them end on their own, not leave the pool to kill them after its join timeout."""
     import multiprocessing.process
 
     _tight_arena(monkeypatch)
-    terminated = []
-    terminate = multiprocessing.process.BaseProcess.terminate
+    killed = []
+    kill = multiprocessing.process.BaseProcess.kill
 
-    def recording_terminate(process):
-        terminated.append(process.pid)
-        terminate(process)
+    def recording_kill(process):
+        killed.append(process.pid)
+        kill(process)
 
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "terminate", recording_terminate)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "kill", recording_kill)
     loader = _small_batches(captioning_ds, 2)
     it = iter(loader)
     kept = [next(it) for _ in range(4)]
-    workers = list(loader._source._iterator._workers)
+    workers = [proc.process for proc in loader._results.pool._procs]
     assert len(workers) == 2
     del it, loader
     gc.collect()
     assert not any(worker.is_alive() for worker in workers)
-    assert terminated == [], "torch had to kill workers that waited for a block"
+    assert killed == [], "the pool had to kill workers that waited for a block"
     assert len(kept) == 4
 
 

@@ -1,4 +1,4 @@
-"""Pinned memory with workers (CUDA): torch's pin-memory thread pins only the items that hold
+"""Pinned memory with workers (CUDA): the main process pins only the items that hold
 something to pin, decided in the worker (``ItemMeta.pin``); text batches pass untouched, batches
 with tensors are pinned exactly as torch would, and nothing changes without CUDA."""
 
@@ -11,9 +11,9 @@ from collections import OrderedDict, namedtuple
 import pytest
 import torch
 
-import energon.loader.data_loader as data_loader
+import energon.loader.workers.messages as messages
 from energon import DefaultTaskEncoder, WorkerConfig, get_loader, get_train_dataset
-from energon.loader.data_loader import _collate_group, _Group
+from energon.loader.workers.messages import Group, collate_group
 from energon.pipeline.executor import ItemMeta
 from energon.samples.base import needs_pinning
 
@@ -75,7 +75,7 @@ class TokenTensors(DefaultTaskEncoder):
 
 
 def _items(path, task_encoder=None) -> list:
-    """Batches as a worker hands them to ``_collate_group``: (value, meta)."""
+    """Batches as a worker hands them to ``collate_group``: (value, meta)."""
     return [
         (value, ItemMeta(position=i, stream=0, snapshot={}))
         for i, value in enumerate(_batches(path, 0, 3, task_encoder))
@@ -84,19 +84,19 @@ def _items(path, task_encoder=None) -> list:
 
 @pytest.mark.parametrize("pinned", [True, False])
 def test_groups_pin_only_items_that_hold_tensors(text_ds, monkeypatch, pinned):
-    """The worker marks the items (``_collate_group``), the group travels pickled, and torch's
-    pin-memory thread (``_Group.pin_memory``) hands only the marked ones to torch's pin_memory."""
+    """The worker marks the items (``collate_group``), the group travels pickled, and the main
+    process (``Group.pin_memory``) hands only the marked ones to torch's pin_memory."""
     pinned_values = []
 
     def fake_pin(value):  # what torch.utils.data's pin_memory would do, without CUDA
         pinned_values.append(value)
         return {**value, "ids": value["ids"].clone()}
 
-    monkeypatch.setattr(data_loader, "_torch_pin_memory", fake_pin)
+    monkeypatch.setattr(messages, "_torch_pin_memory", fake_pin)
     text_items = _items(text_ds)
     tensor_items = _items(text_ds, TokenTensors())
-    group = _Group(1, False, [text_items[0], tensor_items[0], text_items[1], tensor_items[1]])
-    _collate_group(None, pinned, group)
+    group = Group(1, False, [text_items[0], tensor_items[0], text_items[1], tensor_items[1]])
+    collate_group(None, pinned, group)
     assert [meta.pin for _, meta in group.items] == [False, pinned, False, pinned]
 
     arrived = pickle.loads(pickle.dumps(group))  # the way to the main process
@@ -116,13 +116,13 @@ def test_groups_pin_only_items_that_hold_tensors(text_ds, monkeypatch, pinned):
 def test_group_pinning_keeps_errors_in_place(monkeypatch):
     from torch._utils import ExceptionWrapper
 
-    monkeypatch.setattr(data_loader, "_torch_pin_memory", lambda value: ["pinned", value])
+    monkeypatch.setattr(messages, "_torch_pin_memory", lambda value: ["pinned", value])
     try:
         raise ValueError("boom")
     except ValueError:
         error = ExceptionWrapper(where="in DataLoader worker process 0")
     meta = ItemMeta(position=0, stream=0, snapshot={}, pin=True)
-    group = _Group(0, True, [(torch.ones(1), meta), error])
+    group = Group(0, True, [(torch.ones(1), meta), error])
     group.pin_memory()
     assert group.items[0][0][0] == "pinned" and group.items[1] is error
 

@@ -1,5 +1,5 @@
 """Workers send their items to the main process in groups (one message per group, see
-``energon.loader.data_loader._grouped``); the loader hands them out exactly as with one item per
+``energon.loader.workers.messages.grouped``); the loader hands them out exactly as with one item per
 message: the same batches in the same order, validation passes whose workers end at different
 times, and an error of a worker's pipeline at the very step where it happened."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import energon.loader.data_loader as data_loader
+import energon.loader.workers.messages as messages
 from energon import (
     DefaultTaskEncoder,
     FatalSampleError,
@@ -25,8 +25,8 @@ GROUPINGS = [(3600.0, 8), (3600.0, 3)]
 
 def set_grouping(monkeypatch, grouping):
     seconds, items = grouping
-    monkeypatch.setattr(data_loader, "GROUP_SECONDS", seconds)
-    monkeypatch.setattr(data_loader, "GROUP_MAX_ITEMS", items)
+    monkeypatch.setattr(messages, "GROUP_SECONDS", seconds)
+    monkeypatch.setattr(messages, "GROUP_MAX_ITEMS", items)
 
 
 def train_keys(path, num_workers, batches=30):

@@ -13,7 +13,7 @@ import pytest
 
 from energon import DefaultTaskEncoder, WorkerConfig, get_savable_loader, get_train_dataset
 from energon.errors import WatchdogTimeout
-from energon.loader import data_loader
+from energon.loader.workers import messages
 
 TIMEOUT = 1.0  # between batches; the first batch of a pass gets INITIAL (starting up)
 INITIAL = 60.0
@@ -50,7 +50,7 @@ def _loader(path, num_workers, seconds, **watchdog):
 def test_watchdog_fails_with_stacks_and_the_sample(text_ds, num_workers, monkeypatch):
     # one item per message: with groups, whether the items before the sleepy one reach the main
     # process before it sleeps depends on how fast they were made (forked workers inherit this)
-    monkeypatch.setattr(data_loader, "GROUP_SECONDS", 0.0)
+    monkeypatch.setattr(messages, "GROUP_SECONDS", 0.0)
     # with a worker, the watchdog kills it: the sleep can be long, the error comes at once
     seconds = SLEEP if num_workers == 0 else 600
     loader = _loader(

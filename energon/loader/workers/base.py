@@ -1,0 +1,39 @@
+"""The contract of a worker pool: whatever runs a rank's executors (forked processes here; Ray
+actors, say, elsewhere) and hands their messages to the loader.
+
+A pool starts worker ``w`` of the rank with a :class:`~energon.loader.savable_dataset.ResumePoint`
+(the rank's position and stream snapshots to resume from). The worker runs
+``dataset.executor(w, resume)`` and sends its items in :class:`~energon.loader.workers.messages.Group`
+messages, in order, at most ``prefetch`` messages ahead of what the loader has received. The pool
+says when a worker is gone (:class:`~energon.loader.recovery.WorkerGone`) instead of raising, so
+that :class:`~energon.loader.workers.results.WorkerResults` can replace it: the same call,
+``start(w, resume, replacement=True)``, with the resume point rebuilt from what the lost worker
+delivered.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from energon.loader.recovery import WorkerGone
+from energon.loader.savable_dataset import ResumePoint
+from energon.loader.workers.messages import Group
+
+
+class WorkerPool(Protocol):
+    """Runs and watches the workers of one loader pass."""
+
+    num_workers: int
+
+    def start(self, worker: int, resume: ResumePoint, *, replacement: bool = False) -> None:
+        """Start worker ``worker`` from ``resume`` (a replacement takes the place of a lost one)."""
+
+    def receive(self, worker: int, timeout: float) -> Group | WorkerGone | None:
+        """The worker's next message; :class:`WorkerGone` once it is lost (died, unreachable);
+        None when nothing came within ``timeout`` seconds."""
+
+    def stop(self, worker: int) -> None:
+        """End the worker now (it is stuck); :meth:`receive` then reports it gone."""
+
+    def close(self) -> None:
+        """End every worker (the pass is over or abandoned)."""
