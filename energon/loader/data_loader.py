@@ -163,6 +163,7 @@ class Loader:
         )
         self._recovery = Recovery(
             _recovery_policy(recovery, self.worker_config.num_workers),
+            dataset.spec.num_streams,
             _weakly(self._describe_sample),
             dataset.spec.error_handler,
         )
@@ -404,6 +405,7 @@ class Loader:
     def _watch(self) -> Watch:
         """What the worker results need to replace lost workers (energon.loader.recovery)."""
         wc, monitor, policy = self.worker_config, self._monitor, self._recovery.policy
+        self._recovery.num_streams = self.dataset.spec.num_streams  # (a restore may change it)
         stall = None
         if policy.on_stall == "skip" and monitor.board is not None:
             stall = StallCheck(

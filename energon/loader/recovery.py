@@ -9,10 +9,11 @@ nothing that cannot be rebuilt: every item it sent carried its stream's snapshot
    (its pipe and its exit are watched while the main process waits for it), or the stall check
    (:mod:`energon.observe.stall`) finds it stuck past the deadline and stops it;
 2. **names** the sample it was on: every worker publishes what it is working on in its slot of the
-   stats board (shared memory that outlives the process: the logical stream, the sample's source
-   and index, the stage), written before each sample;
+   stats board (shared memory that outlives the process: the global position of the micro-batch
+   it makes, and so its logical stream; the sample's source and index; the stage), written before
+   each sample;
 3. **decides** (:class:`Recovery`): a lost worker is replaced unless recovery is off or a budget is
-   spent (losses per pass, per source, and in a row without progress), which raises one
+   spent (losses per pass, per source, and in a row at the same place), which raises one
    :class:`~energon.errors.WorkerRecoveryError` listing every loss of the pass; the sample is a
    failure of the error policy (the dataset's error handler sees a
    :class:`~energon.errors.WorkerLostError`: the default logs it, a raising handler raises);
@@ -58,9 +59,9 @@ class WorkerRecovery:
     "sample"``) or one micro-batch (``"batch"``), writes the watchdog's report on it and replaces
     it as if it had died. Budgets (None: none): ``max_restarts_per_pass`` losses in one pass of the
     loader, ``max_restarts_per_source`` losses on samples of one source dataset, and
-    ``max_restarts_in_a_row`` losses of one worker without an item delivered in between (a
-    replacement that dies again at once: the cause is not that sample). Going over raises one
-    error that lists what happened.
+    ``max_restarts_in_a_row`` losses of one worker in a row that its replacements do not get past
+    (each dies on the same micro-batch or an earlier one: the cause is not the sample skipped).
+    Going over raises one error that lists what happened.
     """
 
     replace: bool = True
@@ -108,12 +109,17 @@ class WorkerLoss:
     worker: int
     who: str
     cause: str
-    stream: int | None  # the logical stream it was making an item of
+    position: int | None  # the global micro-batch position it was making
+    stream: int | None  # ... of this logical stream
     sample: dict[str, Any] | None  # source, index, key, shard, byte_offset, dataset
     action: str = ""
 
     def line(self) -> str:
-        where = f" on logical stream {self.stream}" if self.stream is not None else ""
+        where = (
+            f" making micro-batch {self.position} (logical stream {self.stream})"
+            if self.position is not None
+            else ""
+        )
         sample = f", on sample {_sample_text(self.sample)}" if self.sample else ""
         return f"{self.who} {self.cause}{where}{sample}: {self.action}"
 
@@ -132,29 +138,29 @@ class LostSample:
 class Recovery:
     """Decides on lost workers for one loader and keeps their record (see the module docstring).
 
-    ``describe(source, index)`` gives a sample's key, shard, byte offset and dataset (metadata
-    only); ``handler`` is the dataset's error handler (it sees each lost sample)."""
+    ``num_streams``: the logical streams (a position's stream); ``describe(source, index)`` gives
+    a sample's key, shard, byte offset and dataset (metadata only); ``handler`` is the dataset's
+    error handler (it sees each lost sample)."""
 
     def __init__(
         self,
         policy: WorkerRecovery,
+        num_streams: int,
         describe: Callable[[int, int], dict[str, Any]],
         handler: ErrorHandler | None = None,
     ) -> None:
         self.policy = policy
+        self.num_streams = num_streams
         self.describe = describe
         self.handler = handler or log_exception
         self.losses: list[WorkerLoss] = []  # every loss of this loader
         self._pass: list[WorkerLoss] = []  # the losses of the current pass
-        self._in_a_row: dict[int, int] = {}  # worker -> losses since it last delivered
+        # worker -> (losses in a row, the furthest position among them: None where unknown)
+        self._in_a_row: dict[int, tuple[int, int | None]] = {}
 
     def new_pass(self) -> None:
         self._pass = []
         self._in_a_row = {}
-
-    def delivered(self, worker: int) -> None:
-        """The worker's process delivered an item: its losses are no longer in a row."""
-        self._in_a_row.pop(worker, None)
 
     def lost(
         self, gone: WorkerGone, slot: dict[str, Any] | None, why: str = ""
@@ -163,12 +169,13 @@ class Recovery:
         on a sample); raises :class:`WorkerRecoveryError` when the worker is not to be replaced.
         ``slot``: the worker's board slot (``probe_state``); ``why``: overrides ``gone.cause``
         (a worker the stall policy stopped)."""
-        stream, target = _culprit(slot, gone.pid)
+        position, target = _culprit(slot, gone.pid)
+        stream = position % self.num_streams if position is not None else None
         sample = self._sample(*target) if target is not None else None
-        loss = WorkerLoss(gone.worker, gone.who, why or gone.cause, stream, sample)
+        loss = WorkerLoss(gone.worker, gone.who, why or gone.cause, position, stream, sample)
         self.losses.append(loss)
         self._pass.append(loss)
-        self._in_a_row[gone.worker] = self._in_a_row.get(gone.worker, 0) + 1
+        self._count_in_a_row(gone.worker, position)
         refusal = self._refusal(loss)
         if refusal is not None:
             loss.action = f"not replaced: {refusal}"
@@ -183,6 +190,16 @@ class Recovery:
         logger.warning("energon: %s", loss.line())
         return lost
 
+    def _count_in_a_row(self, worker: int, position: int | None) -> None:
+        """A loss is in a row with the worker's previous ones unless it happened further on
+        (its replacement got past the place where they were lost)."""
+        count, furthest = self._in_a_row.get(worker, (0, None))
+        if position is not None and furthest is not None and position > furthest:
+            count = 0
+        if position is not None and (furthest is None or position > furthest):
+            furthest = position
+        self._in_a_row[worker] = (count + 1, furthest)
+
     def _sample(self, source: int, index: int) -> dict[str, Any]:
         try:
             described = self.describe(source, index)
@@ -195,10 +212,10 @@ class Recovery:
         policy = self.policy
         if not policy.replace:
             return "recovery is off (WorkerRecovery(replace=False))"
-        in_a_row = self._in_a_row[loss.worker]
+        in_a_row = self._in_a_row[loss.worker][0]
         if policy.max_restarts_in_a_row is not None and in_a_row > policy.max_restarts_in_a_row:
             return (
-                f"lost {in_a_row} times in a row without delivering an item, more than "
+                f"lost {in_a_row} times in a row at the same place, more than "
                 f"max_restarts_in_a_row={policy.max_restarts_in_a_row}"
             )
         if (
@@ -229,14 +246,14 @@ class Recovery:
 def _culprit(
     slot: dict[str, Any] | None, pid: int | None
 ) -> tuple[int | None, tuple[int, int] | None]:
-    """(stream, (source, index)) the lost process was on, from its board slot; None where it was
-    not on a sample (the slot is another process's, or it was between samples)."""
+    """(position, (source, index)) the lost process was on, from its board slot; None where it
+    was not on one (the slot is another process's, or it was between samples)."""
     if slot is None or (pid is not None and slot.get("pid") != pid):
         return None, None
-    stream = slot["stream"] if slot.get("stream", -1) >= 0 else None
+    position = slot["position"] if slot.get("position", -1) >= 0 else None
     if slot["stage"] not in SAMPLE_STAGES or slot["index"] < 0:
-        return stream, None
-    return stream, (slot["source"], slot["index"])
+        return position, None
+    return position, (slot["source"], slot["index"])
 
 
 def _sample_text(sample: dict[str, Any]) -> str:

@@ -60,10 +60,10 @@ PID, STARTED, ACTIVE_SECONDS, TIMED_SECONDS, PUBLISHED, RETRIES, REMOTE_BYTES = 
 TIMES = 7  # TIMES + code: seconds spent in stage `code` during timed cycles
 SLOT_FIELDS = TIMES + len(STAGES)
 # int64 fields of a slot, written on the hot path: stage code, the sample being loaded (source,
-# index), samples read, items made, when the current item began (monotonic ns), the logical stream
-# whose item is being made (what a lost worker's recovery reads); then one retry counter per
-# source of the loader
-STAGE, SOURCE, INDEX, SAMPLES, ITEMS, ITEM_SINCE_NS, STREAM = range(7)
+# index), samples read, items made, when the current item began (monotonic ns), the global
+# micro-batch position of the item being made (what a lost worker's recovery reads); then one
+# retry counter per source of the loader
+STAGE, SOURCE, INDEX, SAMPLES, ITEMS, ITEM_SINCE_NS, POSITION = range(7)
 HOT_FIELDS = 7
 TIMED_FIRST = 4  # the first items of a process are all timed ...
 TIMED_EVERY = 16  # ... then one item in this many
@@ -101,7 +101,7 @@ class Board:
         self.array = np.frombuffer(self.buffer, dtype=np.float64).reshape(slots, SLOT_FIELDS)
         self.hot = np.frombuffer(self.hot_buffer, dtype=np.int64).reshape(slots, self.hot_width)
         self.hot[:, INDEX] = -1
-        self.hot[:, STREAM] = -1
+        self.hot[:, POSITION] = -1
         # removed when the board is dropped or at exit, also when nobody calls close() (a loader
         # left to the garbage collector), only by the process that made it (never a forked
         # worker). multiprocessing's finalizer, not weakref.finalize: it also runs when a
@@ -418,7 +418,7 @@ def probe_state(slot: np.ndarray, hot: np.ndarray) -> dict[str, Any]:
         "index": int(hot[INDEX]),
         "samples": int(hot[SAMPLES]),
         "items": int(hot[ITEMS]),
-        "stream": int(hot[STREAM]),
+        "position": int(hot[POSITION]),
         "remote_retries": int(slot[RETRIES]),
         "remote_bytes": int(slot[REMOTE_BYTES]),
         "seconds": times,

@@ -235,6 +235,7 @@ class BalancedExecutor:
                     f"{self.tail_steps} steps ends ({self.window_origin}; the state is damaged)"
                 )
         self._current: Window | None = None
+        self.position = -1
         self.streams: dict[int, PointerBatches] = {}
         self.costs = CostTable(spec.leaves, spec.balance.cost, spec.balance.planned_cost)
         handler = spec.error_handler or log_exception
@@ -394,6 +395,7 @@ class BalancedExecutor:
         hook_context.batch_index = own
         hook_context.seed = self.spec.seed
         self.failures.current = own % self.spec.num_streams
+        self.position = own  # the micro-batch being made (energon.loader.recovery)
         samples, groups = [], []
         for i in mine:
             position, member, key = window.pool[i]
@@ -446,7 +448,7 @@ class BalancedExecutor:
         when a worker died on it: energon.loader.recovery)."""
         self.failures.loading(key)
         source, index = pointer_target(key)
-        working_on(source, index, self.failures.current)
+        working_on(source, index, self.position)
         account = self.failures.account(self.failures.current)
         if account.lost_pending and account.skip_lost(key, source, index):
             return []

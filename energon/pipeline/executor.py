@@ -26,7 +26,7 @@ from typing import Any
 from energon import debug_log
 from energon.errors import FatalSampleError
 from energon.observe import probe as _probe
-from energon.observe.probe import PLAN, STREAM, WAIT
+from energon.observe.probe import PLAN, POSITION, WAIT
 from energon.pipeline.keys import Key, attach_restore_key, stream_key
 from energon.pipeline.snapshot import PackedSnapshot, StreamSnapshot
 from energon.pipeline.spec import PipelineSpec
@@ -163,7 +163,7 @@ class Executor:
                 if ended >= mine:
                     return  # a finite pass whose streams all ended
                 continue
-            _probe.HOT[STREAM] = stream_id  # whose item this is, should the process die on it
+            _probe.HOT[POSITION] = m  # the item being made, should the process die on it
             stream = self.stream(stream_id)
             if stream.emitted > index:
                 continue

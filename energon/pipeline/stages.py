@@ -27,11 +27,11 @@ from energon.observe.probe import (
     DECODE,
     ENCODE,
     INDEX,
+    POSITION,
     READ,
     SAMPLES,
     SOURCE,
     STAGE,
-    STREAM,
 )
 from energon.pipeline.keys import (
     Key,
@@ -251,11 +251,12 @@ class LoadStage(Stage):
             ) from e
 
 
-def working_on(source: int, index: int, stream: int) -> None:
+def working_on(source: int, index: int, position: int) -> None:
     """Publish the sample this process is about to handle (for stages that load outside a
-    :class:`LoadStage`): the watchdog names it, and a lost worker's recovery skips it."""
+    :class:`LoadStage`) for the micro-batch at global ``position``: the watchdog names it, and a
+    lost worker's recovery skips it."""
     hot = _probe.HOT
-    hot[STAGE], hot[SOURCE], hot[INDEX], hot[STREAM] = READ, source, index, stream
+    hot[STAGE], hot[SOURCE], hot[INDEX], hot[POSITION] = READ, source, index, position
 
 
 #: batches in a row without a JPEG for the decode threads after which a load stage stops trying

@@ -25,7 +25,7 @@ from energon.loader.savable_dataset import ResumePoint
 from energon.loader.workers.base import WorkerPool
 from energon.loader.workers.messages import Group
 from energon.memory.batch_arena import NO_WORKER, BatchArena
-from energon.observe.probe import INDEX, ITEMS, STAGE, STREAM, WAIT, Board, probe_state
+from energon.observe.probe import INDEX, ITEMS, POSITION, STAGE, WAIT, Board, probe_state
 from energon.observe.stall import StallCheck
 from energon.pipeline.error_account import knows_lost_sample, with_lost_sample
 from energon.pipeline.executor import ItemMeta
@@ -138,8 +138,6 @@ class WorkerResults:
                 delivered.update(meta.others)
             if not meta.ended:
                 self._last_position[worker] = meta.position
-        if group.items:
-            self.recovery.delivered(worker)
 
     def _check_stall(self, worker: int) -> None:
         stall = self.watch.stall
@@ -188,7 +186,7 @@ class WorkerResults:
         if board is None:
             return
         hot = board.hot[worker]
-        hot[STAGE], hot[INDEX], hot[STREAM] = WAIT, -1, -1
+        hot[STAGE], hot[INDEX], hot[POSITION] = WAIT, -1, -1
         hot[ITEMS] = self._items_received[worker]
 
     def _resume_of(self, worker: int) -> ResumePoint:
