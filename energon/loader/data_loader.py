@@ -168,6 +168,8 @@ class Loader:
             dataset.spec.error_handler,
         )
         self._results: WorkerResults | None = None
+        if self.worker_config.num_workers:
+            self.check_worker_number_rationality()  # as torch's DataLoader warns
         if self.worker_config.should_log(1):
             self._log(1, "__init__", config=self.config())
 

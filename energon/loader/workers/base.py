@@ -32,6 +32,10 @@ class WorkerPool(Protocol):
         """The worker's next message; :class:`WorkerGone` once it is lost (died, unreachable);
         None when nothing came within ``timeout`` seconds."""
 
+    def ended(self) -> list[int]:
+        """The workers that ended since they were started (at once, without waiting): their
+        last messages may still wait in :meth:`receive`, which then reports them gone."""
+
     def stop(self, worker: int) -> None:
         """End the worker now (it is stuck); :meth:`receive` then reports it gone."""
 

@@ -139,6 +139,10 @@ class ProcessPool:
             return group.pin_memory() if self.pinned else group
         return self._gone(worker)
 
+    def ended(self) -> list[int]:
+        procs = {p.process.sentinel: w for w, p in enumerate(self._procs) if p is not None}
+        return sorted(procs[s] for s in multiprocessing.connection.wait(list(procs), 0))
+
     def stop(self, worker: int) -> None:
         pid = self.pid(worker)
         if pid is not None:

@@ -112,15 +112,33 @@ class WorkerResults:
             while True:
                 message = self.pool.receive(worker, POLL_SECONDS)
                 if message is None:
-                    self._check_stall(worker)
+                    for other in range(self.pool.num_workers):
+                        self._check_stall(other)
                 elif isinstance(message, WorkerGone):
                     self._replace(message)
                 else:
                     self._queue(worker, message)
-                    return
+                    break
+                self._replace_ended(worker)
         finally:
             if arena is not None:
                 arena.main_waits_for(NO_WORKER)
+        self._replace_ended(worker)
+
+    def _replace_ended(self, awaited: int) -> None:
+        """Replace the other workers that ended, now rather than when their turn comes: their
+        replacements work meanwhile (what they sent before is kept)."""
+        for worker in self.pool.ended():
+            if worker == awaited or self._over[worker]:
+                continue
+            while True:
+                message = self.pool.receive(worker, 0)
+                if isinstance(message, WorkerGone):
+                    self._replace(message)
+                    break
+                if message is None:
+                    break
+                self._queue(worker, message)
 
     def _queue(self, worker: int, group: Group) -> None:
         self._groups_received[worker] += 1
@@ -141,7 +159,7 @@ class WorkerResults:
 
     def _check_stall(self, worker: int) -> None:
         stall = self.watch.stall
-        if stall is None or worker in self._stalled:
+        if stall is None or worker in self._stalled or self._over[worker]:
             return
         why = stall.stuck(worker)
         if why is None:
