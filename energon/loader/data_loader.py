@@ -92,10 +92,9 @@ class Loader:
     the first batch of a pass) without a batch, the stacks of every process and the sample each
     worker is on are logged, and with ``fail_on_timeout`` the wait ends in
     :class:`~energon.errors.WatchdogTimeout` (None or 0 switches the watchdog off).
-    ``recovery`` (a :class:`~energon.loader.recovery.WorkerRecovery`; default: replace lost
-    workers, leave stuck ones to the watchdog) says what happens when a worker dies or is stuck:
-    it is replaced at its exact position and the sample it was on is skipped and counted. See
-    docs/observability.md, also for :meth:`stats`.
+    :attr:`recovery` says what happens when a worker dies or is stuck (default: it is replaced at
+    its exact position and the sample it died on is skipped and counted; stuck ones are left to
+    the watchdog). See docs/observability.md, also for :meth:`stats`.
     """
 
     _ids: ClassVar[Iterator[int]] = itertools.count()
@@ -113,7 +112,6 @@ class Loader:
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
-        recovery: WorkerRecovery | None = None,
     ) -> None:
         if not isinstance(dataset, SavableDataset):
             raise ArgumentTypeError(
@@ -162,7 +160,7 @@ class Loader:
             sources=[name["path"] for name in self._errors.names],
         )
         self._recovery = Recovery(
-            _recovery_policy(recovery, self.worker_config.num_workers),
+            WorkerRecovery(),
             dataset.spec.num_streams,
             _weakly(self._describe_sample),
             dataset.spec.error_handler,
@@ -855,6 +853,27 @@ class Loader:
     def collect_stats(self, value: bool) -> None:
         self._monitor.enabled = bool(value)
 
+    @property
+    def recovery(self) -> WorkerRecovery:
+        """What happens when a worker dies or is stuck (docs/observability.md): a
+        :class:`~energon.loader.recovery.WorkerRecovery`; set it before iterating."""
+        return self._recovery.policy
+
+    @recovery.setter
+    def recovery(self, policy: WorkerRecovery) -> None:
+        if not isinstance(policy, WorkerRecovery):
+            raise TypeError(f"recovery must be a WorkerRecovery, got {policy!r}")
+        if self._source is not None:
+            raise ValueError("set recovery before iterating the loader")
+        if policy.on_stall == "skip" and self.worker_config.num_workers == 0:
+            warnings.warn(
+                "on_stall='skip' needs worker processes (num_workers > 0): without them a stuck "
+                "sample can only be reported (the watchdog)",
+                UserWarning,
+                stacklevel=2,
+            )
+        self._recovery.policy = policy
+
     def watchdog_reports(self) -> list[str]:
         """The stall reports the watchdog has written (also logged, logger ``energon.watchdog``),
         with those on workers that ``on_stall="skip"`` stopped."""
@@ -977,7 +996,6 @@ class SavableDataLoader(Loader):
         watchdog_timeout_seconds: float | None = 60,
         watchdog_initial_timeout_seconds: float | None = None,
         fail_on_timeout: bool = False,
-        recovery: WorkerRecovery | None = None,
     ) -> None:
         _warn_unused_options(
             checkpoint_every_sec=checkpoint_every_sec,
@@ -993,7 +1011,6 @@ class SavableDataLoader(Loader):
             watchdog_timeout_seconds=watchdog_timeout_seconds,
             watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
             fail_on_timeout=fail_on_timeout,
-            recovery=recovery,
         )
 
 
@@ -1029,22 +1046,6 @@ def _warn_unused_options(**given: Any) -> None:
             warnings.warn(
                 f"{name}={value!r} has no effect in energon: {why}", UserWarning, stacklevel=4
             )
-
-
-def _recovery_policy(recovery: WorkerRecovery | None, num_workers: int) -> WorkerRecovery:
-    """The loader's recovery policy (default: replace lost workers, report stuck ones)."""
-    if recovery is None:
-        return WorkerRecovery()
-    if not isinstance(recovery, WorkerRecovery):
-        raise TypeError(f"recovery must be a WorkerRecovery, got {recovery!r}")
-    if recovery.on_stall == "skip" and num_workers == 0:
-        warnings.warn(
-            "on_stall='skip' needs worker processes (num_workers > 0): without them a stuck "
-            "sample can only be reported (watchdog)",
-            UserWarning,
-            stacklevel=4,
-        )
-    return recovery
 
 
 def _broadcast(values: list[Any], group: Any) -> list[Any]:
@@ -1084,7 +1085,6 @@ def get_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
-    recovery: WorkerRecovery | None = None,
 ) -> BasicDataLoader:
     """A loader over ``dataset`` with ``worker_config.num_workers`` worker processes."""
     _check_worker_config(dataset, worker_config)
@@ -1095,7 +1095,6 @@ def get_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
-        recovery=recovery,
     )
 
 
@@ -1113,7 +1112,6 @@ def get_savable_loader(
     watchdog_timeout_seconds: float | None = 60,
     watchdog_initial_timeout_seconds: float | None = None,
     fail_on_timeout: bool = False,
-    recovery: WorkerRecovery | None = None,
 ) -> SavableDataLoader:
     """A loader whose exact position can be saved (``save_state_rank``) and restored."""
     _check_worker_config(dataset, worker_config)
@@ -1128,5 +1126,4 @@ def get_savable_loader(
         watchdog_timeout_seconds=watchdog_timeout_seconds,
         watchdog_initial_timeout_seconds=watchdog_initial_timeout_seconds,
         fail_on_timeout=fail_on_timeout,
-        recovery=recovery,
     )

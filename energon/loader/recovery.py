@@ -61,7 +61,9 @@ class WorkerRecovery:
     loader, ``max_restarts_per_source`` losses on samples of one source dataset, and
     ``max_restarts_in_a_row`` losses of one worker in a row that its replacements do not get past
     (each dies on the same micro-batch or an earlier one: the cause is not the sample skipped).
-    Going over raises one error that lists what happened.
+    Going over raises one error that lists what happened. A sample is skipped where the worker
+    died on it; when a stream meets it again (a later epoch) it is tried again, and a loss on it
+    then is not counted against the budgets a second time.
     """
 
     replace: bool = True
@@ -113,6 +115,7 @@ class WorkerLoss:
     stream: int | None  # ... of this logical stream
     sample: dict[str, Any] | None  # source, index, key, shard, byte_offset, dataset
     action: str = ""
+    again: bool = False  # a worker was lost on this sample before (an earlier epoch)
 
     def line(self) -> str:
         where = (
@@ -155,6 +158,7 @@ class Recovery:
         self.handler = handler or log_exception
         self.losses: list[WorkerLoss] = []  # every loss of this loader
         self._pass: list[WorkerLoss] = []  # the losses of the current pass
+        self._samples: set[tuple[int, int]] = set()  # (source, index) lost on so far
         # worker -> (losses in a row, the furthest position among them: None where unknown)
         self._in_a_row: dict[int, tuple[int, int | None]] = {}
 
@@ -173,6 +177,9 @@ class Recovery:
         stream = position % self.num_streams if position is not None else None
         sample = self._sample(*target) if target is not None else None
         loss = WorkerLoss(gone.worker, gone.who, why or gone.cause, position, stream, sample)
+        if target is not None:
+            loss.again = target in self._samples
+            self._samples.add(target)
         self.losses.append(loss)
         self._pass.append(loss)
         self._count_in_a_row(gone.worker, position)
@@ -218,16 +225,15 @@ class Recovery:
                 f"lost {in_a_row} times in a row at the same place, more than "
                 f"max_restarts_in_a_row={policy.max_restarts_in_a_row}"
             )
-        if (
-            policy.max_restarts_per_pass is not None
-            and len(self._pass) > policy.max_restarts_per_pass
-        ):
+        # a sample met again (in a later epoch) is the same cause: it does not count again
+        charged = [x for x in self._pass if not x.again]
+        limit = policy.max_restarts_per_pass
+        if limit is not None and len(charged) > limit:
             return (
-                f"{len(self._pass)} workers lost in this pass, more than "
-                f"max_restarts_per_pass={policy.max_restarts_per_pass}"
+                f"{len(charged)} workers lost in this pass, more than max_restarts_per_pass={limit}"
             )
         source = loss.sample["source"] if loss.sample else None
-        same = [x for x in self._pass if x.sample and x.sample["source"] == source]
+        same = [x for x in charged if x.sample and x.sample["source"] == source]
         limit = policy.max_restarts_per_source
         if source is not None and limit is not None and len(same) > limit:
             return (

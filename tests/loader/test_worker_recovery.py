@@ -25,6 +25,7 @@ from energon import (
 )
 from energon.cli.checkpoint import describe
 from energon.errors import WorkerRecoveryError
+from energon.loader.recovery import Recovery, WorkerGone
 from tests.helpers.distributed import run_ranks
 from tests.helpers.poison import Poison
 
@@ -42,10 +43,12 @@ def loader(path, num_workers, te, *, recovery=None, rank=0, world_size=1, **opti
     )
     kwargs = dict(batch_size=4, shuffle_buffer_size=8, max_samples_per_sequence=8, num_streams=2)
     kwargs.update(options)
-    return get_savable_loader(
-        get_train_dataset(str(path), worker_config=wc, task_encoder=te, **kwargs),
-        recovery=recovery,
+    made = get_savable_loader(
+        get_train_dataset(str(path), worker_config=wc, task_encoder=te, **kwargs)
     )
+    if recovery is not None:
+        made.recovery = recovery
+    return made
 
 
 def batches(it, count):
@@ -174,6 +177,31 @@ def test_budgets_end_recovery_with_one_error_listing_the_losses(text_ds, budget,
     message = _expect_recovery_error(run, fragment, *keys)
     assert "1. worker 0" in message and "2. worker 0" in message
     assert [loss["sample"]["key"] for loss in run.worker_losses()] == keys
+
+
+def test_budgets_count_a_sample_once_and_in_a_row_only_at_the_same_place():
+    """The decisions alone (no process): a sample met again in a later epoch does not count
+    against the budgets again; losses further on are not in a row."""
+    recovery = Recovery(
+        WorkerRecovery(max_restarts_per_source=1), 2, lambda s, i: {"key": f"k{i}"}, _quiet
+    )
+
+    def lose(index, position):
+        slot = {"pid": 7, "stage": "decode", "source": 0, "index": index, "position": position}
+        return recovery.lost(WorkerGone(0, "worker 0 (pid 7)", "was killed", 7), slot)
+
+    assert lose(5, 10).entry["index"] == 5
+    assert lose(5, 30).stream == 0  # the same sample, an epoch later: not charged
+    with pytest.raises(WorkerRecoveryError, match="max_restarts_per_source=1"):
+        lose(6, 40)
+    assert [loss.again for loss in recovery.losses] == [False, True, False]
+    recovery = Recovery(WorkerRecovery(), 2, lambda s, i: {}, _quiet)
+    for position in (10, 10):
+        lose(index=1, position=position)
+    with pytest.raises(WorkerRecoveryError, match="3 times in a row"):
+        lose(index=2, position=9)
+    recovery.new_pass()
+    lose(index=3, position=50)  # a new pass starts counting afresh
 
 
 class PoisonBatch(Poison):
