@@ -14,7 +14,7 @@ def test_observability_walkthrough_runs(tmp_path):
     assert "leaf listed twice" in text and "fewer slices than readers" in text
     assert "one worker: about" in text
     assert (tmp_path / "report.html").stat().st_size > 10_000
-    stats = json.loads(text[text.index("{") : text.rindex("}") + 1])
+    stats = json.loads(text[text.index("{") : text.index("\nTrue 0")])
     assert stats["batches"] == 100
     assert stats["stage_seconds"]["decode"] > 0
     assert "True 0" in text.splitlines()
