@@ -53,7 +53,7 @@ class ItemMeta:
     ended: bool = False  # the stream's final snapshot: no value, no position consumed
     # snapshots of further streams the item advanced (balanced steps: energon.balance)
     others: dict[int, StreamSnapshot] | None = None
-    # the value holds something to page-lock (with CUDA; see energon.loader.data_loader._Group)
+    # the value holds something to page-lock (with CUDA; see energon.loader.workers.messages.Group)
     pin: bool = False
 
     def __reduce__(self) -> tuple:
