@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import fcntl
 import multiprocessing
-import multiprocessing.connection
 import os
 import random
+import select
 import signal
 import weakref
 from collections.abc import Iterator
@@ -54,14 +54,24 @@ _POOLS: weakref.WeakSet[ProcessPool] = weakref.WeakSet()  # their pipes are clos
 
 
 class _Process:
-    """One worker process and the main process's ends of its pipes."""
+    """One worker process, the main process's ends of its pipes, and a poll object that waits
+    for either its next message or its exit (``select.poll``: a wait costs a system call, where
+    ``multiprocessing.connection.wait`` builds a selector every time)."""
 
-    __slots__ = ("process", "results", "credits")
+    __slots__ = ("process", "results", "credits", "events")
 
     def __init__(self, process: Any, results: Connection, credits: Connection) -> None:
         self.process = process
         self.results = results
         self.credits = credits
+        self.events = select.poll()
+        self.events.register(results.fileno(), select.POLLIN)
+        self.events.register(process.sentinel, select.POLLIN)
+
+    def wait(self, timeout: float) -> tuple[bool, bool]:
+        """(a message can be read, the process ended) within ``timeout`` seconds."""
+        ready = {fd for fd, _ in self.events.poll(timeout * 1000)}
+        return self.results.fileno() in ready, self.process.sentinel in ready
 
     def close_pipes(self) -> None:
         for end in (self.results, self.credits):
@@ -92,6 +102,9 @@ class ProcessPool:
         self.pinned = pinned
         self._context = multiprocessing.get_context("fork")
         self._procs: list[_Process | None] = [None] * num_workers
+        # the workers' exits, watched without a wait: a poll object of their sentinels
+        self._exits = select.poll()
+        self._sentinels: dict[int, int] = {}  # sentinel -> worker
         self._base_seed = _base_seed()
         _POOLS.add(self)
 
@@ -112,6 +125,8 @@ class ProcessPool:
         results_out.close()
         credits_in.close()
         self._procs[worker] = _Process(process, results, credits)
+        self._exits.register(process.sentinel, select.POLLIN)
+        self._sentinels[process.sentinel] = worker
         for _ in range(self.prefetch):
             credits.send_bytes(CREDIT)
 
@@ -123,11 +138,11 @@ class ProcessPool:
         proc = self._procs[worker]
         if proc is None:
             raise RuntimeError(f"worker {worker} is not running")
-        ready = multiprocessing.connection.wait([proc.results, proc.process.sentinel], timeout)
-        if not ready:
+        readable, ended = proc.wait(timeout)
+        if not (readable or ended):
             return None
         # a message first: a worker may exit right after sending its last one
-        if proc.results in ready or proc.results.poll():
+        if readable or proc.wait(0)[0]:
             try:
                 group = proc.results.recv()
             except Exception:  # the pipe ended, or the message cannot be read: the worker is lost
@@ -140,8 +155,7 @@ class ProcessPool:
         return self._gone(worker)
 
     def ended(self) -> list[int]:
-        procs = {p.process.sentinel: w for w, p in enumerate(self._procs) if p is not None}
-        return sorted(procs[s] for s in multiprocessing.connection.wait(list(procs), 0))
+        return sorted(self._sentinels[fd] for fd, _ in self._exits.poll(0))
 
     def stop(self, worker: int) -> None:
         pid = self.pid(worker)
@@ -155,6 +169,7 @@ class ProcessPool:
         procs = [p for p in self._procs if p is not None]
         self._procs = [None] * self.num_workers
         for proc in procs:
+            self._forget_exit(proc)
             try:
                 proc.credits.send_bytes(STOP)
             except OSError:
@@ -173,10 +188,16 @@ class ProcessPool:
         if proc is None:
             return
         self._procs[worker] = None
+        self._forget_exit(proc)
         proc.close_pipes()
         if proc.process.is_alive():
             proc.process.kill()
         proc.process.join()
+
+    def _forget_exit(self, proc: _Process) -> None:
+        sentinel = proc.process.sentinel
+        if self._sentinels.pop(sentinel, None) is not None:
+            self._exits.unregister(sentinel)
 
     def _gone(self, worker: int) -> WorkerGone:
         proc = self._procs[worker]
