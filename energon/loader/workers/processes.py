@@ -26,6 +26,7 @@ import os
 import random
 import select
 import signal
+import time
 import weakref
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -49,7 +50,8 @@ from energon.memory.batch_arena import BatchArena
 RESULT_PIPE_BYTES = 1 << 20
 CREDIT = b""  # one more group may be made
 STOP = b"stop"  # the pass is over: exit
-STOP_SECONDS = 1.0  # how long close() waits for workers to exit before it kills them
+# how long close() waits for the workers to exit (one finishing an item: torch waits as long)
+STOP_SECONDS = 5.0
 _POOLS: weakref.WeakSet[ProcessPool] = weakref.WeakSet()  # their pipes are closed in every worker
 
 
@@ -175,8 +177,9 @@ class ProcessPool:
             except OSError:
                 pass
             proc.close_pipes()
+        deadline = time.monotonic() + STOP_SECONDS
         for proc in procs:
-            proc.process.join(STOP_SECONDS / max(1, len(procs)))
+            proc.process.join(max(0.0, deadline - time.monotonic()))
         for proc in procs:
             if proc.process.is_alive():
                 proc.process.kill()
@@ -203,7 +206,7 @@ class ProcessPool:
         proc = self._procs[worker]
         assert proc is not None
         pid = proc.process.pid
-        proc.process.join(STOP_SECONDS)
+        proc.process.join(STOP_SECONDS)  # it ended, or closed its pipe: exits soon
         cause = _cause(proc.process.exitcode)
         if proc.process.exitcode is None:  # alive, but its pipe ended: it is of no use
             cause = "closed its pipe to the main process"
