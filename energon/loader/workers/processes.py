@@ -293,8 +293,10 @@ def _send_groups(
 ) -> bool:
     """Send the worker's groups, each once a credit allows it; False when told to stop."""
     available = 0
+    more = select.poll()  # credits that came meanwhile (Connection.poll builds a selector)
+    more.register(credits.fileno(), select.POLLIN)
     while True:
-        while available == 0 or credits.poll():
+        while available == 0 or more.poll(0):
             if credits.recv_bytes() == STOP:
                 return False
             available += 1
