@@ -131,7 +131,7 @@ class WorkerResults:
         for worker in self.pool.ended():
             if worker == awaited or self._over[worker]:
                 continue
-            while True:
+            while not self._over[worker]:  # (a worker that sent its last group is done)
                 message = self.pool.receive(worker, 0)
                 if isinstance(message, WorkerGone):
                     self._replace(message)
