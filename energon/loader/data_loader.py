@@ -36,6 +36,7 @@ from energon.errors import (
     SkipSample,
     StateError,
     WatchdogTimeout,
+    WorkerRecoveryError,
 )
 from energon.loader.blend_report import BlendReport, BlendTracker, source_names, source_rows
 from energon.loader.error_report import ErrorReport
@@ -260,7 +261,7 @@ class Loader:
             except StopIteration:
                 self._source_ended = True
                 break
-            except WatchdogTimeout:
+            except (WatchdogTimeout, WorkerRecoveryError):
                 self._close_source()  # the next iteration restarts from the consumed position
                 raise
             if not meta.ended:

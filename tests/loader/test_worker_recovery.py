@@ -157,10 +157,20 @@ def _expect_recovery_error(run, *fragments):
     return message
 
 
-def test_recovery_off_raises_naming_the_sample(text_ds):
+def test_recovery_off_raises_naming_the_sample_and_iterating_again_resumes(text_ds):
     key = poison_key(text_ds)
+    expected = batches(iter(loader(text_ds, 0, Poison([key]))), BATCHES)
     run = loader(text_ds, 1, Poison([key]), recovery=WorkerRecovery(replace=False))
-    _expect_recovery_error(run, "recovery is off", key, "SIGKILL")
+    delivered = []
+    with pytest.raises(WorkerRecoveryError) as info:
+        for batch in run:
+            delivered += [(batch.__restore_key__[1], list(batch.__key__))]
+    for fragment in ("recovery is off", key, "SIGKILL"):
+        assert fragment in str(info.value)
+    run.recovery = WorkerRecovery()  # the loader starts its workers again where the loop stood
+    delivered += batches(iter(run), BATCHES - len(delivered))
+    assert delivered == expected
+    assert [loss["action"][:12] for loss in run.worker_losses()] == ["not replaced", "replaced; sa"]
 
 
 @pytest.mark.parametrize(
