@@ -181,7 +181,7 @@ class BatchArena:
         while True:
             if self.closing.value or self._owner_gone():
                 # the batch will never be read: do not hold up the shutdown, and do not wait
-                # forever for a main process that was killed (torch's worker loop then ends)
+                # forever for a main process that was killed (the worker then ends: its pipes are gone)
                 return None
             block = self._claim_block(nbytes, within_budget=True)
             if block is not None:
