@@ -7,8 +7,10 @@ that rule; :mod:`energon.format.layout` re-exports it for the writers of a datas
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 PathLike = str | os.PathLike
@@ -20,17 +22,29 @@ def temp_name_for(target: PathLike) -> Path:
     return target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
 
 
-def atomic_write_bytes(target: PathLike, data: bytes, *, mode_like: PathLike | None = None) -> None:
-    """Write ``data`` to ``target`` through a temporary file and a rename."""
+@contextlib.contextmanager
+def replacing(
+    target: PathLike, *, suffix: str = "", mode_like: PathLike | None = None
+) -> Iterator[Path]:
+    """Write the new ``target`` at the temporary path this yields: when the block ends it is
+    renamed over ``target``; when the block raises it is removed and ``target`` is untouched.
+    ``suffix`` ends the temporary name (``np.save`` adds ``.npy`` to a name without it)."""
     tmp = temp_name_for(target)
+    if suffix:
+        tmp = tmp.with_name(tmp.name + suffix)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        yield tmp
         copy_permissions(mode_like, tmp)
         os.replace(tmp, target)
     except BaseException:
         remove_quietly(tmp)
         raise
+
+
+def atomic_write_bytes(target: PathLike, data: bytes, *, mode_like: PathLike | None = None) -> None:
+    """Write ``data`` to ``target`` through a temporary file and a rename."""
+    with replacing(target, mode_like=mode_like) as tmp, open(tmp, "wb") as f:
+        f.write(data)
 
 
 def atomic_write_text(target: PathLike, text: str, *, mode_like: PathLike | None = None) -> None:

@@ -18,7 +18,7 @@ import posixpath
 import shutil
 from collections.abc import Iterator
 
-from energon.atomic import atomic_write_bytes, remove_quietly, temp_name_for
+from energon.atomic import atomic_write_bytes, remove_quietly, replacing
 from energon.remote import RemoteNotFoundError, msc, s3
 from energon.remote import cache as remote_cache
 from energon.remote.store import RemoteStore
@@ -156,9 +156,8 @@ def write_bytes(path: str, data: bytes) -> None:
 def upload(local: str, path: str) -> None:
     """Copy the local file ``local`` to ``path`` atomically, streamed (never whole in memory)."""
     if not is_remote(path):
-        tmp = temp_name_for(normalize(path))
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, normalize(path))
+        with replacing(normalize(path)) as tmp:
+            shutil.copyfile(local, tmp)
         return
     _store(path).upload(local, path)
 

@@ -17,6 +17,7 @@ import math
 import os
 from typing import Any
 
+from energon import atomic
 from energon import state_fields as fields
 from energon.balance.tail import TAIL_FIELD, check_tail, settled, tail_origin
 from energon.errors import StateError
@@ -535,17 +536,16 @@ def _check_prefix(
 def save_state_file(state: Any, path: str | os.PathLike, file_format: str = "json") -> None:
     """Write a state (or a list of per-rank states) atomically, as JSON or with ``torch.save``
     (``file_format="torch"``; the file still holds plain data only)."""
-    tmp = f"{os.fspath(path)}.tmp"
-    if file_format == "torch":
-        import torch
-
-        torch.save(state, tmp)
-    elif file_format == "json":
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-    else:
+    if file_format not in ("json", "torch"):
         raise ValueError(f"file_format must be 'json' or 'torch', not {file_format!r}")
-    os.replace(tmp, path)
+    with atomic.replacing(path) as tmp:
+        if file_format == "torch":
+            import torch
+
+            torch.save(state, tmp)
+        else:
+            with open(tmp, "w") as f:
+                json.dump(state, f)
 
 
 def state_file_format(path: str | os.PathLike) -> str:

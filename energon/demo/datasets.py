@@ -37,6 +37,8 @@ from typing import TypeVar
 import numpy as np
 from PIL import Image, ImageDraw
 
+from energon import atomic
+
 __all__ = [
     "planned_image_sizes",
     "render_photo_like_jpeg",
@@ -223,15 +225,10 @@ def _add_member(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
 
 def _write_tar_atomically(path: str, members: Iterable[tuple[str, bytes]]) -> None:
     """Write a tar via a temporary file + rename: a crash never leaves a plausible partial shard."""
-    temporary_path = f"{path}.tmp-{os.getpid()}"
-    try:
+    with atomic.replacing(path) as temporary_path:
         with tarfile.open(temporary_path, "w", format=tarfile.USTAR_FORMAT) as tar:
             for name, payload in members:
                 _add_member(tar, name, payload)
-        os.replace(temporary_path, path)
-    finally:
-        if os.path.exists(temporary_path):
-            os.remove(temporary_path)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from energon import atomic
 from energon.errors import DatasetNotPreparedError, MetadatasetError
 from energon.format.info import read_info
 from energon.format.layout import (
@@ -128,12 +129,10 @@ def build_join_index(members: list[JoinMemberSplit], target: str) -> tuple[int, 
         columns.append(rows)
     data = np.concatenate(columns, axis=1)[keep]
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = f"{target}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with atomic.replacing(target) as tmp, open(tmp, "wb") as f:
         f.write(MAGIC)
         f.write(struct.pack("<q", len(members)))
         f.write(np.ascontiguousarray(data, dtype="<i8").tobytes())
-    os.replace(tmp, target)
     return int(keep.sum()), len(keep)
 
 

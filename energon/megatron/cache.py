@@ -11,11 +11,11 @@ builds anything; nothing it does grows with the number of ranks.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from collections.abc import Sequence
 from typing import Any
 
+from energon import atomic
 from energon.megatron.gpt_dataset import (
     BlendedTokenDataset,
     GPTConfig,
@@ -59,10 +59,8 @@ def read_sequence_counts(prefix: str) -> list[int]:
 def build_sequences(prefixes: Sequence[str], output: str) -> dict[str, list[int]]:
     """Write ``{prefix: [N, D]}`` for every prefix (keys exactly as given in the data args)."""
     counts = {p: read_sequence_counts(p) for p in dict.fromkeys(prefixes)}
-    tmp = output + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic.replacing(output) as tmp, open(tmp, "w") as f:
         json.dump(counts, f, indent=1)
-    os.replace(tmp, output)
     return counts
 
 

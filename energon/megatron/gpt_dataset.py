@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from energon import epath
+from energon import atomic, epath
 from energon.megatron import gpt_indices as gi
 from energon.megatron.indexed import IndexedTokens, RangeReader, bin_path
 from energon.remote.cache import cache_dir
@@ -122,16 +122,12 @@ def open_prefix(prefix: str, sequences: Mapping[str, Sequence[int]] | None = Non
 
 def _save_npy_atomically(path: str, array: np.ndarray) -> None:
     """Concurrent builders of the same cache never expose a half-written file (no barrier needed)."""
-    tmp = f"{path}.{os.getpid()}.tmp.npy"
-    np.save(tmp, array, allow_pickle=True)
-    os.replace(tmp, path)
+    with atomic.replacing(path, suffix=".npy") as tmp:
+        np.save(tmp, array, allow_pickle=True)
 
 
 def _write_text_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic.atomic_write_text(path, text)
 
 
 def npy_shape(path: str) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from energon import epath
+from energon import atomic, epath
 from energon.errors import IndexedFormatError
 from energon.remote import RemoteNotFoundError
 
@@ -95,8 +95,7 @@ def write_index_file(
     pointers = np.zeros(len(lengths), dtype=np.int64)
     if len(lengths) > 1:
         np.cumsum(lengths[:-1].astype(np.int64) * itemsize, out=pointers[1:])
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with atomic.replacing(path) as tmp, open(tmp, "wb") as f:
         f.write(INDEX_MAGIC)
         f.write(struct.pack("<Q", INDEX_VERSION))
         f.write(struct.pack("<B", code_from_dtype(dtype)))
@@ -107,7 +106,6 @@ def write_index_file(
         f.write(docs.astype("<i8").tobytes(order="C"))
         if modes is not None:
             f.write(np.asarray(modes, dtype=np.int8).tobytes(order="C"))
-    os.replace(tmp, path)
 
 
 class TokenFileWriter:

@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from energon.format.layout import nv_meta_dir, remove_quietly, temp_name_for
+from energon.format.layout import atomic_write_text, nv_meta_dir, remove_quietly, temp_name_for
 from energon.prepare.scan import CHUNK_META, ChunkSummary, shard_stat
 
 WORK_FOLDER_NAME = ".prepare-work"
@@ -62,9 +62,7 @@ class WorkFolder:
         if not same:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path.mkdir(parents=True)
-            tmp = temp_name_for(plan)
-            tmp.write_text(json.dumps({"key": self.key, "chunks": self.num_chunks}))
-            os.replace(tmp, plan)
+            atomic_write_text(plan, json.dumps({"key": self.key, "chunks": self.num_chunks}))
             return
         for entry in self.path.iterdir():  # a killed worker's half-written chunk
             if ".tmp" in entry.name:
