@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch.utils.data
@@ -70,22 +70,28 @@ class SavableDataset(torch.utils.data.IterableDataset):
 
     def len_rank(self) -> int:
         """Micro-batches this rank yields per pass (``limit`` / ``virtual_epoch_length`` if set)."""
+        return self.len_ranks([self.worker_config.rank])[0]
+
+    def len_ranks(self, ranks: Iterable[int]) -> list[int]:
+        """:meth:`len_rank` of each of ``ranks`` of this world size: the same arithmetic, with the
+        pass's positions counted once (``energon simulate`` asks it of thousands of ranks; the
+        spec does not depend on the rank)."""
         spec = self.spec
+        ranks = list(ranks)
         if spec.limit is not None and (spec.training or spec.repeat):
-            return spec.limit  # the data never runs out
+            return [spec.limit] * len(ranks)  # the data never runs out
         if spec.training and spec.virtual_epoch_length:
-            return spec.virtual_epoch_length
+            return [spec.virtual_epoch_length] * len(ranks)
         total = self.positions_per_pass() or 0
-        wc = self.worker_config
+        world = self.worker_config.world_size
         if spec.planned_validation or spec.balance is not None:
-            count = -(
-                -total // wc.world_size
-            )  # every rank: holes (or balanced steps) keep them even
+            # every rank the same: holes (or balanced steps) keep them even
+            counts = [-(-total // world)] * len(ranks)
         else:
-            count = len(range(wc.rank, total, wc.world_size))
+            counts = [len(range(rank, total, world)) for rank in ranks]
         if spec.limit is not None:
-            count = min(count, spec.limit)
-        return count
+            counts = [min(count, spec.limit) for count in counts]
+        return counts
 
     def __len__(self) -> int:
         return self.len_rank()

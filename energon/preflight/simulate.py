@@ -1,7 +1,7 @@
 """``energon simulate``: what a configuration will do, from metadata alone, before training.
 
 Nothing here has its own idea of the order. Every figure comes from the machinery the loader
-runs: lengths from the loader's own arithmetic (``SavableDataset.len_rank``, the spec's stream
+runs: lengths from the loader's own arithmetic (``SavableDataset.len_ranks``, the spec's stream
 counts), blend shares from :func:`~energon.loader.blend_report.simulate_blend`, and everything
 about *which* samples come when from the ledger's simulated streams
 (:class:`~energon.ledger.advance.SimulatedStream` over :func:`~energon.ledger.simulate.simulated_spec`:
@@ -173,10 +173,7 @@ def train_figures(
 ) -> dict[str, Any]:
     spec = dataset.spec
     R = settings.world_size
-    per_rank = [
-        build(config, settings, "train", rank).len_rank() if rank else dataset.len_rank()
-        for rank in range(R)
-    ]
+    per_rank = dataset.len_ranks(range(R))
     counts = spec.stream_sample_counts()
     streams = [
         {
@@ -355,10 +352,7 @@ def val_figures(
             count += 1
         items.append(count)
     L = spec.num_streams
-    totals = [
-        build(config, settings, split, rank).len_rank() if rank else dataset.len_rank()
-        for rank in range(R)
-    ]
+    totals = dataset.len_ranks(range(R))
     if spec.planned_validation:
         end = dataset.positions_per_pass() or 0
         real = [sum(1 for m in range(r, end, R) if m // L < items[m % L]) for r in range(R)]
