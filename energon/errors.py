@@ -56,6 +56,8 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
         JsonValueError (ValueError)
         GcFreezeError (RuntimeError)
         WorkerRecoveryError (RuntimeError)
+        ClusterError (RuntimeError)
+            RayNotInstalledError (ImportError)
 
 A bad sample must never be lost silently: a ``SampleException`` is either raised, or skipped *and
 counted*, and a run of consecutive failures beyond the tolerance stops the job with the last error
@@ -416,6 +418,17 @@ class WorkerRecoveryError(EnergonError, RuntimeError):
     """A lost loader worker was not replaced: recovery is off, or the restart budgets of
     :class:`~energon.loader.recovery.WorkerRecovery` are spent. The message lists every loss of
     the pass: the worker, why it ended, and the sample it was on."""
+
+
+class ClusterError(EnergonError, RuntimeError):
+    """The Ray cluster cannot run what energon asks of it: no cluster at the address, or an actor
+    that cannot be placed or started within its time limit (the message says what it asked for and
+    what the cluster has). See docs/ray.md."""
+
+
+class RayNotInstalledError(ClusterError, ImportError):
+    """Ray workers or ``prepare --ray`` were asked for, but Ray is not installed
+    (``pip install 'energon-loader[ray]'``)."""
 
 
 # Errors that indicate broken code rather than a broken sample: never skipped.
