@@ -231,6 +231,15 @@ def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
     default=None,
     help=f"Folder to build {INDEX_SQLITE_FILENAME} in before it is copied into {MAIN_FOLDER_NAME}.",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Scan the tar shards in Ray tasks over the nodes of this Ray cluster ('auto': the "
+    "cluster of this machine); every node must be able to read the shards. The output is the "
+    "same as a local prepare's (docs/ray.md). Needs energon-loader[ray].",
+)
 def command(
     path: Path | str,
     progress: bool,
@@ -255,6 +264,7 @@ def command(
     field_map: str | None,
     key_column: str | None,
     tmp_path: Path | None,
+    ray_address: str | None,
 ) -> None:
     """Prepare the WebDataset at PATH: index its tar shards and write PATH/.nv-meta/.
 
@@ -271,6 +281,7 @@ def command(
             "names with the shard name) and prepare again."
         )
     remote = isinstance(path, str)
+    _check_ray_target(ray_address, str(path).endswith((".jsonl", ".yaml")))
     if remote and path.endswith(".jsonl"):
         _prepare_file(path, progress)
         return
@@ -278,6 +289,7 @@ def command(
         _prepare_file(path, progress)
         return
     tables = None if tar_index_only else _table_files(path, exclude)
+    _check_ray_target(ray_address, tables is not None)
     if tables is not None:
         _prepare_tables(
             path,
@@ -307,6 +319,7 @@ def command(
             tar_index_only=True,
             media_filter=media_filter,
             checksums=checksums,
+            ray_address=ray_address,
         )
         click.echo(f"Rebuilt the tar indices and index.sqlite of {len(shards)} shards. Done.")
         return
@@ -340,8 +353,18 @@ def command(
         checksums=checksums,
         sample_tables=sample_tables,
         before_info=before_info,
+        ray_address=ray_address,
     )
     click.echo("Done")
+
+
+def _check_ray_target(ray_address: str | None, not_tar_shards: bool) -> None:
+    """``--ray`` spreads the scans of tar shards; other inputs are prepared here, in one go."""
+    if ray_address is not None and not_tar_shards:
+        raise click.UsageError(
+            "--ray spreads the indexing of tar shards over a cluster; PATH is a JSONL file, a "
+            "metadataset or a folder of Parquet/Arrow files: prepare it without --ray"
+        )
 
 
 def _prepare_file(path: Path | str, progress: bool) -> None:

@@ -73,6 +73,7 @@ from energon.format.split_shards import write_shard_table
 from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid
 from energon.format.tar_index import tar_index_path
 from energon.media.extract import MediaFilterConfig
+from energon.prepare.cluster import run_chunks_on_cluster
 from energon.prepare.scan import (
     CHUNK_ROWS,
     MAX_PART_NAMES,
@@ -162,6 +163,7 @@ class ScanOptions:
     media_filter: MediaFilterConfig | None = None
     checksums: bool = False
     sample_tables: bool = True
+    ray_address: str | None = None  # prepare --ray: the chunks run on this Ray cluster
 
     def plan(self, remote: bool) -> dict:
         """What the chunks' content depends on (the key of the work folder's plan)."""
@@ -216,6 +218,7 @@ def prepare_dataset(
     checksums: bool = False,
     sample_tables: bool = True,
     before_info: BeforeInfo | None = None,
+    ray_address: str | None = None,
 ) -> PrepareResult:
     """Index every shard of the WebDataset at ``root`` and write ``.nv-meta``.
 
@@ -237,6 +240,10 @@ def prepare_dataset(
     that looks prepared but lacks it (``staged_root`` holds the new metadata: ``root``, or the
     local staging folder of a remote prepare).
 
+    ``ray_address`` (``prepare --ray``): the chunks are scanned in Ray tasks over the nodes of
+    that cluster instead of local processes (:mod:`energon.prepare.cluster`; the output is
+    byte for byte the same).
+
     An ``s3://`` root is prepared remotely: see :func:`_prepare_remote`.
 
     Raises :class:`PrepareError` (empty or unreadable shard), :class:`TarFormatError` (corrupt or
@@ -244,7 +251,9 @@ def prepare_dataset(
     """
     if media_filter is not None and not sample_tables:
         raise PrepareError("media metadata lives in index.sqlite: it needs the sample tables")
-    scan = ScanOptions(num_workers, progress, tmp_path, media_filter, checksums, sample_tables)
+    scan = ScanOptions(
+        num_workers, progress, tmp_path, media_filter, checksums, sample_tables, ray_address
+    )
     splits = SplitOptions(split_parts_ratio, split_parts_patterns, split_config, shuffle_seed)
     if epath.is_remote(root):
         return _prepare_remote(
@@ -424,24 +433,30 @@ def _chunk_task(
 def _run_chunks(
     tasks: list[ChunkTask], scan: ScanOptions, total: int, done: int
 ) -> Iterator[ChunkSummary]:
-    """Run the chunks in worker processes (in this one with one worker or one chunk)."""
-    workers = scan.num_workers if scan.num_workers is not None else _default_num_workers()
+    """Run the chunks, with a progress bar over the shards."""
     bar = tqdm(total=total, initial=done, desc="Indexing shards", unit="shard")
     bar.disable = not scan.progress
     try:
-        if workers <= 1 or len(tasks) <= 1:
-            results: Iterator[ChunkSummary] = map(run_chunk, tasks)
-            for summary in results:
-                bar.update(len(summary.counts))
-                yield summary
-            return
-        remote = any(epath.is_remote(p) for t in tasks for p in t.tar_paths)
-        with process_context(remote).Pool(min(workers, len(tasks))) as pool:
-            for summary in pool.imap_unordered(run_chunk, tasks, chunksize=1):
-                bar.update(len(summary.counts))
-                yield summary
+        for summary in _chunk_summaries(tasks, scan):
+            bar.update(len(summary.counts))
+            yield summary
     finally:
         bar.close()
+
+
+def _chunk_summaries(tasks: list[ChunkTask], scan: ScanOptions) -> Iterator[ChunkSummary]:
+    """The chunks run on a Ray cluster (``prepare --ray``), in worker processes, or in this one
+    (with one worker or one chunk)."""
+    if scan.ray_address is not None:
+        yield from run_chunks_on_cluster(tasks, scan.ray_address)
+        return
+    workers = scan.num_workers if scan.num_workers is not None else _default_num_workers()
+    if workers <= 1 or len(tasks) <= 1:
+        yield from map(run_chunk, tasks)
+        return
+    remote = any(epath.is_remote(p) for t in tasks for p in t.tar_paths)
+    with process_context(remote).Pool(min(workers, len(tasks))) as pool:
+        yield from pool.imap_unordered(run_chunk, tasks, chunksize=1)
 
 
 def _result_of(
