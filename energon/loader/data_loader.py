@@ -44,6 +44,7 @@ from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.journal import JournalWriter, sources_digest
 from energon.loader.recovery import LostSample, Recovery, WorkerRecovery
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
+from energon.loader.workers.base import WorkerPoolFactory
 from energon.loader.workers.messages import collate
 from energon.loader.workers.processes import ProcessPool
 from energon.loader.workers.results import Watch, WorkerResults, with_lost
@@ -167,6 +168,9 @@ class Loader:
             dataset.spec.error_handler,
         )
         self._results: WorkerResults | None = None
+        self._workers: WorkerPoolFactory | None = None  # see the `workers` property
+        self._local_num_workers: int | None = None  # the worker config's, before `workers`
+        self._worker_pool: Any = None  # their pool, kept from pass to pass
         if self.worker_config.num_workers:
             self.check_worker_number_rationality()  # as torch's DataLoader warns
         if self.worker_config.should_log(1):
@@ -392,6 +396,17 @@ class Loader:
         if wc.num_workers == 0:
             items = self.dataset.executor(0, resume)
             return map(functools.partial(collate, None), items)
+        if self._workers is not None:
+            self._worker_pool = self._workers.pool(
+                self.dataset,
+                prefetch=self.prefetch_factor,
+                pinned=torch.cuda.is_available(),
+                board=self._monitor.board,
+                cache_pool=self.cache_pool,
+                previous=self._worker_pool,
+            )
+            self._results = WorkerResults(self._worker_pool, resume, self._recovery, self._watch())
+            return self._results
         self._arena = BatchArena(wc.num_workers) if arena_supported() else None
         pool = ProcessPool(
             self.dataset,
@@ -420,7 +435,7 @@ class Loader:
             report_stall=monitor.report_stall,
             stopped=monitor.stopped_by_watchdog,
             initial_snapshot=self.dataset.initial_snapshot,
-            lost_sample=self._lost_sample,
+            lost_sample=_weakly(self._lost_sample),
         )
 
     def _lost_sample(self, lost: LostSample) -> None:
@@ -875,6 +890,32 @@ class Loader:
             )
         self._recovery.policy = policy
 
+    @property
+    def workers(self) -> WorkerPoolFactory | None:
+        """Who runs the loader's workers: None for local processes (``num_workers`` of the
+        worker config), or e.g. :class:`~energon.loader.workers.ray_workers.RayWorkers` for Ray
+        actors on a cluster (docs/ray.md). Set it before iterating: the dataset's logical streams
+        are then spread over its ``num_workers`` workers, and the batches, their order and the
+        saved states are those of as many local workers."""
+        return self._workers
+
+    @workers.setter
+    def workers(self, workers: WorkerPoolFactory | None) -> None:
+        if workers is not None and not isinstance(workers, WorkerPoolFactory):
+            raise TypeError(
+                f"workers must be None or a worker pool factory such as "
+                f"RayWorkers(num_actors=...), got {workers!r}"
+            )
+        if self._source is not None or self._monitor.board is not None:
+            raise ValueError("set workers before iterating the loader")
+        if self._local_num_workers is None:
+            self._local_num_workers = self.worker_config.num_workers
+        count = self._local_num_workers if workers is None else workers.num_workers
+        self.dataset = self.dataset.with_num_workers(count)  # this loader's own copy
+        self.worker_config = self.dataset.worker_config
+        self._monitor.num_workers = count
+        self._workers = workers
+
     def watchdog_reports(self) -> list[str]:
         """The stall reports the watchdog has written (also logged, logger ``energon.watchdog``),
         with those on workers that ``on_stall="skip"`` stopped."""
@@ -934,7 +975,7 @@ class Loader:
         return value
 
     def config(self) -> dict[str, Any]:
-        return {
+        config = {
             "type": type(self).__name__,
             "num_workers": self.worker_config.num_workers,
             "prefetch_factor": self.prefetch_factor if self.worker_config.num_workers else None,
@@ -942,6 +983,9 @@ class Loader:
             "decode_threads": getattr(self.dataset.spec, "decode_threads", 1),
             "dataset": self.dataset.config(),
         }
+        if self._workers is not None:
+            config["workers"] = self._workers.config()
+        return config
 
 
 class BasicDataLoader(Loader):

@@ -52,6 +52,13 @@ class SavableDataset(torch.utils.data.IterableDataset):
         clone.spec = spec
         return clone
 
+    def with_num_workers(self, num_workers: int) -> SavableDataset:
+        """A copy of this dataset whose ranks run ``num_workers`` workers each (its logical streams
+        stay as they are: the same batches in the same order, computed by other workers)."""
+        clone = copy.copy(self)
+        clone.worker_config = dataclasses.replace(self.worker_config, num_workers=num_workers)
+        return clone
+
     # -- sizes -------------------------------------------------------------------------------
     def positions_per_pass(self) -> int | None:
         """Global micro-batches in one pass (validation, as planned from the sample counts), or

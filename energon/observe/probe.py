@@ -102,6 +102,9 @@ class Board:
         self.hot = np.frombuffer(self.hot_buffer, dtype=np.int64).reshape(slots, self.hot_width)
         self.hot[:, INDEX] = -1
         self.hot[:, POSITION] = -1
+        # slots whose process runs elsewhere (a Ray actor): slot -> an object with `who` and
+        # `stacks()`; the pool writes their rows here (no signal can reach them)
+        self.remote: dict[int, Any] = {}
         # removed when the board is dropped or at exit, also when nobody calls close() (a loader
         # left to the garbage collector), only by the process that made it (never a forked
         # worker). multiprocessing's finalizer, not weakref.finalize: it also runs when a

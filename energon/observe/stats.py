@@ -213,6 +213,9 @@ class LoaderMonitor:
                     "remote_bytes": state["remote_bytes"],
                 }
             )
+            remote = self.board.remote.get(worker)
+            if remote is not None:  # a Ray actor: which one, where, and its logical streams
+                out[-1]["actor"] = remote.who
         return out
 
 

@@ -160,9 +160,10 @@ class Watchdog:
         return describe_worker(self.board, slot, state, self.describe)
 
     def _kill_workers(self) -> None:
-        for _, state in self._worker_states():
+        remote = self.board.remote if self.board is not None else {}
+        for slot, state in self._worker_states():
             pid = state["pid"]
-            if pid != os.getpid() and _is_child(pid):
+            if slot not in remote and pid != os.getpid() and _is_child(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
@@ -175,7 +176,11 @@ def describe_worker(
     """One process of a report: its stage, how long it has been on its item, the sample it
     loaded last (key, shard, offset, dataset) and, for a worker, its stacks."""
     pid = state["pid"]
-    where = "main process" if pid == os.getpid() else f"worker {slot} (pid {pid})"
+    remote = board.remote.get(slot) if board is not None else None
+    if remote is not None:
+        where = remote.who
+    else:
+        where = "main process" if pid == os.getpid() else f"worker {slot} (pid {pid})"
     line = (
         f"{where}: stage {state['stage']}, {_on_item(state)}, "
         f"{state['samples']} samples read, {state['items']} items produced"
@@ -187,7 +192,9 @@ def describe_worker(
             sample = {"error": f"{type(e).__name__}: {e}"}
         fields = ", ".join(f"{k} {v}" for k, v in sample.items())
         line += f"\n  last sample loaded: source {state['source']} index {state['index']}: {fields}"
-    if pid != os.getpid() and board is not None:
+    if remote is not None:
+        line += "\n  stacks:\n" + _indent(remote.stacks(), "    ")
+    elif pid != os.getpid() and board is not None:
         stack = _worker_stack(pid, board.stack_path(slot))
         line += "\n  stacks:\n" + _indent(stack, "    ")
     return line

@@ -13,11 +13,12 @@ delivered.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from energon.loader.recovery import WorkerGone
-from energon.loader.savable_dataset import ResumePoint
+from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.loader.workers.messages import Group
+from energon.observe.probe import Board
 
 
 class WorkerPool(Protocol):
@@ -41,3 +42,31 @@ class WorkerPool(Protocol):
 
     def close(self) -> None:
         """End every worker (the pass is over or abandoned)."""
+
+
+@runtime_checkable
+class WorkerPoolFactory(Protocol):
+    """Makes the pool of each loader pass for workers other than local processes: the loader's
+    ``workers=`` option (:class:`~energon.loader.workers.ray_workers.RayWorkers`). The loader runs
+    ``num_workers`` workers over the dataset's logical streams, as with as many local processes."""
+
+    num_workers: int
+
+    def pool(
+        self,
+        dataset: SavableDataset,
+        *,
+        prefetch: int,
+        pinned: bool,
+        board: Board | None,
+        cache_pool: Any = None,
+        previous: WorkerPool | None = None,
+    ) -> WorkerPool:
+        """The workers of one pass: ``prefetch`` messages ahead each; ``pinned``: the loader pins
+        memory; ``board``: the loader's stats board (a pool of workers that cannot open it writes
+        their slots into it); ``cache_pool``: the loader's cache pool, for the workers' hooks;
+        ``previous``: the pool of the loader's previous pass (closed), which may be handed back
+        to run this pass with the same workers."""
+
+    def config(self) -> dict[str, Any]:
+        """Plain data describing the workers (the loader's ``config()``)."""
