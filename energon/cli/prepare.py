@@ -309,6 +309,8 @@ def command(
     if not tar_index_only and not _confirm_overwrite(path, force_overwrite, non_interactive):
         return
     shards = _find_shards(path, exclude, tar_index_only)
+    if ray_address is not None:
+        _connect_ray(ray_address)
     if tar_index_only:
         _run_prepare(
             path,
@@ -365,6 +367,19 @@ def _check_ray_target(ray_address: str | None, not_tar_shards: bool) -> None:
             "--ray spreads the indexing of tar shards over a cluster; PATH is a JSONL file, a "
             "metadataset or a folder of Parquet/Arrow files: prepare it without --ray"
         )
+
+
+def _connect_ray(ray_address: str) -> None:
+    """Join the cluster before any work, and say what it has."""
+    from energon.cluster.ray_cluster import connect
+
+    try:
+        ray = connect(ray_address)
+    except EnergonError as e:
+        raise click.ClickException(str(e)) from None
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    click.echo(f"Scanning shards as Ray tasks on {nodes} node(s) with {cpus} CPUs ({ray_address})")
 
 
 def _prepare_file(path: Path | str, progress: bool) -> None:
