@@ -480,6 +480,15 @@ class Loader:
         if self._arena is not None:
             self._arena.close()
 
+    def close(self) -> None:
+        """End the loader's workers now (their processes, or Ray actors, which with
+        ``keep_actors`` wait for the next loader) rather than when the loader is collected.
+        Iterating again starts new ones where the loop stands."""
+        self._close_source()
+        pool, self._worker_pool = self._worker_pool, None
+        if pool is not None:
+            pool.shutdown()
+
     def __del__(self) -> None:
         try:
             self._close_source()

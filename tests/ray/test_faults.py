@@ -8,7 +8,6 @@ All kills are counted events (after a given number of batches), not timed ones."
 from __future__ import annotations
 
 import collections
-import gc
 import os
 import signal
 
@@ -60,8 +59,7 @@ def test_cluster_without_room_for_a_replacement(ray_cluster, text_ds):
     ask = {"resources": {"energon_slot": 1}, "message_items": 2, "prefetch": 1}
     warm = ray_loader(ray_cluster, text_ds, 2, workers=ray_workers(ray_cluster, 2, **ask))
     keys(warm, 2)
-    del warm
-    gc.collect()
+    warm.close()  # its actors wait for the next loader that asks for the same
     workers = ray_workers(ray_cluster, 2, keep_actors=False, start_timeout_seconds=3, **ask)
     loader = ray_loader(ray_cluster, text_ds, 2, workers=workers)
     it = iter(loader)

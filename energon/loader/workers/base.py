@@ -66,7 +66,8 @@ class WorkerPoolFactory(Protocol):
         memory; ``board``: the loader's stats board (a pool of workers that cannot open it writes
         their slots into it); ``cache_pool``: the loader's cache pool, for the workers' hooks;
         ``previous``: the pool of the loader's previous pass (closed), which may be handed back
-        to run this pass with the same workers."""
+        to run this pass with the same workers. The loader calls the pool's ``shutdown()`` when
+        it is closed (``Loader.close``)."""
 
     def config(self) -> dict[str, Any]:
         """Plain data describing the workers (the loader's ``config()``)."""
