@@ -24,7 +24,7 @@ demo-av: install
 test: install
 	$(BIN)/ruff check energon tests tools
 	$(BIN)/ruff format --check energon tests tools
-	$(BIN)/python -m pytest -q -n 2 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
 
 lint: install
 	$(BIN)/ruff format energon tests tools

@@ -1,5 +1,5 @@
 """One real Ray cluster for all Ray tests of a session (starting one costs seconds): the head on
-127.0.0.1 with 4 logical CPUs and two "slot" resources (the tests that leave the cluster without room
+127.0.0.1 with 8 logical CPUs and two "slot" resources (the tests that leave the cluster without room
 take them), this process its driver. Every test here runs in the same xdist worker
 (``xdist_group``; ``make test`` distributes with ``--dist loadgroup``), so one cluster serves all."""
 
@@ -13,7 +13,7 @@ import pytest
 from tests.helpers.ray_cluster import LocalRayCluster
 
 SLOTS = 2  # custom resource "energon_slot" on the head node
-CPUS = 4  # logical CPUs of the head node (Ray's bookkeeping; the machine may have fewer)
+CPUS = 8  # logical CPUs of the head node (Ray's bookkeeping; the machine may have fewer)
 
 
 def pytest_collection_modifyitems(config, items):
