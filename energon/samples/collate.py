@@ -52,24 +52,38 @@ def _max_shape(tensors: Sequence[torch.Tensor], skip_dims: int = 0) -> list[int]
     return [max(t.shape[d] for t in tensors) for d in range(skip_dims, ndim)]
 
 
+_shared_in_workers = True  # see batches_in_shared_memory
+
+
+def batches_in_shared_memory(enabled: bool) -> None:
+    """Whether batches made in a worker process go into new shared memory (the default; see
+    :func:`_new_batch_tensor`). A Ray actor turns it off: its batches leave through Ray's object
+    store, which copies them anyway, and new shared memory costs a page fault per 4 KiB page
+    written (it made an actor's image batches three times as costly as a local worker's)."""
+    global _shared_in_workers
+    _shared_in_workers = enabled
+
+
 def _new_batch_tensor(like: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """Uninitialised output tensor with the dtype and device of ``like``.
 
     Inside a DataLoader worker a CPU batch is allocated in shared memory right away (as torch's
     own ``default_collate`` does): the batch must reach the main process through shared memory
-    anyway, and allocating it there saves one full copy of every batch.
+    anyway, and allocating it there saves one full copy of every batch. Elsewhere (the main
+    process, a Ray actor) it comes from the buffer pool, reused memory.
     """
+    shared = _shared_in_workers and torch.utils.data.get_worker_info() is not None
     if like.device.type == "cpu":
         arena = active_arena()
         if arena is not None:
             out = arena.empty(tuple(shape), like.dtype)
             if out is not None:
                 return out
-        elif numpy_dtype(like.dtype) is not None and torch.utils.data.get_worker_info() is None:
+        elif numpy_dtype(like.dtype) is not None and not shared:
             array = buffer_pool().empty(tuple(shape), numpy_dtype(like.dtype))
             if array is not None:
                 return torch.from_numpy(array)
-    if like.device.type == "cpu" and torch.utils.data.get_worker_info() is not None:
+    if like.device.type == "cpu" and shared:
         numel = math.prod(shape)
         storage = like.untyped_storage()._new_shared(numel * like.element_size())
         return torch.empty(0, dtype=like.dtype).set_(storage).view(*shape)

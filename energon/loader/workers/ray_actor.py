@@ -30,6 +30,7 @@ from torch._utils import ExceptionWrapper
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.loader.workers.messages import Group, WorkerItems
 from energon.observe.probe import Board
+from energon.samples.collate import batches_in_shared_memory
 from energon.task_encoder.base import hook_context
 
 
@@ -162,15 +163,20 @@ class StreamsActor:
 
 
 def _become_worker(dataset: SavableDataset, worker: int, num_workers: int) -> None:
-    """This process as a loader worker for a pass: ``get_worker_info()`` answers, and the global
-    generators are seeded as a local worker's are at the start of every pass (for augmentations
-    that draw from them; energon itself never does)."""
+    """This process as a loader worker for a pass: ``get_worker_info()`` answers, torch uses one
+    thread, batches are made in reused memory, and the global generators are seeded as a local
+    worker's are at the start of every pass (for augmentations that draw from them; energon itself
+    never does)."""
     import random
 
     from torch.utils.data._utils import worker as torch_worker
 
     from energon.loader.workers.processes import _base_seed
 
+    # one intra-op thread, as in a local worker: torch would otherwise start a thread per core
+    # of the node for every batch it collates, each fighting the node's other actors
+    torch.set_num_threads(1)
+    batches_in_shared_memory(False)  # they leave through Ray's object store
     base = _base_seed()
     seed = base + worker
     random.seed(seed)
