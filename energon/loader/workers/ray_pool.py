@@ -37,7 +37,7 @@ import secrets
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from torch._utils import ExceptionWrapper
@@ -48,7 +48,6 @@ from energon.loader.recovery import WorkerGone
 from energon.loader.savable_dataset import ResumePoint, SavableDataset
 from energon.loader.workers.messages import Group
 from energon.loader.workers.ray_actor import Assignment, Message, Slot, actor_class, failed_message
-from energon.loader.workers.ray_workers import RayWorkers
 from energon.observe.probe import (
     ACTIVE_SECONDS,
     HOT_FIELDS,
@@ -76,6 +75,24 @@ IDLE_CHECK_SECONDS = 30.0  # how long a kept actor may take to answer before it 
 # the stats fields that add up over the actors that took a worker's place (floats; ints)
 _ADDED_FLOATS = [ACTIVE_SECONDS, TIMED_SECONDS, RETRIES, REMOTE_BYTES]
 _ADDED_FLOATS += range(TIMES, TIMES + len(STAGES))
+
+
+class ActorsConfig(Protocol):
+    """What a pool needs of its configuration: ``RayWorkers``, which makes the pools (this module
+    does not import it: no import cycle)."""
+
+    num_actors: int
+    address: str | None
+    keep_actors: bool
+    message_items: int
+    message_seconds: float
+    start_timeout_seconds: float
+
+    def options(self) -> dict[str, Any]: ...
+
+    def actor_kind(self) -> str: ...
+
+
 _IDLE: dict[str, list[Any]] = {}  # actors kept for the next loader (RayWorkers.keep_actors)
 
 
@@ -102,7 +119,7 @@ class RayPool:
 
     def __init__(
         self,
-        config: RayWorkers,
+        config: ActorsConfig,
         dataset: SavableDataset,
         *,
         prefetch: int,
