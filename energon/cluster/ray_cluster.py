@@ -40,7 +40,8 @@ def connect(address: str | None) -> Any:
     if ray.is_initialized():
         return ray
     try:
-        ray.init(address=address, log_to_driver=True)
+        # "local": a new instance even where a stale ``ray start`` left its address behind
+        ray.init(address="local" if address is None else address, log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ClusterError(
             f"cannot connect to the Ray cluster at address {address!r}: {e}. Start one with "
