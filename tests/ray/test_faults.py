@@ -98,7 +98,12 @@ def test_actor_lost_again_and_again_at_one_place(ray_cluster, text_ds):
         keys(loader, BATCHES)
     message = str(raised.value)
     assert "max_restarts_in_a_row=1" in message
-    assert message.count("lost its process") == 2
+    # the first actor may have sent items past its last snapshot before it died (its place is
+    # then later than the replacements', which die before sending any): 2 or 3 losses
+    losses = [line for line in message.splitlines() if "lost its process" in line]
+    assert len(losses) in (2, 3), message
+    assert losses[-1].endswith("more than max_restarts_in_a_row=1")
+    assert all(line.endswith(": replaced") for line in losses[:-1])
 
 
 @pytest.mark.slow
