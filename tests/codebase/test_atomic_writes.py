@@ -18,6 +18,7 @@ OWN_RENAMES = {
     "energon.prepare.work": "publishes a finished chunk's files by hard link",
     "energon.prepare.media": "builds the media database in place under a temporary name",
     "energon.prepare.scan": "publishes a chunk's folder whole",
+    "energon.prepare.cluster": "publishes a chunk's folder whole (made on another node)",
 }
 
 
