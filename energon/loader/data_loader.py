@@ -33,7 +33,6 @@ from energon.errors import (
     ArgumentError,
     ArgumentTypeError,
     ErrorBudget,
-    SkipSample,
     StateError,
     WatchdogTimeout,
     WorkerRecoveryError,
@@ -43,7 +42,7 @@ from energon.loader.error_report import ErrorReport
 from energon.loader.evenness import Fillers, agreement_group, any_rank_has_item
 from energon.loader.journal import JournalWriter, sources_digest
 from energon.loader.recovery import LostSample, Recovery, WorkerRecovery
-from energon.loader.savable_dataset import ResumePoint, SavableDataset
+from energon.loader.savable_dataset import ResumePoint, SavableDataset, restore_item
 from energon.loader.workers.base import WorkerPoolFactory
 from energon.loader.workers.messages import collate
 from energon.loader.workers.processes import ProcessPool
@@ -53,7 +52,7 @@ from energon.observe.stall import StallCheck
 from energon.observe.stats import LoaderMonitor
 from energon.pipeline import snapshot
 from energon.pipeline.executor import ItemMeta
-from energon.pipeline.keys import Key, as_key, attach_restore_key, parse_stream_key
+from energon.pipeline.keys import Key
 from energon.pipeline.snapshot import PackedSnapshot, StreamSnapshot
 from energon.pipeline.spec import check_blend_streams
 from energon.pipeline.stage import Value
@@ -955,33 +954,9 @@ class Loader:
         return self.dataset.can_restore_sample()
 
     def restore_sample(self, restore_key: Key) -> Value:
-        """Regenerate a yielded item from its ``__restore_key__`` (pure hooks only).
-
-        The hooks see the same ``current_sample_index`` / ``current_batch_index`` as when the item
-        was first made. Errors go to ``worker_config.restore_error_handler`` (default: re-raise);
-        a handler that does not raise makes this return None.
-        """
-        if not self.can_restore_sample():
-            raise RuntimeError(
-                "restore_sample needs @stateless hooks (encode_sample, encode_batch, map functions)"
-            )
-        stream_id, item_index, key = parse_stream_key(restore_key)
-        if not 0 <= stream_id < self.dataset.spec.num_streams:
-            raise ValueError(
-                f"restore key {restore_key!r} names stream {stream_id}, but this loader has "
-                f"{self.dataset.spec.num_streams} logical streams"
-            )
-        try:
-            value = self.dataset.build_stream(stream_id).rebuild(key, item_index)
-        except SkipSample as e:
-            error = ValueError(f"unexpected SkipSample while restoring {restore_key!r}: {e}")
-            self.worker_config.restore_error_handler(error, restore_key, None)
-            return None
-        except Exception as e:
-            self.worker_config.restore_error_handler(e, restore_key, None)
-            return None
-        attach_restore_key(value, as_key(restore_key))
-        return value
+        """Regenerate a yielded item from its ``__restore_key__`` (pure hooks only; see
+        :func:`restore_item`; errors go to this loader's ``restore_error_handler``)."""
+        return restore_item(self.dataset, restore_key, self.worker_config.restore_error_handler)
 
     def config(self) -> dict[str, Any]:
         config = {

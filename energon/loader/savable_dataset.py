@@ -18,8 +18,10 @@ from typing import Any
 
 import torch.utils.data
 
+from energon.errors import SkipSample
 from energon.pipeline.balanced_executor import BalancedExecutor
 from energon.pipeline.executor import Executor
+from energon.pipeline.keys import as_key, attach_restore_key, parse_stream_key
 from energon.pipeline.pointers import build_pointer_stages
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
@@ -179,6 +181,25 @@ class SavableDataset(torch.utils.data.IterableDataset):
                 return False
         return True
 
+    def assert_can_restore(self) -> None:
+        if not self.can_restore_sample():
+            raise RuntimeError(
+                "restore_sample needs @stateless hooks (encode_sample, encode_batch, map functions)"
+            )
+
+    def restore_sample(self, restore_key: Any) -> Any:
+        """Regenerate an item this dataset yielded from its ``__restore_key__`` (see
+        :func:`restore_item`; errors go to this dataset's ``restore_error_handler``)."""
+        return restore_item(self, restore_key, self.worker_config.restore_error_handler)
+
+    def len_worker(self, worker_idx: int | None = None) -> int:
+        """Items one local worker yields per pass (the rank's items go round-robin to them)."""
+        workers = max(1, self.worker_config.num_workers)
+        return len(range(worker_idx or 0, self.len_rank(), workers))
+
+    def worker_has_samples(self) -> bool:
+        return self.len_rank() > 0
+
     def executor(
         self, worker: int, resume: ResumePoint | None = None, *, all_workers: bool = False
     ) -> Executor | BalancedExecutor:
@@ -223,3 +244,31 @@ class SavableDataset(torch.utils.data.IterableDataset):
                 continue
             count += 1
             yield value
+
+
+def restore_item(dataset: SavableDataset, restore_key: Any, error_handler: Any) -> Any:
+    """Regenerate an item of ``dataset`` from its ``__restore_key__`` (pure hooks only).
+
+    The hooks see the same ``current_sample_index`` / ``current_batch_index`` as when the item
+    was first made. Errors go to ``error_handler(error, restore_key, None)`` (the default
+    handler re-raises); a handler that does not raise makes this return None.
+    """
+    dataset.assert_can_restore()
+    stream_id, item_index, key = parse_stream_key(restore_key)
+    streams = dataset.spec.num_streams
+    if not 0 <= stream_id < streams:
+        raise ValueError(
+            f"restore key {restore_key!r} names stream {stream_id}, but this dataset has "
+            f"{streams} logical streams"
+        )
+    try:
+        value = dataset.build_stream(stream_id).rebuild(key, item_index)
+    except SkipSample as e:
+        error = ValueError(f"unexpected SkipSample while restoring {restore_key!r}: {e}")
+        error_handler(error, restore_key, None)
+        return None
+    except Exception as e:
+        error_handler(e, restore_key, None)
+        return None
+    attach_restore_key(value, as_key(restore_key))
+    return value

@@ -722,3 +722,18 @@ except Exception:
 return out
 """
 )
+
+program("dataset_level_members")(
+    """
+out = {}
+for name, batch in (("samples", None), ("batches", 4)):
+    config = wc(workers=2)
+    ds = get_val_dataset(data["a"], split_part="val", batch_size=batch, worker_config=config)
+    out[name] = [len(ds), ds.len_worker(0), ds.len_worker(1), ds.can_restore_sample()]
+    ds.assert_can_restore()
+    # (a loader's restore keys name the loader's wrapper in the reference: loader.restore_sample takes them)
+# (worker_has_samples asks the reference's worker context: in the main process only without workers)
+out["has_samples"] = get_val_dataset(data["a"], split_part="val", batch_size=None, worker_config=wc()).worker_has_samples()
+return out
+"""
+)

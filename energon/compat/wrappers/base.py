@@ -25,7 +25,6 @@ from typing import Any
 from energon.compat.savable import FlexState, Savable
 from energon.errors import ErrorPolicy
 from energon.loader.savable_dataset import SavableDataset
-from energon.pipeline.keys import as_key, attach_restore_key, parse_stream_key
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.pipeline.stage import Item, Stage
@@ -261,15 +260,6 @@ class BaseWrapperDataset(SavableDataset):
             else SavableDataset.can_restore_sample(child)
             for child in self.datasets
         )
-
-    def restore_sample(self, restore_key: Any) -> Any:
-        """Regenerate an item this dataset yielded from its ``__restore_key__`` (stateless
-        functions only; ``loader.restore_sample`` does the same for a loader's items)."""
-        self.assert_can_restore()
-        stream_id, item_index, key = parse_stream_key(restore_key)
-        value = self.build_stream(stream_id).rebuild(key, item_index)
-        attach_restore_key(value, as_key(restore_key))
-        return value
 
     def assert_can_restore(self) -> None:
         if not self.can_restore_sample():
