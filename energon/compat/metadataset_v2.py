@@ -113,12 +113,13 @@ class SubsetRatioMixin:
     subset: Subset | None = None
 
 
-@dataclasses.dataclass(kw_only=True)
+# weight / repetitions may be given by position (the only positional field), as the reference's
+@dataclasses.dataclass
 class BlendWeightMixin:
     weight: float = 1.0
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass
 class BlendRepetitionsMixin:
     repetitions: float = 1
 
@@ -131,8 +132,8 @@ class DatasetReference(SubsetRatioMixin, DatasetLoaderInterface):
     split_part: str | None = None
     subflavors: dict[str, Any] | None = None
     shuffle_over_epochs_multiplier: int | None = 1
-    dataset_config: str = "dataset.yaml"
-    split_config: str = "split.yaml"
+    dataset_config: str | None = None  # None: dataset.yaml
+    split_config: str | None = None  # None: split.yaml
     aux: dict[str, str] | None = None
     _dataset: Any = None
 
@@ -188,8 +189,8 @@ class MetadatasetJoin(SubsetRatioMixin, DatasetLoaderInterface):
     split_part: str | None = None
     subflavors: dict[str, Any] | None = None
     shuffle_over_epochs_multiplier: int | None = 1
-    dataset_config: str = "dataset.yaml"
-    split_config: str = "split.yaml"
+    dataset_config: str | None = None  # None: dataset.yaml
+    split_config: str | None = None  # None: split.yaml
     _dataset: Any = None
 
     def post_initialize(self, mds_path: EPath | None = None) -> None:

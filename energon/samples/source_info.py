@@ -61,12 +61,12 @@ def _current_sources(sample: Any) -> tuple[SourceInfo, ...]:
     return tuple(value) if value else ()
 
 
-def add_source_info(sample: Any, *infos: SourceInfo) -> Any:
-    """Append ``infos`` to ``sample.__sources__`` (or ``sample["__sources__"]`` for dict samples).
+def add_source_info(sample: Any, *source_infos: SourceInfo) -> Any:
+    """Append ``source_infos`` to ``sample.__sources__`` (``sample["__sources__"]`` for dicts).
 
     Returns the sample so the call can be chained inside a cooker or encoder.
     """
-    merged = _current_sources(sample) + tuple(infos)
+    merged = _current_sources(sample) + tuple(source_infos)
     if isinstance(sample, Mapping):
         sample["__sources__"] = merged
     else:

@@ -38,8 +38,6 @@ INTENTIONAL = {
     "SavableDataset": "energon's dataset is built from a pipeline spec; user subclasses of the "
     "reference's abstract SavableDataset are not supported (docs/migrating.md)",
     "edataclass": "the class is positional-only (a decorator); keyword use is not meaningful",
-    "log_exception": "the exception parameter is named 'exc' (handlers are called positionally)",
-    "reraise_exception": "the exception parameter is named 'exc' (handlers are called positionally)",
     "SourceInfo": "fields are not keyword-only (positional construction also works)",
 }
 

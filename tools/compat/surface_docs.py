@@ -38,9 +38,19 @@ REASONS: list[tuple[str, str]] = [
         "(`AVProbeIndex`, docs/av.md)",
     ),
     (
-        r"GuessingHandlerWrapper",
-        "an internal of the webdataset-library decoder chain, which energon does not use "
-        "(`SampleDecoder` decodes by extension itself)",
+        r"\.AVProbeIndex\(",
+        "energon's keyframe table of a stream (`frame_pts`, `keyframe_pts`, `end_pts`), built by "
+        "`AVDecoder` itself; the reference's builds one from an open container",
+    ),
+    (
+        r"\.DuplicateSampleKeyError\(",
+        "energon's error names the key and both shards it occurs in (`key, first, second`); "
+        "raised by preparation, not built by user code",
+    ),
+    (
+        r"\.SkipSample\(",
+        "an exception class that takes any arguments as `Exception` does (Python gives builtin "
+        "exception constructors no introspectable signature)",
     ),
     (
         r"join_dataset_loader\.(filter_samples_with_excludes|join_multiple_indices)",
@@ -137,8 +147,43 @@ def render(report: Any) -> str:
             f"- {COMPATIBLE}: "
             + ", ".join(f"`{_short(e.split('(')[0])}`" for e in sorted(report.compatible))
         )
+    lines += ["", *_other_gaps(report)]
     lines += ["", "### Module map", "", *_module_map(), "", END]
     return "\n".join(lines)
+
+
+def _defined_name(entry: str, parts: int) -> str:
+    """The last ``parts`` dotted names of a gap entry: the same class re-exported by several
+    reference modules is one line."""
+    return ".".join(entry.split("(")[0].split(":")[0].split(".")[-parts:])
+
+
+def _other_gaps(report: Any) -> list[str]:
+    """Missing members and differing signatures of every class and function (each counted once
+    per reference module that offers it, listed once here), grouped by reason."""
+    members = [f"{m}: missing" for m in report.gaps["members"]]
+    signatures = report.gaps["signatures"]
+    incompatible = [g for g in signatures if g not in report.compatible_signatures]
+    lines = [
+        "### Class members and signatures of the whole surface",
+        "",
+        f"{len(members)} missing members and {len(signatures)} signatures with other parameter "
+        "names (each counted in every reference module that re-exports its class):",
+        "",
+    ]
+    for reason, entries in _grouped(members).items():
+        shown = sorted({_defined_name(e, 2) for e in entries})
+        lines.append(f"- members: {reason}: " + ", ".join(f"`{n}`" for n in shown))
+    for reason, entries in _grouped(incompatible).items():
+        shown = sorted({_defined_name(e, 1) for e in entries})
+        lines.append(f"- signatures: {reason}: " + ", ".join(f"`{n}`" for n in shown))
+    compatible = sorted({_defined_name(e, 1) for e in report.compatible_signatures})
+    if compatible:
+        lines.append(
+            f"- signatures that differ compatibly ({COMPATIBLE}): "
+            + ", ".join(f"`{n}`" for n in compatible)
+        )
+    return lines
 
 
 def _module_map() -> list[str]:

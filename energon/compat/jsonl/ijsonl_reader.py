@@ -32,6 +32,8 @@ __all__ = [
 class IJsonlReader:
     """Line ``i`` of ``jsonl_path`` as ``(bytes, SourceInfo)`` (key ``"i.json"`` or ``i``)."""
 
+    ijsonl_file: CachedIJsonlOffsetReader | None = None  # set by __init__ (the line offsets)
+
     def __init__(
         self,
         jsonl_path: EPath,

@@ -427,6 +427,8 @@ class SampleIndex(Savable):
     """The running index of the samples a custom wrapper produces; ``ctx()`` makes it the current
     sample index (``TaskEncoder.current_sample_index``) while the wrapper's function runs."""
 
+    actives: int = 0  # how many ctx() blocks are open (a class default, as the reference's)
+
     def __init__(self, worker_config: WorkerConfig, *, src: Any) -> None:
         self.worker_config = worker_config
         self.src = src
