@@ -103,13 +103,14 @@ def test_a_killed_worker_is_replaced_in_every_kind_of_pipeline(roots, name):
     key = _flat(clean[3])[0]
     expected, _ = _run(config, 0, encoder([key]))
     got, loader = _run(config, 1, encoder([key], "sigkill"))
-    assert got == expected
-    assert key in _flat(clean) and key not in _flat(got)
     # (a blend of two datasets with the same keys meets the key once in each; packed samples
     # are few per batch, and a stream that starts its next epoch meets the key again)
     losses = loader.worker_losses()
+    seen = f"losses: {losses}; errors: {loader.error_report()}"  # printed if an assert fails
+    assert got == expected, seen
+    assert key in _flat(clean) and key not in _flat(got)
     assert losses
-    assert all(loss["sample"]["key"] == key for loss in losses)
-    assert all(loss["action"] == "replaced; sample skipped" for loss in losses)
+    assert all(loss["sample"]["key"] == key for loss in losses), seen
+    assert all(loss["action"] == "replaced; sample skipped" for loss in losses), seen
     # (a skip is counted once its stream delivered an item after it)
-    assert 1 <= loader.error_report()["skipped"] <= len(losses)
+    assert 1 <= loader.error_report()["skipped"] <= len(losses), seen
