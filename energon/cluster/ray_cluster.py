@@ -13,6 +13,8 @@ connected to its cluster, whatever ``address`` says.
 from __future__ import annotations
 
 import collections
+import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -39,6 +41,7 @@ def connect(address: str | None) -> Any:
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    sigterm = signal.getsignal(signal.SIGTERM) if _in_main_thread() else None
     try:
         # "local": a new instance even where a stale ``ray start`` left its address behind
         ray.init(address="local" if address is None else address, log_to_driver=True)
@@ -47,7 +50,16 @@ def connect(address: str | None) -> Any:
             f"cannot connect to the Ray cluster at address {address!r}: {e}. Start one with "
             "`ray start --head` on the head node (docs/ray.md), or pass its address"
         ) from e
+    finally:
+        # ray.init makes SIGTERM raise SystemExit here and in every process forked later; the
+        # training script's own handling of SIGTERM is not ours to change
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     return ray
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def cluster_cpus(ray: Any) -> int:

@@ -23,6 +23,7 @@ import dataclasses
 import os
 import re
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -455,8 +456,26 @@ def _chunk_summaries(tasks: list[ChunkTask], scan: ScanOptions) -> Iterator[Chun
         yield from map(run_chunk, tasks)
         return
     remote = any(epath.is_remote(p) for t in tasks for p in t.tar_paths)
-    with process_context(remote).Pool(min(workers, len(tasks))) as pool:
+    context = process_context(remote)
+    # a fork server's children are not ours: only direct children can watch this process
+    parent = None if context.get_start_method() == "forkserver" else os.getpid()
+    with context.Pool(min(workers, len(tasks)), _die_with_parent, (parent,)) as pool:
         yield from pool.imap_unordered(run_chunk, tasks, chunksize=1)
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """A prepare killed with ``kill -9`` takes its workers with it: otherwise they go on taking
+    queued chunks and write into the work folder that the next ``prepare`` continues from."""
+    if parent is None:
+        return
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
 
 
 def _result_of(

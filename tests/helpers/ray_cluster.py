@@ -76,7 +76,11 @@ class LocalRayCluster:
         import ray
 
         self._wait_started(self.head, 0)
+        sigterm = signal.getsignal(signal.SIGTERM)
         ray.init(address=self.address, log_to_driver=False)
+        # ray.init makes SIGTERM raise SystemExit in this test process and in every process it
+        # forks later: a multiprocessing pool's terminate() would then run pytest in its children
+        signal.signal(signal.SIGTERM, sigterm)
         return ray
 
     def _wait_started(self, process: subprocess.Popen, number: int) -> None:
