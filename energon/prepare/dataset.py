@@ -260,7 +260,24 @@ def prepare_dataset(
         return _prepare_remote(
             epath.normalize(root), shards, exclude, tar_index_only, scan, splits, before_info
         )
-    root = Path(root)
+    return _prepare_local(Path(root), shards, exclude, tar_index_only, scan, splits, before_info)
+
+
+def _prepare_local(
+    root: Path,
+    shards: Sequence[str] | None,
+    exclude: str | None,
+    tar_index_only: bool,
+    scan: ScanOptions,
+    splits: SplitOptions,
+    before_info: BeforeInfo | None,
+) -> PrepareResult:
+    """Prepare the dataset in the local folder ``root`` (see :func:`prepare_dataset`).
+
+    Runs under the dataset's prepare lock; on any failure the run's staged files are removed
+    (an interrupt keeps the work folder so the next run continues it) and a ``.nv-meta`` folder
+    this run created is removed again if it is still empty.
+    """
     if not root.is_dir():
         raise PrepareError(f"{root}: not a directory")
     meta = nv_meta_dir(root)
