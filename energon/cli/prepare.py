@@ -6,11 +6,10 @@ scriptable with ``--non-interactive`` (sample types are chosen by NAME there, no
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,25 @@ import click
 
 from energon import epath
 from energon.cli.arguments import InputPath, OutputPath
-from energon.errors import EnergonError
-from energon.format.dataset_yaml import (
-    CRUDE_CLASS_NAME,
-    crude_dataset_yaml,
-    field_map_dataset_yaml,
-    read_dataset_yaml,
-    sample_loader_dataset_yaml,
-    sample_loader_template,
-    write_dataset_yaml,
-    write_sample_loader_template,
+from energon.cli.dataset_yaml_assistant import (
+    CRUDE_ALIASES,
+    CRUDE_CHOICE_LABEL,
+    MAX_PART_TYPES_FOR_FIELD_MAP,
+    DatasetYamlOptions,
+    FieldSpec,
+    SampleTypeSpec,
+    available_sample_types,
+    parse_field_map,
+    sample_type_menu,
 )
+from energon.errors import EnergonError
+from energon.format.dataset_yaml import read_dataset_yaml
 from energon.format.info import has_info, read_info
 from energon.format.layout import (
     DATASET_YAML_FILENAME,
     INDEX_SQLITE_FILENAME,
     INFO_JSON_FILENAME,
     MAIN_FOLDER_NAME,
-    SAMPLE_LOADER_FILENAME,
     SHARD_TABLE_FILENAME,
     SPLIT_YAML_FILENAME,
     nv_meta_dir,
@@ -45,66 +45,26 @@ from energon.format.tar import split_member_name, split_sample_bytes
 from energon.format.tar_index import TarIndex, tar_index_path
 from energon.prepare.dataset import PrepareResult, discover_shards, prepare_dataset
 
-MAX_PART_TYPES_FOR_FIELD_MAP = 10
-CRUDE_CHOICE_LABEL = "Crude sample (plain dict for cooking)"
-CRUDE_ALIASES = {CRUDE_CLASS_NAME.lower(), "crudesample", "crude"}
+# The sample types and the dataset.yaml assistant live in energon.cli.dataset_yaml_assistant;
+# their names stay importable from here.
+__all__ = [
+    "CRUDE_ALIASES",
+    "CRUDE_CHOICE_LABEL",
+    "MAX_PART_TYPES_FOR_FIELD_MAP",
+    "SPLIT_NAMES",
+    "FieldSpec",
+    "SampleTypeSpec",
+    "SplitChoice",
+    "available_sample_types",
+    "command",
+    "parse_field_map",
+    "parse_media_filter",
+    "parse_split_parts",
+    "parse_split_ratio",
+    "sample_type_menu",
+]
+
 SPLIT_NAMES = ("train", "val", "test")
-_PART_NAME_RE = re.compile(r"^([^\[]+)")
-
-# ---------------------------------------------------------------------------------------------
-# Sample types offered by the assistant
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    name: str
-    type_name: str
-    default: str | None  # repr of the default, None if the field is required
-
-
-@dataclass(frozen=True)
-class SampleTypeSpec:
-    name: str
-    fields: tuple[FieldSpec, ...]
-
-
-def _field_spec(field: dataclasses.Field) -> FieldSpec:
-    type_name = (
-        field.type
-        if isinstance(field.type, str)
-        else getattr(field.type, "__name__", str(field.type))
-    )
-    if field.default is not dataclasses.MISSING:
-        default: str | None = repr(field.default)
-    elif field.default_factory is not dataclasses.MISSING:
-        default = f"{getattr(field.default_factory, '__name__', 'factory')}()"
-    else:
-        default = None
-    return FieldSpec(field.name, type_name, default)
-
-
-def _spec_of(cls: type) -> SampleTypeSpec:
-    fields = tuple(_field_spec(f) for f in dataclasses.fields(cls) if not f.name.startswith("__"))
-    return SampleTypeSpec(cls.__name__, fields)
-
-
-def available_sample_types() -> list[SampleTypeSpec]:
-    """The built-in sample types, as ``energon.samples`` lists them: the reference's, then ours.
-
-    Imported lazily: the samples package pulls in torch, which only the assistant needs.
-    """
-    from energon.samples import EXTRA_SAMPLE_TYPES, REFERENCE_SAMPLE_TYPES
-
-    return [_spec_of(cls) for cls in REFERENCE_SAMPLE_TYPES + EXTRA_SAMPLE_TYPES]
-
-
-def sample_type_menu() -> list[SampleTypeSpec | None]:
-    """The assistant's numbered choices (``None``: crude samples), numbered as the reference's:
-    its sample types, then crude samples, then the types only energon offers."""
-    from energon.samples import EXTRA_SAMPLE_TYPES, REFERENCE_SAMPLE_TYPES
-
-    return [*map(_spec_of, REFERENCE_SAMPLE_TYPES), None, *map(_spec_of, EXTRA_SAMPLE_TYPES)]
-
 
 # ---------------------------------------------------------------------------------------------
 # Option parsing
@@ -129,28 +89,6 @@ def parse_split_parts(entries: tuple[str, ...]) -> list[tuple[str, str]]:
             raise ValueError(f"{entry!r}: expected NAME:PATTERN")
         result.append((name.strip(), pattern.strip()))
     return result
-
-
-def parse_field_map(text: str, spec: SampleTypeSpec) -> dict[str, str]:
-    try:
-        field_map = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise click.BadParameter(f"not valid JSON: {e}", param_hint="--field-map") from None
-    if not isinstance(field_map, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in field_map.items()
-    ):
-        raise click.BadParameter(
-            'must be a JSON object of strings, e.g. {"image": "jpg", "caption": "txt"}',
-            param_hint="--field-map",
-        )
-    unknown = set(field_map) - {f.name for f in spec.fields}
-    if unknown:
-        raise click.BadParameter(
-            f"{sorted(unknown)} are not fields of {spec.name} "
-            f"(fields: {[f.name for f in spec.fields]})",
-            param_hint="--field-map",
-        )
-    return field_map
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,36 +210,27 @@ def command(
     (in --tmp-path) and the metadata is uploaded, ``.info.json`` last. A folder of Parquet or
     Arrow files (and no tar shards) is indexed from the files' footers (docs/parquet.md).
     """
-    media_filter = parse_media_filter(
-        media_metadata_by_glob, media_metadata_by_header, media_metadata_by_extension
+    media_filter = _check_options(
+        fix_duplicates,
+        media_metadata_by_glob,
+        media_metadata_by_header,
+        media_metadata_by_extension,
     )
-    if fix_duplicates:
-        raise click.UsageError(
-            "--fix-duplicates is not supported yet; make sample keys unique (e.g. prefix member "
-            "names with the shard name) and prepare again."
-        )
-    remote = isinstance(path, str)
+    split = SplitChoice(split_ratio, split_parts, shuffle_tars)
+    yaml_options = DatasetYamlOptions(skip_dataset_yaml, dataset_yaml_name, sample_type, field_map)
     _check_ray_target(ray_address, str(path).endswith((".jsonl", ".yaml")))
-    if remote and path.endswith(".jsonl"):
-        _prepare_file(path, progress)
-        return
-    if not remote and path.is_file() and path.suffix in (".jsonl", ".yaml"):
+    if _is_jsonl_or_metadataset(path):
         _prepare_file(path, progress)
         return
     tables = None if tar_index_only else _table_files(path, exclude)
     _check_ray_target(ray_address, tables is not None)
     if tables is not None:
+        yaml_options = replace(yaml_options, key_column=key_column)
         _prepare_tables(
-            path,
-            tables,
-            split=(split_ratio, split_parts, shuffle_tars),
-            dataset_yaml=(skip_dataset_yaml, dataset_yaml_name, sample_type, field_map, key_column),
-            non_interactive=non_interactive,
-            force_overwrite=force_overwrite,
-            progress=progress,
+            path, tables, split, yaml_options, non_interactive, force_overwrite, progress
         )
         return
-    if not remote:
+    if not isinstance(path, str):
         _check_path_kind(path)
     if shard_table_only:
         _write_shard_table(path)
@@ -311,51 +240,88 @@ def command(
     shards = _find_shards(path, exclude, tar_index_only)
     if ray_address is not None:
         _connect_ray(ray_address)
+    scan = dict(
+        progress=progress,
+        num_workers=num_workers,
+        tmp_path=tmp_path,
+        media_filter=media_filter,
+        checksums=checksums,
+        ray_address=ray_address,
+    )
     if tar_index_only:
-        _run_prepare(
-            path,
-            shards,
-            progress,
-            num_workers,
-            tmp_path,
-            tar_index_only=True,
-            media_filter=media_filter,
-            checksums=checksums,
-            ray_address=ray_address,
+        _rebuild_tar_indices(path, shards, scan)
+    else:
+        _prepare_shards(path, shards, scan, split, yaml_options, sample_tables, non_interactive)
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    """``--split-ratio``, ``--split-parts`` and ``--shuffle-tars``: how shards go to splits."""
+
+    ratio: str | None
+    parts: tuple[str, ...]
+    shuffle: bool
+
+    @property
+    def shuffle_seed(self) -> int | None:
+        return 42 if self.shuffle else None
+
+
+def _check_options(
+    fix_duplicates: bool, media_glob: str | None, media_header: bool, media_extension: bool
+) -> Any:
+    """Options that fail before anything is read; returns the media filter they give."""
+    media_filter = parse_media_filter(media_glob, media_header, media_extension)
+    if fix_duplicates:
+        raise click.UsageError(
+            "--fix-duplicates is not supported yet; make sample keys unique (e.g. prefix member "
+            "names with the shard name) and prepare again."
         )
-        click.echo(f"Rebuilt the tar indices and index.sqlite of {len(shards)} shards. Done.")
-        return
-    ratio, patterns = _ask_split(split_ratio, split_parts, non_interactive)
-    if sample_type is not None and not skip_dataset_yaml:  # bad options fail before any work
-        spec = _choose_sample_type(sample_type)
-        if spec is not None and field_map is not None:
-            parse_field_map(field_map, spec)
+    return media_filter
+
+
+def _is_jsonl_or_metadataset(path: Path | str) -> bool:
+    """A JSONL file (local or remote) or a local metadataset ``.yaml``: prepared on its own."""
+    if isinstance(path, str):
+        return path.endswith(".jsonl")
+    return path.is_file() and path.suffix in (".jsonl", ".yaml")
+
+
+def _rebuild_tar_indices(path: Path | str, shards: list[str], scan: dict[str, Any]) -> None:
+    """``--tar-index-only``: the shards' ``.tar.idx`` files and ``index.sqlite`` again."""
+    _run_prepare(path, shards, scan, tar_index_only=True)
+    click.echo(f"Rebuilt the tar indices and index.sqlite of {len(shards)} shards. Done.")
+
+
+def _prepare_shards(
+    path: Path | str,
+    shards: list[str],
+    scan: dict[str, Any],
+    split: SplitChoice,
+    yaml_options: DatasetYamlOptions,
+    sample_tables: bool,
+    non_interactive: bool,
+) -> None:
+    """Index the tar shards, assign them to splits, report what was found and write the
+    dataset.yaml: that happens before ``.info.json`` is written, so a killed run never looks
+    prepared without its dataset.yaml."""
+    ratio, patterns = _ask_split(split.ratio, split.parts, non_interactive)
+    yaml_options.check()
 
     def before_info(result: PrepareResult, staged_root: Path) -> None:
-        """Runs before ``.info.json`` is written: a killed run never looks prepared without
-        its dataset.yaml."""
         _print_summary(path, result, staged_root)
-        if not _should_write_dataset_yaml(skip_dataset_yaml, sample_type, non_interactive):
-            return
-        content = _ask_dataset_yaml(path, result, sample_type, field_map, non_interactive)
-        mode_like = None if remote else path / shards[0]
-        target = write_dataset_yaml(path, content, dataset_yaml_name, mode_like=mode_like)
-        click.echo(f"Wrote {target}.")
+        mode_like = None if isinstance(path, str) else path / shards[0]
+        yaml_options.ask_and_write(path, result.part_names, non_interactive, mode_like)
 
     _run_prepare(
         path,
         shards,
-        progress,
-        num_workers,
-        tmp_path,
+        scan,
         split_parts_ratio=ratio,
         split_parts_patterns=patterns,
-        shuffle_seed=42 if shuffle_tars else None,
-        media_filter=media_filter,
-        checksums=checksums,
+        shuffle_seed=split.shuffle_seed,
         sample_tables=sample_tables,
         before_info=before_info,
-        ray_address=ray_address,
     )
     click.echo("Done")
 
@@ -425,9 +391,8 @@ def _remote_or_dir(path: Path | str) -> bool:
 def _prepare_tables(
     path: Path | str,
     files: list[str],
-    *,
-    split: tuple[str | None, tuple[str, ...], bool],
-    dataset_yaml: tuple[bool, str, str | None, str | None, str | None],
+    split: SplitChoice,
+    yaml_options: DatasetYamlOptions,
     non_interactive: bool,
     force_overwrite: bool,
     progress: bool,
@@ -436,7 +401,6 @@ def _prepare_tables(
     to splits and (optionally) write a dataset.yaml whose field map names columns."""
     from energon.format.parquet import is_prepared_parquet, prepare_parquet
 
-    skip, yaml_name, sample_type, field_map, key_column = dataset_yaml
     root = str(path)
     click.echo(f"Found {len(files)} Parquet/Arrow files: {files[0]} ... {files[-1]}")
     if is_prepared_parquet(root) and not force_overwrite:
@@ -446,7 +410,7 @@ def _prepare_tables(
             )
         if not click.confirm("The dataset was prepared before. Continue?", default=False):
             return
-    ratio, patterns = _ask_split(split[0], split[1], non_interactive)
+    ratio, patterns = _ask_split(split.ratio, split.parts, non_interactive)
 
     def before_info(result: Any) -> None:
         click.echo(
@@ -456,15 +420,9 @@ def _prepare_tables(
         for name, names in result.split_parts.items():
             rows = sum(result.shard_counts[n] for n in names)
             click.echo(f"  {name}: {len(names)} files, {rows:,} rows")
-        columns = [name for name, _ in result.columns]
         click.echo("Columns: " + ", ".join(f"{n} ({t})" for n, t in result.columns))
-        if not _should_write_dataset_yaml(skip, sample_type, non_interactive):
-            return
-        found = dataclasses.make_dataclass("Columns", ["part_names"])(columns)
-        content = _ask_dataset_yaml(path, found, sample_type, field_map, non_interactive)
-        if key_column is not None:
-            content["key_column"] = key_column
-        click.echo(f"Wrote {write_dataset_yaml(path, content, yaml_name)}.")
+        columns = [name for name, _ in result.columns]
+        yaml_options.ask_and_write(path, columns, non_interactive)
 
     try:
         prepare_parquet(
@@ -472,7 +430,7 @@ def _prepare_tables(
             files,
             split_parts_ratio=ratio,
             split_parts_patterns=patterns,
-            shuffle_seed=42 if split[2] else None,
+            shuffle_seed=split.shuffle_seed,
             progress=progress,
             before_info=before_info,
         )
@@ -590,22 +548,11 @@ def _ask_split(
 
 
 def _run_prepare(
-    path: Path | str,
-    shards: list[str],
-    progress: bool,
-    num_workers: int,
-    tmp_path: Path | None,
-    **kwargs: Any,
+    path: Path | str, shards: list[str], scan: dict[str, Any], **kwargs: Any
 ) -> PrepareResult:
+    """:func:`prepare_dataset` with the scan options; its errors become one CLI error line."""
     try:
-        return prepare_dataset(
-            path,
-            shards,
-            num_workers=num_workers,
-            progress=progress,
-            tmp_path=tmp_path,
-            **kwargs,
-        )
+        return prepare_dataset(path, shards, **scan, **kwargs)
     except (EnergonError, OSError, re.error) as e:
         raise click.ClickException(
             f"Preparation failed, previous metadata left unchanged.\n{e}"
@@ -666,140 +613,3 @@ def _json_preview(data: bytes) -> str:
         return json.dumps(_shorten(json.loads(data)), indent=2)
     except (ValueError, UnicodeDecodeError):
         return "(json part is not valid JSON)"
-
-
-# ---------------------------------------------------------------------------------------------
-# dataset.yaml assistant
-
-
-def _should_write_dataset_yaml(skip: bool, sample_type: str | None, non_interactive: bool) -> bool:
-    if skip:
-        return False
-    if sample_type is not None:
-        return True
-    if non_interactive:
-        click.echo("Skipping dataset.yaml creation (no --sample-type given).")
-        return False
-    return click.confirm("Do you want to create a dataset.yaml interactively?", default=True)
-
-
-def _ask_dataset_yaml(
-    path: Path | str,
-    result: PrepareResult,
-    sample_type: str | None,
-    field_map: str | None,
-    non_interactive: bool,
-) -> dict[str, Any]:
-    spec = _choose_sample_type(sample_type)
-    if spec is None:
-        click.echo(
-            "The dataset will yield plain dicts (crude samples); write a Cooker in your task "
-            "encoder to turn them into samples."
-        )
-        return crude_dataset_yaml()
-    _print_fields(spec)
-    if field_map is not None:
-        return field_map_dataset_yaml(spec.name, parse_field_map(field_map, spec))
-    use_field_map = False
-    if not non_interactive:
-        if len(result.part_names) > MAX_PART_TYPES_FOR_FIELD_MAP:
-            click.echo("More than 10 part types: write a sample_loader instead of a field map.")
-        else:
-            use_field_map = click.confirm(
-                "Do you want to set a simple field_map[Y] (or write your own sample_loader [n])?",
-                default=True,
-            )
-    if use_field_map:
-        return field_map_dataset_yaml(spec.name, _ask_field_map(spec, result.part_names))
-    _write_sample_loader(path, spec, result.part_names, non_interactive)
-    return sample_loader_dataset_yaml(spec.name)
-
-
-def _choose_sample_type(sample_type: str | None) -> SampleTypeSpec | None:
-    """The chosen type, or None for crude samples."""
-    if sample_type is not None:
-        if sample_type.lower() in CRUDE_ALIASES:
-            return None
-        specs = available_sample_types()
-        for spec in specs:
-            if spec.name == sample_type:
-                return spec
-        names = [s.name for s in specs] + [CRUDE_CLASS_NAME]
-        raise click.BadParameter(
-            f"unknown sample type {sample_type!r}; choose one of {', '.join(names)}",
-            param_hint="--sample-type",
-        )
-    menu = sample_type_menu()
-    click.echo("The following sample types are available:")
-    for i, choice in enumerate(menu):
-        click.echo(f"{i}. {choice.name if choice is not None else CRUDE_CHOICE_LABEL}")
-    while True:
-        number = click.prompt("Please enter a number to choose a class", type=int)
-        if 0 <= number < len(menu):
-            return menu[number]
-        click.echo(f"Invalid choice {number}; enter a number from 0 to {len(menu) - 1}.")
-
-
-def _describe_field(field: FieldSpec) -> str:
-    default = f", default: {field.default}" if field.default is not None else ""
-    return f"{field.type_name}{default}"
-
-
-def _print_fields(spec: SampleTypeSpec) -> None:
-    click.echo(f"{spec.name} has these fields:")
-    for field in spec.fields:
-        click.echo(f"  {field.name}: {_describe_field(field)}")
-
-
-def _ask_field_map(spec: SampleTypeSpec, part_names: list[str]) -> dict[str, str]:
-    """One prompt per field; each comma option must start with a part name that exists."""
-    click.echo(
-        "For each field, enter the part (file extension) to read it from. Use 'a,b' for "
-        "fallbacks and 'json[key]' to read a value from a JSON part."
-    )
-    result: dict[str, str] = {}
-    for field in spec.fields:
-        while True:
-            answer = click.prompt(
-                f"Please enter a webdataset field name for '{field.name}' ({_describe_field(field)})",
-                default="" if field.default is not None else None,
-                show_default=False,
-            ).strip()
-            if not answer and field.default is not None:
-                break
-            bad = _unknown_parts(answer, part_names)
-            if not bad:
-                result[field.name] = answer
-                break
-            click.echo(f"Unknown part type(s) {bad}; found: {', '.join(part_names)}")
-    return result
-
-
-def _unknown_parts(answer: str, part_names: list[str]) -> list[str]:
-    options = [option.strip() for option in answer.split(",")]
-    names = [(m.group(1) if (m := _PART_NAME_RE.match(o)) else o) for o in options]
-    return [n for n in names if n not in part_names]
-
-
-def _write_sample_loader(
-    path: Path | str, spec: SampleTypeSpec, part_names: list[str], non_interactive: bool
-) -> None:
-    fields = [(f.name, f.type_name) for f in spec.fields]
-    if isinstance(path, str):
-        url = epath.join(path, MAIN_FOLDER_NAME, SAMPLE_LOADER_FILENAME)
-        if epath.is_file(url):
-            click.echo(f"Keeping the existing {url}.")
-            return
-        epath.write_bytes(url, sample_loader_template(fields, part_names).encode("utf-8"))
-        click.echo(f"Wrote a template {url}: fill in its TODOs.")
-        return
-    target = nv_meta_dir(path) / SAMPLE_LOADER_FILENAME
-    overwrite = False
-    if target.exists() and not non_interactive:
-        overwrite = click.confirm(
-            f"{target} exists. Overwrite it with a new template?", default=False
-        )
-    if write_sample_loader_template(path, fields, part_names, overwrite=overwrite):
-        click.echo(f"Wrote a template {target}: fill in its TODOs.")
-    else:
-        click.echo(f"Keeping the existing {target}.")
