@@ -7,7 +7,8 @@ the *pointer* stages of all the window's positions (no data read: cursors and a 
 keys), pools their ``batch_size`` pointers each, costs the pool from the index metadata
 (:class:`~energon.balance.table.CostTable`), composes it into ``[step][rank]`` shares with
 :func:`~energon.balance.assign.compose_steps` and then loads, encodes and packs only its own share
-of each step. With workers, worker ``w`` takes the rank's steps ``w, w + W, ...`` (the loader's
+of each step: the parts :func:`~energon.pipeline.assembly.stream_parts` lists for the stream,
+with the balanced packing where the list says ``balanced``. With workers, worker ``w`` takes the rank's steps ``w, w + W, ...`` (the loader's
 round robin) and plans every window it takes a step of.
 
 Each item's :class:`~energon.pipeline.executor.ItemMeta` carries the snapshots of all streams at
@@ -250,10 +251,7 @@ class BalancedExecutor:
             self._load_policy,
             [cook_function(spec, source) for source in spec.sources],
         )
-        te = spec.task_encoder
-        self._steps = assembly.sample_steps(spec)  # the normal executor's, in the same order
-        parts = assembly.stream_parts(spec)  # pack and group are refused with balance
-        self._encode_batch = te.encode_batch if "encode_batch" in parts else None
+        self._sample_hooks, self._batch_hooks = _hooks_around_packing(assembly.stream_parts(spec))
         self.packer = SequencePacker(
             self.balance.max_length,
             length=self.balance.length,
@@ -422,8 +420,9 @@ class BalancedExecutor:
             split=stats.split - before[1],
             dropped=stats.dropped - before[2],
         )
-        if self._encode_batch is not None and samples:
-            value = call_hook(self._encode_batch, own, value)
+        if samples:
+            for part in self._batch_hooks:
+                value = call_hook(part.fn, own, value)
         padding.mark(value, not samples)
         return value
 
@@ -459,11 +458,11 @@ class BalancedExecutor:
             return []
         self._load_policy.succeeded()
         outputs = [sample]
-        for step in self._steps:
+        for part in self._sample_hooks:
             produced = []
             for value in outputs:
                 try:
-                    produced.extend(call_hook(_outputs_of, sample_index, step.fn, value))
+                    produced.extend(call_hook(_outputs_of, sample_index, part.fn, value))
                 except SkipSample:
                     continue
                 except Exception as e:
@@ -478,3 +477,21 @@ def _outputs_of(hook: Any, value: Value) -> list[Value]:
     """A hook's outputs for one input (a generator hook may yield any number)."""
     result = hook(value)
     return list(result) if inspect.isgenerator(result) else [result]
+
+
+def _hooks_around_packing(
+    parts: list[assembly.Part],
+) -> tuple[list[assembly.Part], list[assembly.Part]]:
+    """The sample hooks a balanced stream runs before its packing and the batch hooks after it,
+    from the parts :func:`~energon.pipeline.assembly.stream_parts` lists; any other part is one
+    this executor cannot run (it plans from the pointers and loads by itself)."""
+    kinds = [part.kind for part in parts]
+    if kinds[:2] != [assembly.POINTERS, assembly.LOAD] or assembly.BALANCED not in kinds:
+        raise ValueError(f"the balanced executor cannot run a stream made of {kinds}")
+    at = kinds.index(assembly.BALANCED)
+    before, after = parts[2:at], parts[at + 1 :]
+    wrong = [p for p in before if p.kind != assembly.SAMPLE]
+    wrong += [p for p in after if p.kind != assembly.BATCH_STEP]
+    if wrong:
+        raise ValueError(f"the balanced executor cannot run a {wrong[0].kind!r} part in {kinds}")
+    return before, after

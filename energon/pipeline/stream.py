@@ -200,110 +200,130 @@ def _view_for(spec: PipelineSpec, hook: Any) -> Callable[[Value, Key], Any] | No
 
 
 def build_stream(spec: PipelineSpec, stream_id: int) -> Stream:
-    """The stage chain of ``stream_id``: the parts :func:`energon.pipeline.assembly.stream_parts`
-    lists (pointers -> shuffle -> load (+cook) -> the sample steps -> pack -> batch or group ->
-    encode batch). Only hooks the task encoder overrides become stages."""
-    te = spec.task_encoder
-    handler = spec.error_handler or log_exception
-    stages = build_pointer_stages(spec, stream_id, prefetch_observers(spec))
-    pointers: PointerSource = stages[0]  # type: ignore[assignment]
-    account = ErrorAccount(
-        spec.error_budget or ErrorBudget(),
-        spec.leaves,
-        lambda source: pointers.readers[source].yielded,
-    )
+    """The stage chain of ``stream_id``: one stage (the pointers: several) per part that
+    :func:`energon.pipeline.assembly.stream_parts` lists, in its order."""
+    chain = _Chain(spec, stream_id)
+    identity_encode = chain.defer_images and _identity_encode(spec.task_encoder)
+    for part in assembly.stream_parts(spec, identity_encode=identity_encode):
+        chain.add(part)
+    return Stream(stream_id, spec, chain.stages, chain.account)
 
-    def policy(name: str, fn: Callable[..., Any] | None = None) -> ErrorPolicy:
-        tolerance = getattr(fn, "__failure_tolerance__", spec.failure_tolerance)
-        return ErrorPolicy(name, handler, tolerance, account)
 
-    def map_stage(name: str, fn: Any, identity: bool = False) -> None:
-        stages.append(
-            MapStage(
-                stages[-1],
-                fn,
-                name,
-                policy(name, fn),
-                stream=stream_id,
-                num_streams=spec.num_streams,
-                identity=identity,
-            )
+class _Chain:
+    """A stream's stages, built part by part: one method per kind of part."""
+
+    def __init__(self, spec: PipelineSpec, stream_id: int) -> None:
+        self.spec = spec
+        self.stream_id = stream_id
+        self.handler = spec.error_handler or log_exception
+        self.cooks = [cook_function(spec, source) for source in spec.sources]
+        self.defer_images = _only_library_batching_sees_samples(spec, self.cooks)
+        self.stages: list[Stage] = []
+        self.account: ErrorAccount | None = None
+
+    def add(self, part: assembly.Part) -> None:
+        build = getattr(self, f"_{part.kind}", None)
+        if build is None:
+            raise ValueError(f"build_stream cannot build a {part.kind!r} part")
+        self.stages.extend(build(part))
+
+    def policy(self, name: str, fn: Callable[..., Any] | None = None) -> ErrorPolicy:
+        tolerance = getattr(fn, "__failure_tolerance__", self.spec.failure_tolerance)
+        return ErrorPolicy(name, self.handler, tolerance, self.account)
+
+    def _pointers(self, part: assembly.Part) -> list[Stage]:
+        spec = self.spec
+        stages = build_pointer_stages(spec, self.stream_id, prefetch_observers(spec))
+        pointers: PointerSource = stages[0]  # type: ignore[assignment]
+        self.account = ErrorAccount(
+            spec.error_budget or ErrorBudget(),
+            spec.leaves,
+            lambda source: pointers.readers[source].yielded,
         )
+        return stages
 
-    cooks = [cook_function(spec, source) for source in spec.sources]
-    defer_images = _only_library_batching_sees_samples(spec, cooks)
-    stages.append(
-        LoadStage(
-            stages[-1],
+    def _load(self, part: assembly.Part) -> list[Stage]:
+        spec = self.spec
+        assert self.account is not None, "loading needs the pointers before it"
+        load = LoadStage(
+            self.stages[-1],
             spec.leaves,
             spec.decoder,
-            policy("load_sample"),
-            cooks,
-            epoch_of=stages[0].epoch_of,
-            defer_images=defer_images,
+            self.policy("load_sample"),
+            self.cooks,
+            epoch_of=self.stages[0].epoch_of,
+            defer_images=self.defer_images,
             decode_threads=spec.decode_threads,
-            reads=account.reads_now,
+            reads=self.account.reads_now,
         )
-    )
-    parts = assembly.stream_parts(spec)
-    identity_encode = defer_images and _identity_encode(te)
-    for step in assembly.sample_steps(spec, identity_encode=identity_encode):
-        map_stage(step.name, step.fn, step.identity)
-    postencode = te.postencode_sample if te.is_active("postencode_sample") else None
-    if "pack" in parts:
-        stages.append(
-            PackStage(
-                stages[-1],
-                spec.packing_buffer_size,
-                te.select_samples_to_pack,
-                te.pack_selected_samples,
-                postencode,
-                policy("pack_selected_samples", te.pack_selected_samples),
-                stream=stream_id,
-                num_streams=spec.num_streams,
-                view=_view_for(spec, te.select_samples_to_pack),
-                whole_sources=[source.pack_whole for source in spec.sources],
-            )
+        return [load]
+
+    def _sample(self, part: assembly.Part) -> list[Stage]:
+        assert part.fn is not None
+        stage = MapStage(
+            self.stages[-1],
+            part.fn,
+            part.name,
+            self.policy(part.name, part.fn),
+            stream=self.stream_id,
+            num_streams=self.spec.num_streams,
+            identity=part.identity,
         )
-    if "group" in parts or "batch" in parts:
-        stages.append(_batching_stage(spec, stream_id, stages[-1], policy, defer_images))
-    if "encode_batch" in parts:
-        map_stage("encode_batch", te.encode_batch)
-    return Stream(stream_id, spec, stages, account)
+        return [stage]
 
+    _batch_step = _sample  # a hook on each batch is built like one on each sample
 
-def _batching_stage(
-    spec: PipelineSpec,
-    stream_id: int,
-    upstream: Stage,
-    policy: Callable[[str, Any], ErrorPolicy],
-    deferred_images: bool,
-) -> Stage:
-    """The stage that makes batches: grouped by ``batch_group_criterion``, else by size."""
-    te = spec.task_encoder
-    if te.is_active("batch_group_criterion"):
-        return GroupBatchStage(
-            upstream,
+    def _pack(self, part: assembly.Part) -> list[Stage]:
+        spec, te = self.spec, self.spec.task_encoder
+        postencode = te.postencode_sample if te.is_active("postencode_sample") else None
+        pack = PackStage(
+            self.stages[-1],
+            spec.packing_buffer_size,
+            te.select_samples_to_pack,
+            te.pack_selected_samples,
+            postencode,
+            self.policy("pack_selected_samples", te.pack_selected_samples),
+            stream=self.stream_id,
+            num_streams=spec.num_streams,
+            view=_view_for(spec, te.select_samples_to_pack),
+            whole_sources=[source.pack_whole for source in spec.sources],
+        )
+        return [pack]
+
+    def _group(self, part: assembly.Part) -> list[Stage]:
+        spec, te = self.spec, self.spec.task_encoder
+        group = GroupBatchStage(
+            self.stages[-1],
             te.batch_group_criterion,
             te.batch,
-            policy("batch", te.batch),
+            self.policy("batch", te.batch),
             batch_size=spec.batch_size,
             drop_last=spec.batch_drop_last,
             max_wait=spec.group_max_wait,
-            stream=stream_id,
+            stream=self.stream_id,
             num_streams=spec.num_streams,
             view=_view_for(spec, te.batch_group_criterion),
         )
-    return BatchStage(
-        upstream,
-        _batch_sizes(spec, stream_id),
-        te.batch,
-        policy("batch", te.batch),
-        drop_last=spec.batch_drop_last,
-        stream=stream_id,
-        num_streams=spec.num_streams,
-        deferred_images=deferred_images,
-    )
+        return [group]
+
+    def _batch(self, part: assembly.Part) -> list[Stage]:
+        spec, te = self.spec, self.spec.task_encoder
+        batch = BatchStage(
+            self.stages[-1],
+            _batch_sizes(spec, self.stream_id),
+            te.batch,
+            self.policy("batch", te.batch),
+            drop_last=spec.batch_drop_last,
+            stream=self.stream_id,
+            num_streams=spec.num_streams,
+            deferred_images=self.defer_images,
+        )
+        return [batch]
+
+    # A balanced stream, walked without the balanced executor (the ledger, the cursor editors):
+    # each micro-batch is its position's pool of pointers, which the executor composes into
+    # the ranks' shares.
+    _balanced = _batch
 
 
 def _only_library_batching_sees_samples(spec: PipelineSpec, cooks: list[Any]) -> bool:

@@ -19,15 +19,17 @@ import dataclasses
 import json
 import math
 import warnings
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from energon.compat.savable import FlexState, Savable
 from energon.errors import ErrorPolicy
 from energon.loader.savable_dataset import SavableDataset
+from energon.pipeline import assembly
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.pipeline.stage import Item, Stage
+from energon.pipeline.stages import MapStage
 from energon.pipeline.stream import Stream, build_stream
 from energon.plan.rng import CounterRng, stable_seed
 from energon.samples import Sample
@@ -363,6 +365,37 @@ class StageChain(Stage):
 
     def rebuild(self, key: tuple) -> Any:
         return self.stage.rebuild(key)
+
+
+def open_part(
+    node: BaseWrapperDataset,
+    ctx: StreamContext,
+    own: assembly.Part,
+    build_own: Callable[[Any], Stage],
+) -> Any:
+    """The stage of a wrapper that is one part of a stream (``own``, built over its upstream by
+    ``build_own``) over its child: the parts :func:`energon.pipeline.assembly.stream_parts` lists
+    for it, in order (after a batching wrapper: the batch hooks every stream runs)."""
+    stage: Any = None
+    for part in assembly.stream_parts(own):
+        if part.kind == assembly.UPSTREAM:
+            stage = open_stage(node.dataset, ctx.child(0))
+        elif part is own:
+            stage = StageChain(build_own(stage), stage)
+        elif part.kind in (assembly.SAMPLE, assembly.BATCH_STEP) and part.fn is not None:
+            tolerance = getattr(part.fn, "__failure_tolerance__", 100)
+            hook = MapStage(
+                stage,
+                part.fn,
+                part.name,
+                error_policy(node.worker_config, part.name, tolerance),
+                stream=ctx.stream,
+                num_streams=ctx.num_streams,
+            )
+            stage = StageChain(hook, stage)
+        else:
+            raise ValueError(f"{type(node).__name__} cannot build a {part.kind!r} part")
+    return stage
 
 
 class PassThrough(BaseWrapperDataset):

@@ -11,16 +11,16 @@ from energon.compat.wrappers.base import (
     BaseWrapperDataset,
     SampleIndex,
     SavableDataset,
-    StageChain,
     StreamContext,
     WorkerConfig,
     error_policy,
     function_name,
     get_sample_restore_key,
-    open_stage,
+    open_part,
     set_sample_restore_key,
     stream_length,
 )
+from energon.pipeline.assembly import BATCH, Part
 from energon.pipeline.stages import BatchStage
 
 __all__ = [
@@ -60,16 +60,15 @@ class BatchDataset(BaseWrapperDataset):
         super().__init__(dataset, worker_config=worker_config)
 
     def open(self, ctx: StreamContext) -> Any:
-        upstream = open_stage(self.dataset, ctx.child(0))
         size = self.batch_size
-        stage = BatchStage(
-            upstream,
-            lambda _: size,
-            self.batcher,
-            error_policy(self.worker_config, "BatchDataset", self.failure_tolerance),
-            drop_last=self.drop_last,
-        )
-        return StageChain(stage, upstream)
+        policy = error_policy(self.worker_config, "BatchDataset", self.failure_tolerance)
+
+        def build(upstream: Any) -> BatchStage:
+            return BatchStage(
+                upstream, lambda _: size, self.batcher, policy, drop_last=self.drop_last
+            )
+
+        return open_part(self, ctx, Part(BATCH, "BatchDataset"), build)
 
     def len_stream(self, stream: int, num_streams: int) -> int:
         n = stream_length(self.dataset, stream, num_streams)

@@ -11,15 +11,15 @@ from energon.compat.wrappers.base import (
     BaseWrapperDataset,
     SampleIndex,
     SavableDataset,
-    StageChain,
     StreamContext,
     WorkerConfig,
     error_policy,
     function_name,
-    open_stage,
+    open_part,
     set_sample_restore_key,
 )
 from energon.compat.wrappers.buffer import SavableSampleBuffer
+from energon.pipeline.assembly import GROUP, Part
 from energon.pipeline.stages import GroupBatchStage
 from energon.samples.edataclass import edataclass
 
@@ -66,18 +66,21 @@ class GroupBatchDataset(BaseWrapperDataset):
         super().__init__(dataset, worker_config=worker_config)
 
     def open(self, ctx: StreamContext) -> Any:
-        upstream = open_stage(self.dataset, ctx.child(0))
-        stage = GroupBatchStage(
-            upstream,
-            self.sample_group_key,
-            self.batcher,
-            error_policy(self.worker_config, "GroupBatchDataset", self.failure_tolerance),
-            batch_size=self.fixed_batch_size,
-            drop_last=self.drop_last,
-            stream=ctx.stream,
-            num_streams=ctx.num_streams,
-        )
-        return StageChain(stage, upstream)
+        policy = error_policy(self.worker_config, "GroupBatchDataset", self.failure_tolerance)
+
+        def build(upstream: Any) -> GroupBatchStage:
+            return GroupBatchStage(
+                upstream,
+                self.sample_group_key,
+                self.batcher,
+                policy,
+                batch_size=self.fixed_batch_size,
+                drop_last=self.drop_last,
+                stream=ctx.stream,
+                num_streams=ctx.num_streams,
+            )
+
+        return open_part(self, ctx, Part(GROUP, "GroupBatchDataset"), build)
 
     def micro_batch_size(self) -> int | None:
         return self.fixed_batch_size

@@ -10,15 +10,15 @@ from energon.compat.wrappers.base import (
     BaseWrapperDataset,
     SampleIndex,
     SavableDataset,
-    StageChain,
     StreamContext,
     WorkerConfig,
     add_sample_restore_key,
     error_policy,
     function_name,
     get_sample_restore_key,
-    open_stage,
+    open_part,
 )
+from energon.pipeline.assembly import SAMPLE, Part
 from energon.pipeline.stages import MapStage
 
 __all__ = [
@@ -54,17 +54,20 @@ class MapDataset(BaseWrapperDataset):
         super().__init__(dataset, worker_config=worker_config)
 
     def open(self, ctx: StreamContext) -> Any:
-        upstream = open_stage(self.dataset, ctx.child(0))
         name = f"MapDataset({function_name(self.map_fn)})"
-        stage = MapStage(
-            upstream,
-            self.map_fn,
-            "MapDataset",
-            error_policy(self.worker_config, name, self.failure_tolerance),
-            stream=ctx.stream,
-            num_streams=ctx.num_streams,
-        )
-        return StageChain(stage, upstream)
+        policy = error_policy(self.worker_config, name, self.failure_tolerance)
+
+        def build(upstream: Any) -> MapStage:
+            return MapStage(
+                upstream,
+                self.map_fn,
+                "MapDataset",
+                policy,
+                stream=ctx.stream,
+                num_streams=ctx.num_streams,
+            )
+
+        return open_part(self, ctx, Part(SAMPLE, "MapDataset", self.map_fn), build)
 
     def _stateless(self) -> bool:
         return self.stateless_map_fn

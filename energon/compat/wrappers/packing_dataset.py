@@ -10,17 +10,17 @@ from energon.compat.wrappers.base import (
     BaseWrapperDataset,
     SampleIndex,
     SavableDataset,
-    StageChain,
     StreamContext,
     WorkerConfig,
     add_sample_restore_key,
     error_policy,
     function_name,
     get_sample_restore_key,
-    open_stage,
+    open_part,
     set_sample_restore_key,
 )
 from energon.compat.wrappers.buffer import SavableSampleBuffer
+from energon.pipeline.assembly import PACK, Part
 from energon.pipeline.packing import PackStage
 
 __all__ = [
@@ -70,19 +70,23 @@ class PackingDataset(BaseWrapperDataset):
         super().__init__(dataset, worker_config=worker_config)
 
     def open(self, ctx: StreamContext) -> Any:
-        upstream = open_stage(self.dataset, ctx.child(0))
-        stage = PackStage(
-            upstream,
-            self.buffer_size,
-            self.pre_packer,
-            self.final_packer,
-            self.sample_encoder,
-            error_policy(self.worker_config, "PackingDataset", self.final_packer_failure_tolerance),
-            stream=ctx.stream,
-            num_streams=ctx.num_streams,
-            empty_rounds_tolerance=self.pre_packer_failure_tolerance,
-        )
-        return StageChain(stage, upstream)
+        tolerance = self.final_packer_failure_tolerance
+        policy = error_policy(self.worker_config, "PackingDataset", tolerance)
+
+        def build(upstream: Any) -> PackStage:
+            return PackStage(
+                upstream,
+                self.buffer_size,
+                self.pre_packer,
+                self.final_packer,
+                self.sample_encoder,
+                policy,
+                stream=ctx.stream,
+                num_streams=ctx.num_streams,
+                empty_rounds_tolerance=self.pre_packer_failure_tolerance,
+            )
+
+        return open_part(self, ctx, Part(PACK, "PackingDataset"), build)
 
     def _stateless(self) -> bool:
         return self.final_packer_stateless and (
