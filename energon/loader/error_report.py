@@ -19,6 +19,8 @@ from energon.errors import ErrorBudget, ErrorBudgetExceeded, StateError
 from energon.pipeline import snapshot as snapshots_
 from energon.pipeline.error_account import add_failures, copy_totals, empty_totals
 from energon.pipeline.snapshot import PackedSnapshot, StreamSnapshot
+from energon.pipeline.spec import PipelineSpec
+from energon.source.meta import SampleMeta, meta_reader
 
 logger = logging.getLogger("energon")
 
@@ -33,6 +35,15 @@ class ErrorReport:
         self._seen: dict[int, int] = {}  # stream -> failures already observed
         self._logged = 0
         self._last_log: float | None = None
+
+    @classmethod
+    def for_sources(cls, spec: PipelineSpec) -> ErrorReport:
+        """An empty report on the sources of ``spec``, under its error budget."""
+        names = [
+            {"path": s.leaf.fingerprint()["path"], "split_part": s.leaf.split_part}
+            for s in spec.sources
+        ]
+        return cls(spec.error_budget or ErrorBudget(), names)
 
     def observe(
         self,
@@ -141,6 +152,13 @@ class ErrorReport:
             total,
             "; ".join(parts),
         )
+
+
+def describe_sample(spec: PipelineSpec, source: int, index: int) -> dict[str, Any]:
+    """Key, shard, byte offset and dataset of sample ``index`` of ``source`` (metadata only): how
+    the watchdog's and lost workers' reports name a sample."""
+    meta = SampleMeta(meta_reader(spec.sources[source].leaf), source, index).describe()
+    return {k: meta[k] for k in ("key", "shard", "byte_offset", "dataset") if k in meta}
 
 
 def _describe(name: dict[str, Any]) -> str:

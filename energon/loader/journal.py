@@ -26,6 +26,7 @@ import numpy as np
 
 from energon.errors import ArgumentError
 from energon.pipeline.keys import Key, parse_stream_key
+from energon.pipeline.spec import PipelineSpec
 
 
 def sources_digest(fingerprint: dict[str, Any]) -> str:
@@ -75,6 +76,41 @@ class JournalWriter:
             for f in self._files:
                 f.close()
             self._files = None
+
+
+class LoaderJournal:
+    """The journal of one loader (``loader.start_journal(directory)``): the rank's writer under
+    the current source numbering. A restore or a migration may change the numbering; the next
+    record then goes to the files of the new one."""
+
+    def __init__(self, directory: str, rank: int) -> None:
+        self.directory = directory
+        self.rank = rank
+        self._writer: JournalWriter | None = None
+        self._spec: PipelineSpec | None = None  # the spec the writer's digest was taken from
+
+    def append(self, spec: PipelineSpec, position: int, key: Key) -> None:
+        """Record the micro-batch at global ``position``, delivered under ``spec``."""
+        self._writer_for(spec).append(position, key)
+
+    def _writer_for(self, spec: PipelineSpec) -> JournalWriter:
+        writer = self._writer
+        if writer is None or self._spec is not spec:
+            digest = sources_digest(spec.fingerprint())
+            if writer is None or writer.digest != digest:
+                if writer is not None:
+                    writer.close()
+                writer = self._writer = JournalWriter(self.directory, self.rank, digest)
+            self._spec = spec
+        return writer
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
 
 
 class JournalReader:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -161,6 +162,21 @@ class Recovery:
         self._samples: set[tuple[int, int]] = set()  # (source, index) lost on so far
         # worker -> (losses in a row, the furthest position among them: None where unknown)
         self._in_a_row: dict[int, tuple[int, int | None]] = {}
+
+    def set_policy(self, policy: WorkerRecovery, *, started: bool, num_workers: int) -> None:
+        """``loader.recovery = policy`` (``started``: the loader is iterating, too late)."""
+        if not isinstance(policy, WorkerRecovery):
+            raise TypeError(f"recovery must be a WorkerRecovery, got {policy!r}")
+        if started:
+            raise ValueError("set recovery before iterating the loader")
+        if policy.on_stall == "skip" and num_workers == 0:
+            warnings.warn(
+                "on_stall='skip' needs worker processes (num_workers > 0): without them a stuck "
+                "sample can only be reported (the watchdog)",
+                UserWarning,
+                stacklevel=3,
+            )
+        self.policy = policy
 
     def new_pass(self) -> None:
         self._pass = []

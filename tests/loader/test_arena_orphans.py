@@ -37,7 +37,7 @@ dataset = get_train_dataset(
 loader = get_loader(dataset)
 iterator = iter(loader)
 kept = [next(iterator) for _ in range(4)]
-pool = loader._source.pool
+pool = loader._transport.source.pool
 pids = [pool.pid(worker) for worker in range(pool.num_workers)]
 print(" ".join(map(str, pids)), flush=True)
 time.sleep(600)

@@ -130,7 +130,7 @@ def test_workers_waiting_for_a_block_end_when_the_loader_is_dropped(captioning_d
     loader = _small_batches(captioning_ds, 2)
     it = iter(loader)
     kept = [next(it) for _ in range(4)]
-    workers = [proc.process for proc in loader._results.pool._procs]
+    workers = [proc.process for proc in loader._transport.source.pool._procs]
     assert len(workers) == 2
     del it, loader
     gc.collect()

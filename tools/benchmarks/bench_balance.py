@@ -147,7 +147,7 @@ def cpu_per_sample(path: str, args, progress: bool) -> dict[str, list[float]]:
             return time.process_time()
         total = 0
         for lo in loaders[name]:
-            for w in getattr(lo._source, "_workers", []):
+            for w in getattr(lo._transport.source, "_workers", []):
                 with open(f"/proc/{w.pid}/schedstat") as f:
                     total += int(f.read().split()[0])
         return total / 1e9

@@ -91,7 +91,7 @@ def _cpu(pid: int | str) -> float:
 
 def worker_cpu(loader) -> float:
     """CPU seconds of the loader's worker processes so far (torch's DataLoader iterator)."""
-    return sum(_cpu(w.pid) for w in getattr(loader._source, "_workers", []))
+    return sum(_cpu(w.pid) for w in getattr(loader._transport.source, "_workers", []))
 
 
 def cpu_overhead(path: str, workers: int, rounds: int, chunk: int, batch_size: int):

@@ -86,7 +86,7 @@ def open_loader(path, workers: int):
 def cpu_seconds(loader) -> float:
     """CPU time of this process and of the loader's worker processes so far (nanosecond counters
     of /proc/PID/schedstat): other jobs on the machine do not inflate it."""
-    workers = getattr(loader._source, "_workers", [])  # torch's DataLoader iterator, if any
+    workers = getattr(loader._transport.source, "_workers", [])  # torch's DataLoader iterator, if any
     total = 0
     for pid in ["self", *(w.pid for w in workers)]:
         with open(f"/proc/{pid}/schedstat") as f:
