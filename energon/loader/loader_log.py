@@ -1,6 +1,8 @@
-"""A loader's records in the per-process debug log (:mod:`energon.debug_log`), named and shaped as
-Megatron-Energon writes them so that ``energon analyze-debug`` reads both: ``<Loader>.__init__``,
-``.iter``, ``.yield`` and ``.StopIteration`` at level 1, the pass boundaries at level 2.
+"""A loader's records in the per-process debug log (:mod:`energon.debug_log`).
+
+They are named and shaped as Megatron-Energon writes them, so that ``energon analyze-debug`` reads
+both: ``<Loader>.__init__``, ``.iter``, ``.yield`` and ``.StopIteration`` at level 1, the pass
+boundaries at level 2.
 
 Every record goes through the loader's current worker config (a caller may replace it), which
 also says whether its level is logged at all; nothing is built when it is not.
