@@ -28,7 +28,7 @@ import os
 import statistics
 import time
 
-from bench_common import machine_summary, print_markdown_table
+from bench_common import loader_worker_pids, machine_summary, print_markdown_table
 from tqdm import tqdm
 
 from energon import WorkerConfig, get_savable_loader, get_train_dataset
@@ -147,8 +147,8 @@ def cpu_per_sample(path: str, args, progress: bool) -> dict[str, list[float]]:
             return time.process_time()
         total = 0
         for lo in loaders[name]:
-            for w in getattr(lo._transport.source, "_workers", []):
-                with open(f"/proc/{w.pid}/schedstat") as f:
+            for pid in loader_worker_pids(lo):
+                with open(f"/proc/{pid}/schedstat") as f:
                     total += int(f.read().split()[0])
         return total / 1e9
 

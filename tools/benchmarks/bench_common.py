@@ -288,6 +288,16 @@ def sample_memory(root_pid: int | None = None, *, with_pss: bool = True) -> Memo
     )
 
 
+def loader_worker_pids(loader) -> list[int]:
+    """Process ids of a loader's local worker processes (none without workers, before it iterates,
+    or with workers that are not local processes)."""
+    pool = getattr(loader._transport.source, "pool", None)
+    pid = getattr(pool, "pid", None)
+    if pid is None:
+        return []
+    return [p for p in (pid(worker) for worker in range(pool.num_workers)) if p is not None]
+
+
 def max_rss_bytes() -> tuple[int, int]:
     """(self, largest waited-for child) high-water RSS from getrusage; survives short peaks
     that a sampling probe can miss, but cannot be summed over concurrently live workers."""

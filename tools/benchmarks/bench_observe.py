@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import (  # noqa: E402
     DEFAULT_ROOT,
     ensure_workload,
+    loader_worker_pids,
     machine_summary,
     print_markdown_table,
 )
@@ -90,8 +91,8 @@ def _cpu(pid: int | str) -> float:
 
 
 def worker_cpu(loader) -> float:
-    """CPU seconds of the loader's worker processes so far (torch's DataLoader iterator)."""
-    return sum(_cpu(w.pid) for w in getattr(loader._transport.source, "_workers", []))
+    """CPU seconds of the loader's worker processes so far."""
+    return sum(_cpu(pid) for pid in loader_worker_pids(loader))
 
 
 def cpu_overhead(path: str, workers: int, rounds: int, chunk: int, batch_size: int):

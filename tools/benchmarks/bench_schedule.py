@@ -31,7 +31,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_common import ensure_workload, machine_summary, print_markdown_table  # noqa: E402
+from bench_common import (  # noqa: E402
+    ensure_workload,
+    loader_worker_pids,
+    machine_summary,
+    print_markdown_table,
+)
 
 from energon import Blender, WorkerConfig, get_loader, get_train_dataset  # noqa: E402
 from energon.plan.mixing import WeightedSchedule  # noqa: E402
@@ -86,9 +91,8 @@ def open_loader(path, workers: int):
 def cpu_seconds(loader) -> float:
     """CPU time of this process and of the loader's worker processes so far (nanosecond counters
     of /proc/PID/schedstat): other jobs on the machine do not inflate it."""
-    workers = getattr(loader._transport.source, "_workers", [])  # torch's DataLoader iterator, if any
     total = 0
-    for pid in ["self", *(w.pid for w in workers)]:
+    for pid in ["self", *loader_worker_pids(loader)]:
         with open(f"/proc/{pid}/schedstat") as f:
             total += int(f.read().split()[0])
     return total / 1e9
