@@ -38,6 +38,9 @@ import numpy as np
 from energon.balance.bound import TOLERANCE
 
 LEVELED = 1.001  # a step this even is not leveled further (costs are estimates anyway)
+# a step's total kept across exchanges is off by rounding only (far below this, relatively);
+# a ratio this close to LEVELED is computed exactly
+ROUNDING_MARGIN = 1e-6
 # light thresholds tried in turn, as fractions of the window's mean rank share
 LIGHT_FRACTIONS = (1 / 8, 1 / 2, 1.0)
 
@@ -187,13 +190,36 @@ class Composition:
     def level_step(self, step: int) -> None:
         """Moves and swaps from the step's heaviest rank to its other ranks (lightest first),
         each narrowing their gap the most, until none narrows one or the step is within
-        ``LEVELED``. Each lowers the sum of the squared loads, so this ends."""
+        ``LEVELED``. Each lowers the sum of the squared loads, so this ends.
+
+        The step's bins are kept sorted by load (two move per exchange), so a round costs a
+        few bisections instead of a sort of the step: leveling is linear in the ranks."""
+        loads = self.loads
         bins = self.step_bins(step)
-        while self.ratio(step) > LEVELED:
-            heavy = max(bins, key=lambda b: (self.loads[b], -b))
-            others = sorted((b for b in bins if b != heavy), key=lambda b: (self.loads[b], b))
-            if not any(self.exchange(heavy, light) for light in others):
+        ranked = sorted((loads[b], b) for b in bins)  # lightest first, ties by bin
+        total = sum([loads[b] for b in bins])  # exchanges move work, so only rounding moves it
+        while self.above_leveled(step, ranked[-1][0], total):
+            top = ranked[-1][0]
+            heavy = ranked[bisect.bisect_left(ranked, (top,))][1]  # the first bin of that load
+            for before, light in ranked:
+                if light != heavy and self.exchange(heavy, light):
+                    break
+            else:
                 return
+            resort(ranked, heavy, top, loads[heavy])
+            resort(ranked, light, before, loads[light])
+
+    def above_leveled(self, step: int, top: float, total: float) -> bool:
+        """``self.ratio(step) > LEVELED``, from the step's heaviest load and its total (kept
+        up to rounding); the exact ratio is computed only where rounding could decide."""
+        mean = total / self.num_ranks
+        if mean > 0:
+            ratio = top / mean
+            if ratio > LEVELED * (1 + ROUNDING_MARGIN):
+                return True
+            if ratio < LEVELED * (1 - ROUNDING_MARGIN):
+                return False
+        return self.ratio(step) > LEVELED
 
     def exchange(self, heavy: int, light: int) -> bool:
         """The move (one sample from ``heavy`` to ``light``) or swap that narrows the two bins'
@@ -289,6 +315,12 @@ class Composition:
             [sorted(self.members[s * ranks + r]) for r in range(ranks)]
             for s in range(self.num_steps)
         ]
+
+
+def resort(ranked: list[tuple[float, int]], b: int, before: float, after: float) -> None:
+    """Bin ``b``'s entry in the load-sorted ``ranked`` moved from load ``before`` to ``after``."""
+    del ranked[bisect.bisect_left(ranked, (before, b))]
+    bisect.insort(ranked, (after, b))
 
 
 def gap_epsilon(scale: float) -> float:
