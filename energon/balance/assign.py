@@ -193,21 +193,40 @@ class Composition:
         ``LEVELED``. Each lowers the sum of the squared loads, so this ends.
 
         The step's bins are kept sorted by load (two move per exchange), so a round costs a
-        few bisections instead of a sort of the step: leveling is linear in the ranks."""
+        few bisections instead of a sort of the step; where the lightest rank cannot take an
+        exchange, only the ranks holding a sample that a swap could take are tried (the others
+        would refuse too, see :class:`SwapIndex`): leveling is near linear in the ranks."""
         loads = self.loads
         bins = self.step_bins(step)
         ranked = sorted((loads[b], b) for b in bins)  # lightest first, ties by bin
         total = sum([loads[b] for b in bins])  # exchanges move work, so only rounding moves it
-        while self.above_leveled(step, ranked[-1][0], total):
+        index = SwapIndex(self, step)
+        while len(ranked) > 1 and self.above_leveled(step, ranked[-1][0], total):
             top = ranked[-1][0]
             heavy = ranked[bisect.bisect_left(ranked, (top,))][1]  # the first bin of that load
-            for before, light in ranked:
-                if light != heavy and self.exchange(heavy, light):
-                    break
-            else:
+            light = self.first_taker(heavy, ranked, index)
+            if light is None:
                 return
             resort(ranked, heavy, top, loads[heavy])
-            resort(ranked, light, before, loads[light])
+            resort(ranked, light[1], light[0], loads[light[1]])
+            index.moved(self, heavy, light[1])
+
+    def first_taker(
+        self, heavy: int, ranked: list[tuple[float, int]], index: SwapIndex
+    ) -> tuple[float, int] | None:
+        """The lightest ``(load, bin)`` of ``ranked`` that took an exchange from ``heavy``
+        (None when none does). Moves fit the lightest rank best (the widest gap), so after it
+        only ranks with a sample a swap could take are tried."""
+        loads, floats = self.loads, self.floats
+        lightest = ranked[0] if ranked[0][1] != heavy else ranked[1]
+        if self.exchange(heavy, lightest[1]):
+            return lightest
+        gap = loads[heavy] - lightest[0]
+        for light in index.bins_below([floats[i] for i in self.members[heavy]], gap):
+            before = loads[light]
+            if light not in (heavy, lightest[1]) and self.exchange(heavy, light):
+                return before, light
+        return None
 
     def above_leveled(self, step: int, top: float, total: float) -> bool:
         """``self.ratio(step) > LEVELED``, from the step's heaviest load and its total (kept
@@ -315,6 +334,46 @@ class Composition:
             [sorted(self.members[s * ranks + r]) for r in range(ranks)]
             for s in range(self.num_steps)
         ]
+
+
+class SwapIndex:
+    """The samples of one step sorted by cost, with the bin each is in. A swap takes a sample
+    ``a`` of the heavy bin for a sample ``v`` of a lighter one with ``0 < a - v < gap``, so only
+    the bins holding a sample within ``gap`` below one of the heavy bin's are worth trying.
+    Arrays, so that a query costs the samples it finds, not a Python loop over them."""
+
+    def __init__(self, composition: Composition, step: int) -> None:
+        members = composition.members
+        bins = composition.step_bins(step)
+        self.first = bins.start
+        self.loads = np.array([composition.loads[b] for b in bins])
+        ids = np.array([i for b in bins for i in members[b]], dtype=np.int64)
+        holders = np.repeat(np.arange(len(bins)), [len(members[b]) for b in bins])
+        order = np.argsort(composition.values[ids], kind="stable")
+        self.values = composition.values[ids][order]
+        self.holders = holders[order]  # the bin (from the step's first) of each sorted sample
+        self.slot = dict(zip(ids[order].tolist(), range(len(order))))  # sample -> sorted place
+
+    def moved(self, composition: Composition, *bins: int) -> None:
+        """The samples and loads of ``bins`` changed (an exchange between them)."""
+        for b in bins:
+            self.loads[b - self.first] = composition.loads[b]
+            for i in composition.members[b]:
+                self.holders[self.slot[i]] = b - self.first
+
+    def bins_below(self, costs: list[float], gap: float) -> list[int]:
+        """The bins holding a sample ``v`` with ``a - gap <= v <= a`` for a cost ``a`` of
+        ``costs``, widened by far more than rounding, ordered by ``(load, bin)`` (a superset is
+        safe: the caller tries them in turn; a bin left out is one no swap can narrow)."""
+        tops = np.asarray(costs, dtype=np.float64)
+        low = np.searchsorted(self.values, tops - gap - 1e-9 * (np.abs(tops) + gap), "left")
+        high = np.searchsorted(self.values, tops, "right")
+        ranges = [np.arange(lo, hi) for lo, hi in zip(low.tolist(), high.tolist()) if hi > lo]
+        if not ranges:
+            return []
+        found = np.unique(self.holders[np.concatenate(ranges)])
+        ranked = found[np.lexsort((found, self.loads[found]))]
+        return (ranked + self.first).tolist()
 
 
 def resort(ranked: list[tuple[float, int]], b: int, before: float, after: float) -> None:
