@@ -101,6 +101,9 @@ class WorkerConfig:
 
     active_worker_config: ClassVar[WorkerConfig | None] = None
     worker_id_offset: ClassVar[int] = 0
+    # the local worker a hand-written dataset's stream is computed for (energon.loader.hand_written):
+    # a logical stream is one of the reference's workers, whichever process computes it
+    acting_worker: ClassVar[int | None] = None
 
     def worker_activate(
         self, sample_index: int, override_global_rank: int | None = None, cache_pool: Any = None
@@ -151,7 +154,10 @@ class WorkerConfig:
             )
 
     def rank_worker_id(self) -> int:
-        """This process's worker id within the rank (0 in the main process)."""
+        """This process's worker id within the rank (0 in the main process), or the worker whose
+        logical stream this process is computing for a hand-written dataset."""
+        if WorkerConfig.acting_worker is not None:
+            return WorkerConfig.acting_worker
         import torch.utils.data
 
         info = torch.utils.data.get_worker_info()

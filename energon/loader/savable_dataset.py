@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch.utils.data
 
-from energon.errors import SkipSample
+from energon.errors import SkipSample, StateError
+from energon.loader.direct_iteration import DirectPosition
+from energon.loader.hand_written import IteratorStage, hand_written_spec, stream_worker
 from energon.pipeline.balanced_executor import BalancedExecutor
 from energon.pipeline.executor import Executor
 from energon.pipeline.keys import as_key, attach_restore_key, parse_stream_key
@@ -26,6 +29,7 @@ from energon.pipeline.pointers import build_pointer_stages
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.pipeline.stream import Stream, build_stream, restore_stages
+from energon.savable import FlexState, Savable
 from energon.worker import Layout, WorkerConfig
 
 
@@ -40,13 +44,43 @@ class ResumePoint:
     board: str | None = None  # the folder of the loader's stats board (energon.observe.probe)
 
 
-class SavableDataset(torch.utils.data.IterableDataset):
-    """A loader-ready dataset: a pipeline spec plus the worker config it was built for."""
+class SavableDataset(torch.utils.data.IterableDataset, Savable):
+    """A loader-ready dataset: a pipeline spec plus the worker config it was built for.
 
-    def __init__(self, spec: PipelineSpec, worker_config: WorkerConfig) -> None:
-        self.spec = spec
+    Built without a spec (``SavableDataset(worker_config)``, the reference's signature), it is the
+    base of a *hand-written* dataset that yields its items from its own ``__iter__``
+    (:mod:`energon.loader.hand_written`). Either kind also answers the reference's per-dataset
+    state protocol (:meth:`save_state`, :meth:`restore_state`, :meth:`reset_state_own`,
+    :meth:`reset_state_deep`): a hand-written dataset saves its ``_savable_fields``; a planned one
+    saves where its own ``__iter__`` (iterating it without a loader) has got to. Loaders use
+    neither: they keep the state of the logical streams they run themselves.
+    """
+
+    #: A hand-written dataset's fields that ``save_state`` saves and ``restore_state`` sets.
+    _savable_fields: tuple[str, ...] = ()
+
+    def __init__(self, worker_config: WorkerConfig, spec: PipelineSpec | None = None) -> None:
+        if not isinstance(worker_config, WorkerConfig):
+            raise TypeError(
+                f"SavableDataset(worker_config, spec=None): worker_config must be a WorkerConfig, "
+                f"not {type(worker_config).__name__}"
+            )
+        self.hand_written = spec is None
+        self.spec = hand_written_spec(worker_config) if spec is None else spec
         self.worker_config = worker_config
         self.journal_keys = False  # items carry their restore keys (a loader keeps a journal)
+        self._direct: dict[str, Any] | None = None  # where __iter__ has got to (save_state)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SavableDataset:
+        """A planned dataset's copy shares its spec (which nothing changes); a hand-written one's
+        copy has its own fields, as each of the reference's workers has (hand_written.py)."""
+        clone = copy.copy(self)
+        memo[id(self)] = clone
+        if self.hand_written:
+            for name, value in vars(self).items():
+                if name not in ("spec", "worker_config"):
+                    clone.__dict__[name] = copy.deepcopy(value, memo)
+        return clone
 
     def with_spec(self, spec: PipelineSpec) -> SavableDataset:
         """A copy of this dataset that runs ``spec`` (this object is left as it is)."""
@@ -66,6 +100,8 @@ class SavableDataset(torch.utils.data.IterableDataset):
         """Global micro-batches in one pass (validation, as planned from the sample counts), or
         per epoch (training)."""
         spec = self.spec
+        if self.hand_written:
+            return None  # a hand-written dataset's iterators decide
         if not spec.training and not spec.even_ranks:
             return sum(spec.stream_val_batches(s) for s in range(spec.num_streams))
         if not spec.training:
@@ -78,7 +114,10 @@ class SavableDataset(torch.utils.data.IterableDataset):
         return sum(math.ceil(c / spec.batch_size) for c in counts)
 
     def len_rank(self) -> int:
-        """Micro-batches this rank yields per pass (``limit`` / ``virtual_epoch_length`` if set)."""
+        """Micro-batches this rank yields per pass (``limit`` / ``virtual_epoch_length`` if set);
+        a hand-written dataset's: the sum of its workers' ``len_worker``."""
+        if self.hand_written:
+            return sum(self.len_worker(w) for w in range(max(1, self.worker_config.num_workers)))
         return self.len_ranks([self.worker_config.rank])[0]
 
     def len_ranks(self, ranks: Iterable[int]) -> list[int]:
@@ -106,7 +145,10 @@ class SavableDataset(torch.utils.data.IterableDataset):
         return self.len_rank()
 
     def fingerprint(self) -> tuple[dict[str, Any], str]:
-        fp = self.spec.fingerprint()
+        if self.hand_written:  # what a saved state depends on: the class and its config
+            fp = json.loads(json.dumps({type(self).__name__: self.config()}, default=str))
+        else:
+            fp = self.spec.fingerprint()
         return fp, fingerprint_digest(fp)
 
     def config(self) -> dict[str, Any]:
@@ -157,6 +199,9 @@ class SavableDataset(torch.utils.data.IterableDataset):
 
     def build_stream(self, stream_id: int) -> Stream:
         """The stage chain of one logical stream (datasets composed otherwise override this)."""
+        if self.hand_written:
+            worker = stream_worker(stream_id, self.worker_config.world_size)
+            return Stream(stream_id, self.spec, [IteratorStage(self, worker)])
         return build_stream(self.spec, stream_id)
 
     def initial_snapshot(self, stream_id: int) -> StreamSnapshot:
@@ -169,12 +214,17 @@ class SavableDataset(torch.utils.data.IterableDataset):
         """Check a saved stream snapshot without reading data (``StateError`` naming the field):
         the pointer stages are built and restored (no I/O); the stages behind them check their
         part when a worker restores the stream."""
+        if self.hand_written:
+            return  # its own restore_state checks its fields when a worker restores the stream
         restore_stages(
             build_pointer_stages(self.spec, stream_id), snapshot, stream_id, complete=False
         )
 
     def can_restore_sample(self) -> bool:
-        """Whether ``restore_sample`` can regenerate items: every active hook is ``@stateless``."""
+        """Whether ``restore_sample`` can regenerate items: every active hook is ``@stateless``
+        (a hand-written dataset's items cannot be regenerated)."""
+        if self.hand_written:
+            return False
         te = self.spec.task_encoder
         for hook in ("encode_sample", "encode_batch"):
             if te.is_active(hook) and not getattr(getattr(te, hook), "__stateless__", False):
@@ -194,6 +244,10 @@ class SavableDataset(torch.utils.data.IterableDataset):
 
     def len_worker(self, worker_idx: int | None = None) -> int:
         """Items one local worker yields per pass (the rank's items go round-robin to them)."""
+        if self.hand_written:
+            raise NotImplementedError(
+                f"{type(self).__name__}: a hand-written dataset defines len_worker (its items per worker)"
+            )
         workers = max(1, self.worker_config.num_workers)
         return len(range(worker_idx or 0, self.len_rank(), workers))
 
@@ -232,18 +286,63 @@ class SavableDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         """Iterating a dataset without a loader (as the reference allows) yields this rank's items
         in order, computed in this process: one pass, ``virtual_epoch_length`` / ``limit`` items,
-        or forever (training). Holes of a planned validation pass are left out: only a loader
-        fills them (its ``__padding__`` fillers keep ranks even)."""
+        or forever (training); inside a hand-written dataset's stream, only that stream's worker's
+        items. Holes of a planned validation pass are left out: only a loader fills them (its
+        ``__padding__`` fillers keep ranks even). It continues from the position ``save_state``
+        gives (:mod:`energon.loader.direct_iteration`)."""
+        if self.hand_written:
+            raise TypeError(
+                f"{type(self).__name__}: a hand-written SavableDataset defines __iter__"
+            )
         spec = self.spec
         length = spec.virtual_epoch_length if spec.training else spec.limit
-        count = 0
-        for value, meta in self.executor(0, all_workers=True):
-            if length and count >= length:
+        worker = WorkerConfig.acting_worker
+        position = DirectPosition.from_state(self._direct, f"{type(self).__name__} state")
+        resume = ResumePoint(base=position.base, snapshots=dict(position.snapshots))
+        executor = self.executor(worker or 0, resume, all_workers=worker is None)
+        layout = executor.layout
+        for value, meta in executor:
+            if length and position.emitted >= length:
                 return
-            if meta.hole or meta.ended:
-                continue
-            count += 1
-            yield value
+            counted = not (meta.hole or meta.ended)
+            position = position.advance(meta, layout, counted)
+            self._direct = position.to_state()
+            if counted:
+                yield value
+
+    # -- the reference's per-dataset state protocol -------------------------------------------
+    def save_state(self) -> FlexState:
+        """A hand-written dataset's ``_savable_fields``; a planned dataset's iteration position."""
+        state = FlexState(__class__=type(self).__name__)
+        if self.hand_written:
+            state.update({f: copy.deepcopy(getattr(self, f)) for f in self._savable_fields})
+        else:
+            state["position"] = self._direct
+        return state
+
+    def restore_state(self, state: FlexState) -> None:
+        """Continue as the dataset that saved ``state`` (its :meth:`save_state`) would have."""
+        name = type(self).__name__
+        if not isinstance(state, dict) or state.get("__class__") != name:
+            got = state.get("__class__") if isinstance(state, dict) else type(state).__name__
+            raise StateError(f"{name}.restore_state: the state was saved by {got}, not by {name}")
+        if self.hand_written:
+            for field in self._savable_fields:
+                if field not in state:
+                    raise StateError(f"{name}.restore_state: the state has no field {field!r}")
+                setattr(self, field, copy.deepcopy(state[field]))
+        else:
+            DirectPosition.from_state(state.get("position"), f"{name} state")  # checked here
+            self._direct = state.get("position")
+
+    def reset_state_own(self) -> None:
+        """Back to the initial state (a hand-written dataset sets its fields here)."""
+        if not self.hand_written:
+            self._direct = None
+
+    def reset_state_deep(self) -> None:
+        """:meth:`reset_state_own` of this dataset and everything it wraps."""
+        self.reset_state_own()
 
 
 def restore_item(dataset: SavableDataset, restore_key: Any, error_handler: Any) -> Any:

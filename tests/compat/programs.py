@@ -29,6 +29,7 @@ THEMES = (
     "programs_loaders",
     "programs_tools",
     "programs_surface",
+    "programs_hand_written",
 )
 
 

@@ -35,8 +35,6 @@ print("NAMES" + json.dumps(out))
 
 # name -> why energon's signature differs on purpose (or which branch brings the reference's).
 INTENTIONAL = {
-    "SavableDataset": "energon's dataset is built from a pipeline spec; user subclasses of the "
-    "reference's abstract SavableDataset are not supported (docs/migrating.md)",
     "edataclass": "the class is positional-only (a decorator); keyword use is not meaningful",
     "SourceInfo": "fields are not keyword-only (positional construction also works)",
 }

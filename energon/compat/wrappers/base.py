@@ -22,8 +22,8 @@ import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
-from energon.compat.savable import FlexState, Savable
-from energon.errors import ErrorPolicy
+from energon.errors import ErrorPolicy, StateError
+from energon.loader.hand_written import IteratorStage, stream_worker
 from energon.loader.savable_dataset import SavableDataset
 from energon.pipeline import assembly
 from energon.pipeline.snapshot import StreamSnapshot
@@ -33,6 +33,7 @@ from energon.pipeline.stages import MapStage
 from energon.pipeline.stream import Stream, build_stream
 from energon.plan.rng import CounterRng, stable_seed
 from energon.samples import Sample
+from energon.savable import FlexState, Savable
 from energon.task_encoder.base import hook_context
 from energon.worker import WorkerConfig
 
@@ -128,6 +129,8 @@ def stream_length(dataset: SavableDataset, stream: int, num_streams: int) -> int
     """Items ``dataset`` yields on one stream per pass (the reference's ``len_worker``)."""
     if isinstance(dataset, BaseWrapperDataset):
         return dataset.len_stream(stream, num_streams)
+    if dataset.hand_written:  # a stream is one of its workers
+        return dataset.len_worker(stream_worker(stream, dataset.worker_config.world_size))
     spec = dataset.spec
     if spec.num_streams != num_streams:
         spec = dataclasses.replace(spec, num_streams=num_streams)
@@ -167,7 +170,8 @@ class BaseWrapperDataset(SavableDataset):
             raise TypeError(f"{type(self).__name__}: worker_config must be an energon WorkerConfig")
         for child in self.datasets:
             _check_child(self, child, worker_config)
-        super().__init__(self._root_spec(worker_config), worker_config)
+        hand_written = type(self).open is BaseWrapperDataset.open  # it has its own __iter__
+        super().__init__(worker_config, None if hand_written else self._root_spec(worker_config))
 
     @property
     def dataset(self) -> SavableDataset:
@@ -175,8 +179,10 @@ class BaseWrapperDataset(SavableDataset):
 
     # -- what each wrapper defines -----------------------------------------------------------
     def open(self, ctx: StreamContext) -> Any:
-        """This node's stage over its children's stages, for one stream."""
-        raise NotImplementedError
+        """This node's stage over its children's stages, for one stream; a hand-written wrapper
+        (one that defines ``__iter__`` instead) runs as that stream's worker
+        (:mod:`energon.loader.hand_written`)."""
+        return IteratorStage(self, stream_worker(ctx.stream, self.worker_config.world_size))
 
     def len_stream(self, stream: int, num_streams: int) -> int:
         return stream_length(self.dataset, stream, num_streams)
@@ -186,7 +192,32 @@ class BaseWrapperDataset(SavableDataset):
 
     def _stateless(self) -> bool:
         """Whether this node's own function(s) can regenerate outputs (``restore_sample``)."""
-        return True
+        return not self.hand_written
+
+    # -- the reference's per-dataset state protocol (a hand-written wrapper's includes its
+    #    children's, as the reference's does) ----------------------------------------------------
+    def save_state(self) -> FlexState:
+        own = super().save_state()
+        if not self.hand_written:
+            return own
+        return FlexState(datasets=[d.save_state() for d in self.datasets], **own)
+
+    def restore_state(self, state: FlexState) -> None:
+        if self.hand_written:
+            children = state.get("datasets") if isinstance(state, dict) else None
+            if not isinstance(children, list) or len(children) != len(self.datasets):
+                raise StateError(
+                    f"{type(self).__name__}.restore_state: the state's 'datasets' does not hold "
+                    f"one state per wrapped dataset ({len(self.datasets)})"
+                )
+            for child, child_state in zip(self.datasets, children):
+                child.restore_state(child_state)
+        super().restore_state(state)
+
+    def reset_state_deep(self) -> None:
+        self.reset_state_own()
+        for child in self.datasets:
+            child.reset_state_deep()
 
     # -- the composition as a loader dataset -------------------------------------------------
     def _root_spec(self, worker_config: WorkerConfig) -> PipelineSpec:
@@ -244,6 +275,8 @@ class BaseWrapperDataset(SavableDataset):
         return sum(self.len_stream(s, self.spec.num_streams) for s in streams)
 
     def len_rank(self) -> int:
+        if self.hand_written:
+            return SavableDataset.len_rank(self)  # its len_worker's sum
         spec = self.spec
         if spec.training and spec.virtual_epoch_length:
             return spec.virtual_epoch_length
@@ -312,11 +345,6 @@ def _check_child(parent: BaseWrapperDataset, child: Any, worker_config: WorkerCo
         raise TypeError(
             f"{name} wraps datasets from get_train_dataset / get_val_dataset, a factory's build() or "
             f"another wrapper, not {type(child).__name__}"
-        )
-    if type(child).build_stream is SavableDataset.build_stream and not hasattr(child, "spec"):
-        raise TypeError(
-            f"{name}: {type(child).__name__} is a custom SavableDataset subclass; energon composes "
-            "only its own datasets and wrappers (see docs/migrating.md)"
         )
     if child.worker_config != worker_config:
         raise ValueError(
