@@ -80,6 +80,11 @@ class DatasetOptions:
     even_ranks: bool = True
 
 
+#: The default ``task_encoder`` of the dataset functions (the reference's signature shows one shared
+#: ``DefaultTaskEncoder()``); each call that gets it builds its own, so nothing ever changes it.
+DEFAULT_TASK_ENCODER = DefaultTaskEncoder()
+
+
 def _apply_decode_kwargs(task_encoder: TaskEncoder, kwargs: dict[str, Any]) -> None:
     """The deprecated decoding kwargs become ``task_encoder.decoder``."""
     given = {k: kwargs.pop(k) for k in _DECODE_KWARGS if k in kwargs}
@@ -138,7 +143,8 @@ def _build(
         limit=limit,
         options=options,
     )
-    task_encoder = task_encoder if task_encoder is not None else DefaultTaskEncoder()
+    if task_encoder is None or task_encoder is DEFAULT_TASK_ENCODER:
+        task_encoder = DefaultTaskEncoder()  # its own: the decode keywords below set its decoder
     _apply_decode_kwargs(task_encoder, dict(reference_kwargs))
     balance = _check_balance(options.balance, batch_size, packing_buffer_size, task_encoder)
     resolved = resolve_dataset(
@@ -412,7 +418,7 @@ def get_train_dataset(
     max_samples_per_sequence: int | None,
     virtual_epoch_length: int = 0,
     shuffle_over_epochs_multiplier: int | None = 1,
-    task_encoder: TaskEncoder | None = None,
+    task_encoder: TaskEncoder | None = DEFAULT_TASK_ENCODER,
     repeat: bool = True,
     num_streams: int | None = None,
     parallel_shard_iters: int | None = None,
@@ -486,7 +492,7 @@ def get_val_dataset(
     batch_drop_last: bool = False,
     packing_buffer_size: int | None = None,
     limit: int | None = None,
-    task_encoder: TaskEncoder | None = None,
+    task_encoder: TaskEncoder | None = DEFAULT_TASK_ENCODER,
     num_streams: int | None = None,
     parallel_shard_iters: int | None = None,
     subflavors: dict[str, Any] | None = None,
@@ -552,7 +558,7 @@ def get_val_datasets(
     batch_drop_last: bool = False,
     packing_buffer_size: int | None = None,
     limit: int | None = None,
-    task_encoder: TaskEncoder | None = None,
+    task_encoder: TaskEncoder | None = DEFAULT_TASK_ENCODER,
     num_streams: int | None = None,
     parallel_shard_iters: int | None = None,
     subflavors: dict[str, Any] | None = None,

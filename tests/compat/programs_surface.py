@@ -737,3 +737,19 @@ out["has_samples"] = get_val_dataset(data["a"], split_part="val", batch_size=Non
 return out
 """
 )
+
+program("dataset_functions_default_task_encoder")(
+    """
+import inspect
+defaults = {
+    fn.__name__: inspect.signature(fn).parameters["task_encoder"].default
+    for fn in (get_train_dataset, get_val_dataset, get_val_datasets)
+}
+shared = defaults["get_val_dataset"]
+ds = get_val_dataset(data["b"], split_part="train", batch_size=5, worker_config=wc(), task_encoder=shared)
+return {
+    "types": {name: type(d).__name__ for name, d in defaults.items()},
+    "passed_explicitly": [keys(b) for b in get_loader(ds)],
+}
+"""
+)

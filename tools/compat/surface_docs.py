@@ -15,11 +15,6 @@ END = "<!-- surface:end -->"
 # (pattern over a gap entry, reason). The first match explains the gap.
 REASONS: list[tuple[str, str]] = [
     (
-        r"get_(train|val)_datasets?\(",
-        "`task_encoder=None` builds a fresh `DefaultTaskEncoder` per call; the reference's "
-        "default is one shared instance, which its deprecated decode keywords mutate",
-    ),
-    (
         r"\.AVReader",
         "the reference's PyAV seek readers; energon's `AVDecoder` seeks through its own index "
         "(`AVProbeIndex`, docs/av.md)",
