@@ -11,7 +11,7 @@ sequence for the code that wants one (``leaf.shard_starts`` for the plan; tools 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol, overload, runtime_checkable
 
 import numpy as np
@@ -117,6 +117,10 @@ class _View(Sequence):
         if not 0 <= i < len(self):
             raise IndexError(i)
         return self._get(i)
+
+    def __iter__(self) -> Iterator:
+        # without __getitem__'s checks: tools that go over a million shards (energon simulate)
+        return (self._get(i) for i in range(len(self)))
 
     def _get(self, shard: int) -> object:
         raise NotImplementedError

@@ -37,7 +37,6 @@ from energon.loader.blend_report import BlendReport, simulate_blend, source_name
 from energon.loader.savable_dataset import SavableDataset
 from energon.pipeline.blend_by import SampleSizes
 from energon.pipeline.keys import pointer_target, pointers_of
-from energon.pipeline.pointers import pointer_source
 from energon.pipeline.spec import PipelineSpec
 from energon.source.meta import meta_reader
 from energon.worker import WorkerConfig
@@ -175,21 +174,11 @@ def train_figures(
     R = settings.world_size
     per_rank = dataset.len_ranks(range(R))
     counts = spec.stream_sample_counts()
-    streams = [
-        {
-            "stream": s,
-            "samples": counts[s],
-            "micro_batches": _items(counts[s], spec),
-            "sources": [
-                {"samples": r.num_samples, "slices": r.num_slices}
-                for r in pointer_source(spec, s).readers
-            ],
-        }
-        for s in range(spec.num_streams)
-    ]
     sim = simulated_spec(spec)
     names = source_names(spec)
-    per_shard = samples_per_shard(sim, [s["micro_batches"] for s in streams])
+    exposure = [np.zeros(len(s.leaf), dtype=np.uint32) for s in sim.sources]
+    streams = [stream_epoch(sim, s, counts[s], exposure) for s in range(spec.num_streams)]
+    per_shard = samples_per_shard(sim, exposure)
     micro = spec.batch_size or 1
     steps = settings.steps or max(1, min(max(per_rank, default=1), SHUFFLE_WINDOW // (micro * R)))
     try:
@@ -230,24 +219,55 @@ def _items(samples: int, spec: PipelineSpec) -> int:
     return math.ceil(samples / spec.batch_size)
 
 
-def samples_per_shard(sim: PipelineSpec, items_per_stream: list[int]) -> list[list[dict]]:
-    """How often each shard's samples are drawn in one epoch (every stream moved through its
-    epoch's items with the ledger's exposure counting)."""
-    counts = [np.zeros(len(s.leaf), dtype=np.uint32) for s in sim.sources]  # as exposure counting
-    for stream_id, items in enumerate(items_per_stream):
-        SimulatedStream(sim, stream_id).skip(items, counts)
+def stream_epoch(
+    sim: PipelineSpec, stream_id: int, samples: int, exposure: list[np.ndarray]
+) -> dict[str, Any]:
+    """One stream's figures (its samples, micro-batches, and what each source's reader holds);
+    the stream is moved through its epoch's items with the ledger's exposure counting
+    (``exposure[s][i] += 1`` for every draw of sample ``i`` of source ``s``)."""
+    stream = SimulatedStream(sim, stream_id)
+    items = _items(samples, sim)
+    figures = {
+        "stream": stream_id,
+        "samples": samples,
+        "micro_batches": items,
+        "sources": [
+            {"samples": r.num_samples, "slices": r.num_slices}
+            for r in stream.stream.stages[0].readers  # type: ignore[attr-defined]
+        ],
+    }
+    stream.skip(items, exposure)
+    return figures
+
+
+def samples_per_shard(sim: PipelineSpec, exposure: list[np.ndarray]) -> list[list[dict]]:
+    """How often each (non-empty) shard's samples are drawn in one epoch, from the streams'
+    exposure counts (:func:`stream_epoch`)."""
     out = []
-    for source, array in zip(sim.sources, counts):
-        reader = meta_reader(source.leaf.leaf)
-        starts = [int(s) for s in source.leaf.shard_starts]
-        bounds = [*starts, len(source.leaf)]
-        shards = []
-        for a, b in zip(bounds, bounds[1:]):
-            if b > a:
-                drawn = int(array[a:b].sum(dtype=np.uint64))
-                shards.append({"shard": reader.shard_name(a), "samples": b - a, "drawn": drawn})
-        out.append(shards)
+    for source, array in zip(sim.sources, exposure):
+        starts = np.fromiter(source.leaf.shard_starts, dtype=np.int64)
+        sizes = np.diff(starts, append=len(source.leaf))
+        kept = np.flatnonzero(sizes > 0)
+        drawn = np.add.reduceat(array, starts[kept], dtype=np.uint64) if len(kept) else []
+        names = _shard_names(source.leaf.leaf, starts, kept)
+        out.append(
+            [
+                {"shard": name, "samples": n, "drawn": d}
+                for name, n, d in zip(names, sizes[kept].tolist(), np.asarray(drawn).tolist())
+            ]
+        )
     return out
+
+
+def _shard_names(leaf: Any, starts: np.ndarray, shards: np.ndarray) -> list[str]:
+    """The names of the leaf's ``shards`` (``starts``: where each shard begins): from the leaf's
+    list where it has one (read once, in order), else asked of its metadata reader."""
+    names = getattr(leaf, "shard_names", None)
+    if names is not None:
+        listed = list(names)
+        return [listed[k] for k in shards.tolist()]
+    reader = meta_reader(leaf)
+    return [reader.shard_name(int(starts[k])) for k in shards.tolist()]
 
 
 def first_samples(sim: PipelineSpec, positions: int) -> list[tuple[int, int, int]]:
