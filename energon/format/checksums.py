@@ -45,6 +45,11 @@ def checksum_rel_path(shard: str) -> str:
     return f"{MAIN_FOLDER_NAME}/{CHECKSUMS_FOLDER_NAME}/{shard}{CHECKSUMS_SUFFIX}"
 
 
+def checksums_size(samples: int) -> int:
+    """Bytes of the checksum file of a shard of ``samples`` samples."""
+    return _HEADER.size + 4 * samples
+
+
 def crc32(data: bytes | bytearray | memoryview | np.ndarray, value: int = 0) -> int:
     return zlib.crc32(data, value)
 

@@ -287,6 +287,8 @@ class SplitTable:
         if shard == self.num_shards:
             return self.samples
         k, i = divmod(shard, self.block_shards)
+        if i == 0:  # a block's first shard: in the summary (the end of a rank's last shard
+            return int(self.summary[k, 0])  # must not cost it the next block)
         return int(self.block(k).starts[i])
 
     def name(self, shard: int) -> str:
@@ -309,6 +311,10 @@ class SplitTable:
     def shard_of(self, index: int) -> int:
         """The shard that holds global sample ``index`` (empty shards hold nothing)."""
         return self.search(index, "right") - 1
+
+    def block_sizes(self) -> np.ndarray:
+        """Bytes of each block (what reading one costs a rank)."""
+        return np.diff(self.summary[:, 1])
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from energon.format.layout import (
     INDEX_SQLITE_FILENAME,
     INDEX_UUID_FILENAME,
     INFO_JSON_FILENAME,
+    INFO_YAML_FILENAME,
     MAIN_FOLDER_NAME,
     SHARD_TABLE_FILENAME,
     PathLike,
@@ -81,6 +82,31 @@ def open_split_shards(root: str, split_part: str, split_config: str) -> OpenedSp
             stacklevel=3,
         )
     return split
+
+
+def startup_summary(root: str, split_config: str) -> dict[str, int]:
+    """The metadata files that every rank reads in :func:`open_split_shards` (name in
+    ``.nv-meta`` -> bytes read; ``.info.json`` is only asked for its size where a shard table
+    is current): ``index.uuid``, the split config and the table's front part with a current
+    table; ``.info.json`` and the split config in full without one. What a rank reads of its own
+    shards comes on top (:mod:`energon.source.startup_reads`)."""
+    meta = epath.join(root, MAIN_FOLDER_NAME)
+    split_size = len(epath.read_bytes(epath.join(meta, split_config)))
+    info = epath.join(meta, INFO_JSON_FILENAME)
+    try:
+        info_size, _ = epath.stat(info)
+    except FileNotFoundError:  # a legacy .info.yaml only: read in full, as the fallback does
+        legacy, _ = epath.stat(epath.join(meta, INFO_YAML_FILENAME))
+        return {INFO_YAML_FILENAME: legacy, split_config: split_size}
+    opened = open_shard_table(root, split_config, info_size)
+    if isinstance(opened, StaleTable):
+        return {INFO_JSON_FILENAME: info_size, split_config: split_size}
+    uuid = epath.read_bytes(epath.join(meta, INDEX_UUID_FILENAME))
+    return {
+        INDEX_UUID_FILENAME: len(uuid),
+        split_config: split_size,
+        SHARD_TABLE_FILENAME: len(opened[2]),
+    }
 
 
 def _has_checksums(root: str, header: dict) -> bool:

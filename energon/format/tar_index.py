@@ -40,6 +40,11 @@ def tar_index_path(tar_path: PathLike) -> PathLike:
     return str(result) if isinstance(tar_path, str) else result
 
 
+def tar_index_size(samples: int) -> int:
+    """Bytes of the ``.tar.idx`` of a shard of ``samples`` samples (one offset each, one end)."""
+    return 8 * (samples + 1)
+
+
 def encode_offsets(offsets: Sequence[int]) -> bytes:
     """The bytes of a ``.tar.idx`` file for these offsets."""
     return array("Q", offsets).tobytes()

@@ -39,6 +39,7 @@ from energon.pipeline.blend_by import SampleSizes
 from energon.pipeline.keys import pointer_target, pointers_of
 from energon.pipeline.spec import PipelineSpec
 from energon.source.meta import meta_reader
+from energon.source.startup_reads import LeafReads
 from energon.worker import WorkerConfig
 
 SHUFFLE_WINDOW = 20_000  # samples the shuffle figures look at (the start of the first epoch)
@@ -177,8 +178,10 @@ def train_figures(
     sim = simulated_spec(spec)
     names = source_names(spec)
     exposure = [np.zeros(len(s.leaf), dtype=np.uint32) for s in sim.sources]
-    streams = [stream_epoch(sim, s, counts[s], exposure) for s in range(spec.num_streams)]
-    per_shard = samples_per_shard(sim, exposure)
+    ranges: list[list[tuple[int, int]]] = []  # per stream, per source: the samples it reads
+    streams = [stream_epoch(sim, s, counts[s], exposure, ranges) for s in range(spec.num_streams)]
+    starts = [shard_starts(source.leaf) for source in sim.sources]
+    per_shard = samples_per_shard(sim, starts, exposure)
     micro = spec.batch_size or 1
     steps = settings.steps or max(1, min(max(per_rank, default=1), SHUFFLE_WINDOW // (micro * R)))
     try:
@@ -206,6 +209,7 @@ def train_figures(
         ],
         "shuffle": shuffle,
         "delivered": delivered,
+        "startup_reads": startup_reads(sim, R, starts, ranges),
         "simulated_steps": steps,
         "simulated_samples": steps * R * micro,
     }
@@ -220,36 +224,47 @@ def _items(samples: int, spec: PipelineSpec) -> int:
 
 
 def stream_epoch(
-    sim: PipelineSpec, stream_id: int, samples: int, exposure: list[np.ndarray]
+    sim: PipelineSpec,
+    stream_id: int,
+    samples: int,
+    exposure: list[np.ndarray],
+    ranges: list[list[tuple[int, int]]],
 ) -> dict[str, Any]:
     """One stream's figures (its samples, micro-batches, and what each source's reader holds);
     the stream is moved through its epoch's items with the ledger's exposure counting
-    (``exposure[s][i] += 1`` for every draw of sample ``i`` of source ``s``)."""
+    (``exposure[s][i] += 1`` for every draw of sample ``i`` of source ``s``). The samples
+    ``[a, b)`` its reader of each source reads go to ``ranges``."""
     stream = SimulatedStream(sim, stream_id)
+    readers = stream.stream.stages[0].readers  # type: ignore[attr-defined]
     items = _items(samples, sim)
     figures = {
         "stream": stream_id,
         "samples": samples,
         "micro_batches": items,
-        "sources": [
-            {"samples": r.num_samples, "slices": r.num_slices}
-            for r in stream.stream.stages[0].readers  # type: ignore[attr-defined]
-        ],
+        "sources": [{"samples": r.num_samples, "slices": r.num_slices} for r in readers],
     }
+    ranges.append([(int(r.bounds[0]), int(r.bounds[-1])) for r in readers])
     stream.skip(items, exposure)
     return figures
 
 
-def samples_per_shard(sim: PipelineSpec, exposure: list[np.ndarray]) -> list[list[dict]]:
+def shard_starts(leaf: Any) -> np.ndarray:
+    """The first sample of each of the leaf's shards, then its sample count."""
+    starts = np.fromiter(leaf.shard_starts, dtype=np.int64)
+    return np.append(starts, len(leaf))
+
+
+def samples_per_shard(
+    sim: PipelineSpec, starts: list[np.ndarray], exposure: list[np.ndarray]
+) -> list[list[dict]]:
     """How often each (non-empty) shard's samples are drawn in one epoch, from the streams'
-    exposure counts (:func:`stream_epoch`)."""
+    exposure counts (:func:`stream_epoch`); ``starts``: each source's :func:`shard_starts`."""
     out = []
-    for source, array in zip(sim.sources, exposure):
-        starts = np.fromiter(source.leaf.shard_starts, dtype=np.int64)
-        sizes = np.diff(starts, append=len(source.leaf))
+    for source, bounds, array in zip(sim.sources, starts, exposure):
+        sizes = np.diff(bounds)
         kept = np.flatnonzero(sizes > 0)
-        drawn = np.add.reduceat(array, starts[kept], dtype=np.uint64) if len(kept) else []
-        names = _shard_names(source.leaf.leaf, starts, kept)
+        drawn = np.add.reduceat(array, bounds[kept], dtype=np.uint64) if len(kept) else []
+        names = _shard_names(source.leaf.leaf, bounds, kept)
         out.append(
             [
                 {"shard": name, "samples": n, "drawn": d}
@@ -268,6 +283,38 @@ def _shard_names(leaf: Any, starts: np.ndarray, shards: np.ndarray) -> list[str]
         return [listed[k] for k in shards.tolist()]
     reader = meta_reader(leaf)
     return [reader.shard_name(int(starts[k])) for k in shards.tolist()]
+
+
+def startup_reads(
+    sim: PipelineSpec,
+    world_size: int,
+    starts: list[np.ndarray],
+    ranges: list[list[tuple[int, int]]],
+) -> dict[str, Any]:
+    """Bytes each rank reads at start-up, index and metadata, not the samples
+    (:mod:`energon.source.startup_reads`): ``summary`` (per source, the files every rank reads
+    whole or in part, and their bytes), ``own_bytes`` per rank (the index of its own shards),
+    ``bytes`` per rank (both). Sources of other kinds are listed in ``not_counted``."""
+    names = source_names(sim)
+    reads = [LeafReads.of(source.leaf.leaf, s) for source, s in zip(sim.sources, starts)]
+    counted = [(i, r) for i, r in enumerate(reads) if r is not None]
+    summary_bytes = sum(r.summary_bytes for _, r in counted)
+    # rank r's positions r, r + W, ... cycle through the streams s = r (mod gcd(W, streams))
+    step = math.gcd(world_size, sim.num_streams)
+    own = [
+        sum(
+            r.own_bytes(ranges[s][i] for s in range(rank % step, sim.num_streams, step))
+            for i, r in counted
+        )
+        for rank in range(world_size)
+    ]
+    return {
+        "summary": [{"source": names[i], "files": r.summary} for i, r in counted],
+        "summary_bytes": summary_bytes,
+        "own_bytes": own,
+        "bytes": [summary_bytes + o for o in own],
+        "not_counted": [names[i] for i, r in enumerate(reads) if r is None],
+    }
 
 
 def first_samples(sim: PipelineSpec, positions: int) -> list[tuple[int, int, int]]:
@@ -569,6 +616,7 @@ def format_text(sim: Simulation) -> str:
             )
         elif "error" in sh:
             lines.append(f"  shuffle: not simulable: {sh['error']}")
+        lines += _startup_lines(train["startup_reads"])
     if sim.blend is not None:
         lines.append("blend (requested vs. drawn shares per window):")
         lines.append(sim.blend.table(max_rows=12))
@@ -583,6 +631,22 @@ def format_text(sim: Simulation) -> str:
     lines += [f"  - {w}" for w in sim.warnings]
     lines.append("assumes: " + "; ".join(sim.assumptions))
     return "\n".join(lines)
+
+
+def _startup_lines(reads: dict[str, Any]) -> list[str]:
+    if not reads["summary"]:
+        return []
+    files = sorted({f.split("/", 1)[-1] for source in reads["summary"] for f in source["files"]})
+    lines = [
+        f"  start-up reads per rank (index and metadata, not samples): {_spread(reads['bytes'])} "
+        f"bytes = {reads['summary_bytes']:,} on every rank ({', '.join(files)}) + its own "
+        f"shards' index {_spread(reads['own_bytes'])} (.tar.idx, shard table blocks)"
+    ]
+    if reads["not_counted"]:
+        lines.append(
+            f"    not counted (not a prepared WebDataset): {', '.join(reads['not_counted'])}"
+        )
+    return lines
 
 
 def _spread(values: list[int]) -> str:

@@ -25,6 +25,7 @@ from energon.errors import (
 from energon.format.checksums import checksum_rel_path, crc32, read_checksums
 from energon.format.info import read_info
 from energon.format.layout import (
+    DATASET_YAML_FILENAME,
     INDEX_SQLITE_FILENAME,
     INFO_JSON_FILENAME,
     MAIN_FOLDER_NAME,
@@ -68,6 +69,9 @@ class WebdatasetLeaf:
     excluded: frozenset[int] = frozenset()
     subflavors: dict[str, Any] = dataclasses.field(default_factory=dict)
     checksums: bool = False  # verify every sample against .nv-meta/checksums (prepare --checksums)
+    # the files in .nv-meta it was opened from (energon simulate counts what ranks read)
+    dataset_config: str = DATASET_YAML_FILENAME
+    split_config: str = SPLIT_YAML_FILENAME
 
     def __post_init__(self) -> None:
         self._paths: dict[int, str] = {}  # shard number -> path, for the shards opened so far
@@ -90,9 +94,8 @@ class WebdatasetLeaf:
         root = epath.normalize(root)
         if builder is None:
             builder = load_sample_builder(root, dataset_config)
-        split = open_split_shards(
-            root, split_part, split_config or builder.split_config or SPLIT_YAML_FILENAME
-        )
+        split_config = split_config or builder.split_config or SPLIT_YAML_FILENAME
+        split = open_split_shards(root, split_part, split_config)
         if split.shards.num_shards == 0 or split.shards.samples == 0:
             raise EmptyDatasetError(f"{root}: split {split_part!r} has no samples")
         return cls(
@@ -103,6 +106,8 @@ class WebdatasetLeaf:
             excluded=split.excluded,
             subflavors={**builder.subflavors, **(subflavors or {})},
             checksums=split.checksums,
+            dataset_config=dataset_config,
+            split_config=split_config,
         )
 
     def __len__(self) -> int:
