@@ -50,9 +50,7 @@ def _bytes_asked(requests, local, prefix) -> tuple[int, int]:
     return index, samples
 
 
-@pytest.mark.parametrize(
-    "rank,workers,table", [(1, 0, True), (2, 2, True), (3, 0, False)], ids=str
-)
+@pytest.mark.parametrize("rank,workers,table", [(1, 0, True), (2, 2, True), (3, 0, False)], ids=str)
 def test_simulated_startup_reads_are_what_a_rank_reads(
     dataset, tmp_path, moto_endpoint, monkeypatch, rank, workers, table
 ):
