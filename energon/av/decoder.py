@@ -11,6 +11,10 @@ Containers whose timestamp seeking cannot be trusted (AVI and other formats with
 presentation-time index) get a keyframe table built by demuxing once (see ``index.py``); after
 every seek the decoder checks that it landed at or before the wanted time and steps back if not.
 
+The parts, each in its own module: what the header says (``header.py``), the stream cursors that
+decode forward from a seek (``cursors.py``), frames as arrays and tensors (``frames.py``) and the
+checks of clip requests (``clip_requests.py``); this module is the handle users hold.
+
 Every public method reports failures as :class:`AVDecodeError` (a ``SampleException``, handled by
 the loader's error policy) and runs under ``timeout`` seconds if one was given (see
 ``energon.deadline``; the frame loops check the deadline after every frame).
@@ -24,128 +28,36 @@ import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any, BinaryIO, Literal, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import torch
 
 from energon.av._pyav import DEFAULT_CODEC_THREADS, new_video_reformatter, open_container
+from energon.av.clip_requests import (
+    AudioUnit,
+    ClipRange,
+    VideoUnit,
+    _BadRequest,
+    audio_request,
+    check_ranges,
+    check_size,
+    check_unit,
+)
+from energon.av.cursors import AudioCursor, VideoCursor
 from energon.av.data import AVData
 from energon.av.errors import AVDecodeError
+from energon.av.frames import arrays_to_tensor, video_frame_to_array
+from energon.av.header import Header, StreamFacts, read_header, wav_header
 from energon.av.index import AVProbeIndex
 from energon.av.wav import PcmWav, parse_pcm_wav
 from energon.deadline import DecodeTimeoutError, check_deadline, deadline
-from energon.errors import SYSTEM_EXCEPTIONS, EnergonError
+from energon.errors import SYSTEM_EXCEPTIONS
 from energon.format.media_metadata import AVMetadata
 
-__all__ = ["AVDecoder"]
-
-VideoUnit = Literal["seconds", "frames"]
-AudioUnit = Literal["seconds", "samples"]
-ClipRange = tuple[float, float]
-
-#: Containers whose own timestamp seeking is reliable; everything else is probed (see module doc).
-_SEEKABLE_FORMATS = ("mov", "mp4", "matroska", "webm", "ogg", "flac", "mp3", "wav")
-#: How many times to step further back when a seek lands after the wanted time.
-_SEEK_RETRIES = 4
+__all__ = ["AVDecoder", "AudioUnit", "ClipRange", "VideoUnit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _BadRequest(EnergonError, ValueError):
-    """The caller asked for something invalid (a programming error, not a broken sample)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Header facts, read once per decoder
-
-
-@dataclass(frozen=True)
-class _StreamFacts:
-    index: int
-    time_base: Fraction
-    start_pts: int  # stream start in time_base units (0 when unknown)
-    duration_pts: int | None  # from the header; None when the container does not say
-    frames: int  # from the header; 0 when unknown
-    rate: Fraction | None  # video: average frame rate; audio: sample rate
-    width: int = 0
-    height: int = 0
-    channels: int = 0
-
-
-@dataclass(frozen=True)
-class _Header:
-    format_name: str
-    duration_seconds: float | None  # of the whole container
-    video: _StreamFacts | None
-    audio: _StreamFacts | None
-
-    @property
-    def needs_probe(self) -> bool:
-        names = self.format_name.split(",")
-        return not any(name in _SEEKABLE_FORMATS for name in names)
-
-
-def _is_attached_picture(stream: Any) -> bool:
-    """Cover art in audio files shows up as a one-frame video stream; it is not a video."""
-    try:
-        return bool(int(stream.disposition) & 1024)  # AV_DISPOSITION_ATTACHED_PIC
-    except (AttributeError, TypeError, ValueError):
-        return False
-
-
-def _video_facts(stream: Any) -> _StreamFacts:
-    context = stream.codec_context
-    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-    return _StreamFacts(
-        index=stream.index,
-        time_base=stream.time_base or Fraction(1, 1_000_000),
-        start_pts=stream.start_time or 0,
-        duration_pts=stream.duration,
-        frames=stream.frames or 0,
-        rate=Fraction(rate) if rate else None,
-        width=context.width or 0,
-        height=context.height or 0,
-    )
-
-
-def _audio_facts(stream: Any) -> _StreamFacts:
-    context = stream.codec_context
-    return _StreamFacts(
-        index=stream.index,
-        time_base=stream.time_base or Fraction(1, context.sample_rate or 1),
-        start_pts=stream.start_time or 0,
-        duration_pts=stream.duration,
-        frames=stream.frames or 0,
-        rate=Fraction(context.sample_rate) if context.sample_rate else None,
-        channels=context.channels or 0,
-    )
-
-
-def _read_header(container: Any) -> _Header:
-    video = next((s for s in container.streams.video if not _is_attached_picture(s)), None)
-    audio = next(iter(container.streams.audio), None)
-    return _Header(
-        format_name=container.format.name,
-        duration_seconds=container.duration / 1_000_000 if container.duration else None,
-        video=_video_facts(video) if video is not None else None,
-        audio=_audio_facts(audio) if audio is not None else None,
-    )
-
-
-def _wav_header(wav: PcmWav) -> _Header:
-    facts = _StreamFacts(
-        index=0,
-        time_base=Fraction(1, wav.sample_rate),
-        start_pts=0,
-        duration_pts=wav.num_samples,
-        frames=0,
-        rate=Fraction(wav.sample_rate),
-        channels=wav.channels,
-    )
-    return _Header("wav", wav.duration, None, facts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,299 +86,6 @@ def _av_operation(name: str) -> Callable[[F], F]:
         return run  # type: ignore[return-value]
 
     return wrap
-
-
-# ---------------------------------------------------------------------------------------------
-# Frame conversion
-
-
-def _video_frame_to_array(
-    frame: Any, size: tuple[int, int] | None, reformatter: Any = None
-) -> np.ndarray:
-    """RGB (H, W, 3) uint8, resized to ``size`` = (width, height) if given.
-
-    ``reformatter``: a PyAV ``VideoReformatter`` shared by the frames of one request. Each
-    frame's own ``to_ndarray`` sets up a new swscale context, which for small frames costs
-    more than the conversion itself; a shared one is set up once (same pixels).
-    """
-    if reformatter is None:
-        if size is not None:
-            frame = frame.reformat(
-                width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
-            )
-        return frame.to_ndarray(format="rgb24")
-    if size is None:
-        return reformatter.reformat(frame, format="rgb24").to_ndarray()
-    return reformatter.reformat(
-        frame, width=size[0], height=size[1], format="rgb24", interpolation="BILINEAR"
-    ).to_ndarray()
-
-
-def _arrays_to_tensor(arrays: list[np.ndarray]) -> torch.Tensor:
-    """(F, 3, H, W) uint8 from (H, W, 3) RGB arrays.
-
-    Each frame is copied once, transposed, into the output with numpy: torch's ``permute`` +
-    ``contiguous`` would copy through torch's intra-op thread pool, which costs far more than
-    the copy itself for small frames on a busy machine (and a ``np.stack`` first would copy
-    twice).
-    """
-    height, width, channels = arrays[0].shape
-    out = np.empty((len(arrays), channels, height, width), dtype=arrays[0].dtype)
-    for i, array in enumerate(arrays):
-        out[i] = array.transpose(2, 0, 1)
-    return torch.from_numpy(out)
-
-
-def _audio_frame_to_array(frame: Any) -> np.ndarray:
-    """(channels, samples) in the decoded sample format (planar or interleaved)."""
-    array = frame.to_ndarray()
-    if frame.format.is_planar:
-        return array
-    channels = len(frame.layout.channels)
-    return array.reshape(-1, channels).T
-
-
-# ---------------------------------------------------------------------------------------------
-# Video: decode forward from a seek, remembering the position between requests
-
-
-@dataclass
-class _TimedFrame:
-    frame: Any
-    pts: float  # in stream time_base units
-
-
-class _VideoCursor:
-    """Decodes one video stream forward from its last seek.
-
-    Keeps the last frame handed out (a following request may start inside it) and one frame of
-    look-ahead (it tells where the previous frame ends). Consecutive requests close together reuse
-    the position instead of seeking back to a keyframe and decoding the same frames again.
-    """
-
-    def __init__(self, decoder: AVDecoder, container: Any, facts: _StreamFacts) -> None:
-        self.container = container
-        self.stream = container.streams[facts.index]
-        self.facts = facts
-        self.index = decoder._probe_index(container, facts) if decoder._needs_probe else None
-        self.reuse_pts = decoder.reuse_window_seconds / facts.time_base
-        self.step_pts = float(1 / (facts.rate * facts.time_base)) if facts.rate else 1.0
-        self.warn = decoder._warn
-        self.frames: Iterator[Any] | None = None
-        self.last: _TimedFrame | None = None
-        self.lookahead: _TimedFrame | None = None
-
-    def _next(self) -> _TimedFrame | None:
-        if self.lookahead is not None:
-            item, self.lookahead = self.lookahead, None
-            return item
-        assert self.frames is not None
-        for frame in self.frames:
-            check_deadline()
-            pts = frame.pts
-            if pts is None:  # some demuxers (raw streams) give no timestamps: extrapolate
-                self.warn("video frames without timestamps: times assume a constant frame rate")
-                pts = self.last.pts + self.step_pts if self.last is not None else 0
-            return _TimedFrame(frame, float(pts))
-        return None
-
-    def _position(self) -> float | None:
-        if self.lookahead is not None:
-            return self.lookahead.pts
-        return self.last.pts if self.last is not None else None
-
-    def _can_continue_to(self, start: float) -> bool:
-        """Decoding on from here reaches ``start`` at least as cheaply as seeking would."""
-        if self.frames is None or self.last is None or self.last.pts > start:
-            return False
-        position = self._position()
-        assert position is not None
-        if self.index is not None:
-            return not self.index.has_keyframe_between(position, start)
-        return start - position <= self.reuse_pts
-
-    def _seek(self, target: float) -> None:
-        self.container.seek(
-            max(0, int(math.floor(target))), backward=True, any_frame=False, stream=self.stream
-        )
-        self.frames = self.container.decode(self.stream)
-        self.last = None
-        self.lookahead = None
-
-    def _rewind_to_start(self) -> None:
-        self.container.seek(0)
-        self.frames = self.container.decode(self.stream)
-        self.last = None
-        self.lookahead = None
-
-    def position_before(self, start: float) -> None:
-        """Make the next decoded frame one at or before ``start`` (unless ``start`` precedes the
-        first frame), by continuing, or seeking to a keyframe and stepping back if it overshot."""
-        if self._can_continue_to(start):
-            return
-        target = start
-        if self.index is not None:
-            keyframe = self.index.keyframe_at_or_before(start)
-            target = keyframe if keyframe is not None else 0
-        back_off = max(self.step_pts, 1 / self.facts.time_base)  # one second, then doubling
-        for _ in range(_SEEK_RETRIES):
-            if target <= self.facts.start_pts:
-                break
-            self._seek(target)
-            first = self._next()
-            if first is None or first.pts <= start:
-                self.lookahead = first
-                return
-            target -= back_off
-            back_off *= 2
-        self._rewind_to_start()
-
-    def clip(
-        self, start: float, end: float, convert: Callable[[Any], np.ndarray]
-    ) -> tuple[list[np.ndarray], float, float] | None:
-        """Frames covering ``[start, end]`` (pts units): the frame showing at ``start`` and every
-        frame starting up to ``end``, each passed through ``convert`` as soon as it is chosen (so
-        decoded frames are not held); with the clip's start and end pts. None if past the end."""
-        self.position_before(start)
-        covering = self.last if self.last is not None and self.last.pts <= start else None
-        chosen: list[np.ndarray] = []
-        first_item = last_chosen = None
-        while True:
-            item = self._next()
-            if item is None:
-                break
-            if item.pts <= start:
-                covering = item
-                self.last = item
-                continue
-            if not chosen and covering is not None:
-                chosen.append(convert(covering.frame))
-                first_item = last_chosen = covering
-            if item.pts > end:
-                self.lookahead = item
-                break
-            chosen.append(convert(item.frame))
-            if first_item is None:
-                first_item = item
-            last_chosen = self.last = item
-        if not chosen:
-            return self._clip_from_last_frame(covering, start, convert)
-        assert first_item is not None and last_chosen is not None
-        end_pts = self.lookahead.pts if self.lookahead is not None else self._frame_end(last_chosen)
-        return chosen, first_item.pts, end_pts
-
-    def _clip_from_last_frame(
-        self, covering: _TimedFrame | None, start: float, convert: Callable[[Any], np.ndarray]
-    ) -> tuple[list[np.ndarray], float, float] | None:
-        """At the end of the stream: the last frame still counts if ``start`` lies inside it."""
-        if covering is None:
-            return None
-        frame_end = self._frame_end(covering)
-        if start >= frame_end:
-            return None
-        return [convert(covering.frame)], covering.pts, frame_end
-
-    def _frame_end(self, item: _TimedFrame) -> float:
-        duration = getattr(item.frame, "duration", None)
-        if self.index is not None and item.pts >= self.index.frame_pts[-1]:
-            return float(self.index.end_pts)
-        return item.pts + (duration if duration else self.step_pts)
-
-
-# ---------------------------------------------------------------------------------------------
-# Audio: sample-exact clips
-
-
-class _AudioCursor:
-    """Decodes one audio stream forward, tracking each frame's first sample index.
-
-    Sample 0 is the first sample of the stream (its ``start_time``): MP3 and Opus streams start
-    a few milliseconds "late" to hide encoder delay, and users expect ``(0, 1)`` to give the first
-    second of what a player would play. Positions after a seek continue by sample counts, so
-    clips are gapless and exact even where timestamps are rounded (e.g. millisecond time bases).
-    """
-
-    def __init__(self, decoder: AVDecoder, container: Any, facts: _StreamFacts) -> None:
-        assert facts.rate is not None
-        self.container = container
-        self.stream = container.streams[facts.index]
-        self.facts = facts
-        self.rate = int(facts.rate)
-        self.reuse_samples = decoder.reuse_window_seconds * self.rate
-        self.frames: Iterator[Any] | None = None
-        self.next_sample: int | None = None  # first sample of the next frame (continuity)
-        self.last: tuple[int, np.ndarray] | None = None  # (first sample, data) of the last frame
-
-    def _sample_of(self, frame: Any) -> int:
-        if self.next_sample is not None:
-            return self.next_sample
-        if frame.pts is None:
-            return 0
-        return round((frame.pts - self.facts.start_pts) * self.facts.time_base * self.rate)
-
-    def _next(self) -> tuple[int, np.ndarray] | None:
-        assert self.frames is not None
-        for frame in self.frames:
-            check_deadline()
-            first = self._sample_of(frame)
-            data = _audio_frame_to_array(frame)
-            self.next_sample = first + data.shape[1]
-            self.last = (first, data)
-            return self.last
-        return None
-
-    def _seek(self, sample: float) -> None:
-        target = int(sample / self.rate / self.facts.time_base) + self.facts.start_pts
-        if target <= self.facts.start_pts:
-            self.container.seek(0)
-        else:
-            self.container.seek(target, backward=True, any_frame=False, stream=self.stream)
-        self.frames = self.container.decode(self.stream)
-        self.next_sample = None
-        self.last = None
-
-    def _position_before(self, start: int) -> tuple[int, np.ndarray] | None:
-        """The decoded frame containing (or first after) sample ``start``."""
-        if (
-            self.frames is not None
-            and self.last is not None
-            and self.last[0] <= start
-            and start - self.last[0] <= self.reuse_samples
-        ):
-            return self.last
-        target = float(start)
-        back_off = float(self.rate)
-        for _ in range(_SEEK_RETRIES):
-            self._seek(target)
-            first = self._next()
-            if first is None or first[0] <= start or target <= 0:
-                return first
-            target = max(0.0, target - back_off)
-            back_off *= 2
-        self._seek(0)
-        return self._next()
-
-    def clip(self, start: int, count: int | None) -> tuple[np.ndarray, int] | None:
-        """Samples ``[start, start + count)`` (``count=None``: to the end) and the index of the
-        first returned sample; None if ``start`` lies beyond the end of the stream."""
-        current = self._position_before(start)
-        pieces: list[np.ndarray] = []
-        first_returned: int | None = None
-        stop = None if count is None else start + count
-        while current is not None:
-            frame_start, data = current
-            lo = max(start, frame_start) - frame_start
-            hi = data.shape[1] if stop is None else min(data.shape[1], stop - frame_start)
-            if hi > lo:
-                if first_returned is None:
-                    first_returned = frame_start + lo
-                pieces.append(data[:, lo:hi])
-            if stop is not None and frame_start + data.shape[1] >= stop:
-                break
-            current = self._next()
-        if first_returned is None:
-            return None
-        return np.concatenate(pieces, axis=1), first_returned
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,7 +139,7 @@ class AVDecoder:
         self.name = name
         self.reuse_window_seconds = reuse_window_seconds
         self._wav: PcmWav | None = parse_pcm_wav(self._data)
-        self._header: _Header | None = _wav_header(self._wav) if self._wav is not None else None
+        self._header: Header | None = wav_header(self._wav) if self._wav is not None else None
         self._indices: dict[int, AVProbeIndex] = {}
         self._unused: Any = None  # the container opened to read the header, not yet decoded from
 
@@ -543,10 +162,10 @@ class AVDecoder:
     def _open(self) -> Any:
         container = open_container(self._data, self.codec_threads)
         if self._header is None:
-            self._header = _read_header(container)
+            self._header = read_header(container)
         return container
 
-    def _facts(self) -> _Header:
+    def _facts(self) -> Header:
         """The header facts. Reading them opens the container, which is kept (not decoded from)
         for the next request: the sample decoder's ``check`` at load time is followed by the task
         encoder's clip request, and opening twice would cost about a tenth of a small clip's
@@ -562,7 +181,7 @@ class AVDecoder:
     def _needs_probe(self) -> bool:
         return self._facts().needs_probe
 
-    def _probe_index(self, container: Any, facts: _StreamFacts) -> AVProbeIndex:
+    def _probe_index(self, container: Any, facts: StreamFacts) -> AVProbeIndex:
         """The packet table of a stream, demuxed once per decoder (the container is rewound)."""
         index = self._indices.get(facts.index)
         if index is None:
@@ -591,13 +210,13 @@ class AVDecoder:
     def has_audio_stream(self) -> bool:
         return self._facts().audio is not None
 
-    def _video_facts(self) -> _StreamFacts:
+    def _video_facts(self) -> StreamFacts:
         facts = self._facts().video
         if facts is None:
             raise AVDecodeError(f"{self.name}: has no video stream")
         return facts
 
-    def _audio_facts(self) -> _StreamFacts:
+    def _audio_facts(self) -> StreamFacts:
         facts = self._facts().audio
         if facts is None or facts.rate is None:
             raise AVDecodeError(f"{self.name}: has no audio stream")
@@ -690,41 +309,30 @@ class AVDecoder:
         unit: VideoUnit,
         size: tuple[int, int] | None,
     ) -> list[tuple[torch.Tensor, tuple[float, float]] | None]:
-        _check_unit(unit, ("seconds", "frames"))
-        size = _check_size(size)
+        check_unit(unit, ("seconds", "frames"))
+        size = check_size(size)
         facts = self._video_facts()
         with self._opened() as container:
-            cursor = _VideoCursor(self, container, facts)
+            index = self._probe_index(container, facts) if self._needs_probe else None
+            cursor = VideoCursor(container, facts, index, self.reuse_window_seconds, self._warn)
             reformatter = new_video_reformatter()
 
             def convert(frame: Any) -> np.ndarray:
-                return _video_frame_to_array(frame, size, reformatter)
+                return video_frame_to_array(frame, size, reformatter)
 
             if unit == "frames" and cursor.index is None:
                 cursor.index = self._probe_index(container, facts)
             results = []
-            for start, end in _check_ranges(ranges):
-                pts_range = self._video_range_to_pts(cursor, facts, start, end, unit)
+            for start, end in check_ranges(ranges):
+                pts_range = cursor.range_to_pts(start, end, unit)
                 clip = cursor.clip(*pts_range, convert) if pts_range is not None else None
                 if clip is None:
                     results.append(None)
                     continue
                 frames, first, last = clip
                 span = (float(first * facts.time_base), float(last * facts.time_base))
-                results.append((_arrays_to_tensor(frames), span))
+                results.append((arrays_to_tensor(frames), span))
             return results
-
-    def _video_range_to_pts(
-        self, cursor: _VideoCursor, facts: _StreamFacts, start: float, end: float, unit: str
-    ) -> tuple[float, float] | None:
-        if unit == "seconds":
-            return start / facts.time_base, end / facts.time_base
-        frame_pts = cursor.index.frame_pts  # type: ignore[union-attr]
-        first = max(0, math.ceil(start))
-        if first >= len(frame_pts):
-            return None
-        last = len(frame_pts) - 1 if math.isinf(end) else min(int(end), len(frame_pts) - 1)
-        return float(frame_pts[first]), float(frame_pts[max(first, last)])
 
     @_av_operation("get_audio_clips")
     def get_audio_clips(
@@ -746,37 +354,16 @@ class AVDecoder:
     def _audio_clips(
         self, ranges: Sequence[ClipRange], unit: AudioUnit
     ) -> list[tuple[torch.Tensor, tuple[float, float]] | None]:
-        _check_unit(unit, ("seconds", "samples"))
+        check_unit(unit, ("seconds", "samples"))
         facts = self._audio_facts()
         rate = int(facts.rate)  # type: ignore[arg-type]
-        requests = [_audio_request(start, end, unit, rate) for start, end in _check_ranges(ranges)]
+        requests = [audio_request(start, end, unit, rate) for start, end in check_ranges(ranges)]
         if self._wav is not None:
-            return [self._wav_clip(first, count) for first, count in requests]
+            wav, data = self._wav, self._data
+            return [_timed_audio(wav.clip(data, first, count), rate) for first, count in requests]
         with self._opened() as container:
-            cursor = _AudioCursor(self, container, facts)
-            results = []
-            for first, count in requests:
-                clip = cursor.clip(first, count)
-                if clip is None:
-                    results.append(None)
-                    continue
-                data, returned_first = clip
-                span = (returned_first / rate, (returned_first + data.shape[1]) / rate)
-                results.append((torch.from_numpy(np.ascontiguousarray(data)), span))
-            return results
-
-    def _wav_clip(
-        self, first: int, count: int | None
-    ) -> tuple[torch.Tensor, tuple[float, float]] | None:
-        wav = self._wav
-        assert wav is not None
-        first = max(0, first)
-        if first >= wav.num_samples:
-            return None
-        count = wav.num_samples - first if count is None else count
-        data = wav.read(self._data, first, count)
-        span = (first / wav.sample_rate, (first + data.shape[1]) / wav.sample_rate)
-        return torch.from_numpy(data), span
+            cursor = AudioCursor(container, facts, self.reuse_window_seconds)
+            return [_timed_audio(cursor.clip(first, count), rate) for first, count in requests]
 
     @_av_operation("get_clips")
     def get_clips(
@@ -896,44 +483,12 @@ class AVDecoder:
             warnings.warn(message, stacklevel=3)
 
 
-# ---------------------------------------------------------------------------------------------
-# Argument checks
-
-
-def _check_unit(unit: str, allowed: tuple[str, ...]) -> None:
-    if unit not in allowed:
-        raise _BadRequest(f"unit must be one of {allowed}, got {unit!r}")
-
-
-def _check_size(size: Any) -> tuple[int, int] | None:
-    if size is None:
+def _timed_audio(
+    clip: tuple[np.ndarray, int] | None, rate: int
+) -> tuple[torch.Tensor, tuple[float, float]] | None:
+    """An audio clip as a tensor with its span in seconds (None stays None: past the end)."""
+    if clip is None:
         return None
-    try:
-        width, height = (int(v) for v in size)
-    except (TypeError, ValueError):
-        raise _BadRequest(f"video_out_frame_size must be (width, height), got {size!r}") from None
-    if width <= 0 or height <= 0:
-        raise _BadRequest(f"video_out_frame_size must be positive, got {size!r}")
-    return width, height
-
-
-def _check_ranges(ranges: Sequence[ClipRange]) -> list[tuple[float, float]]:
-    checked = []
-    for item in ranges:
-        try:
-            start, end = (float(v) for v in item)
-        except (TypeError, ValueError):
-            raise _BadRequest(f"a clip range must be (start, end), got {item!r}") from None
-        if math.isnan(start) or math.isnan(end) or end < start:
-            raise _BadRequest(f"invalid clip range {item!r}: need start <= end")
-        checked.append((start, end))
-    return checked
-
-
-def _audio_request(start: float, end: float, unit: str, rate: int) -> tuple[int, int | None]:
-    """(first sample, sample count or None for "to the end") of one audio range."""
-    if unit == "samples":
-        first = max(0, math.ceil(start))
-        return first, None if math.isinf(end) else max(0, int(end) - first + 1)
-    first = max(0, round(start * rate))
-    return first, None if math.isinf(end) else round((end - max(0.0, start)) * rate)
+    data, first = clip
+    span = (first / rate, (first + data.shape[1]) / rate)
+    return torch.from_numpy(np.ascontiguousarray(data)), span

@@ -45,6 +45,15 @@ class PcmWav:
     def duration(self) -> float:
         return self.num_samples / self.sample_rate
 
+    def clip(self, data: bytes, first: int, count: int | None) -> tuple[np.ndarray, int] | None:
+        """Samples ``[first, first + count)`` (``count=None``: to the end) and the index of the
+        first one, as the audio cursor gives them; None if ``first`` lies beyond the end."""
+        first = max(0, first)
+        if first >= self.num_samples:
+            return None
+        count = self.num_samples - first if count is None else count
+        return self.read(data, first, count), first
+
     def read(self, data: bytes, first: int, count: int) -> np.ndarray:
         """Samples ``[first, first + count)`` as a (channels, count) array (a copy)."""
         first = max(0, min(first, self.num_samples))

@@ -322,13 +322,13 @@ def test_corrupt_and_truncated_media_raise_clear_errors(videos):
 
 
 def test_timeout_bounds_clip_extraction(videos, monkeypatch):
-    convert = decoder_module._video_frame_to_array
+    convert = decoder_module.video_frame_to_array
 
     def slow_convert(frame, *args):
         threading.Event().wait(0.05)
         return convert(frame, *args)
 
-    monkeypatch.setattr(decoder_module, "_video_frame_to_array", slow_convert)
+    monkeypatch.setattr(decoder_module, "video_frame_to_array", slow_convert)
     # 90 frames take at least 4.5 s, over twice the timeout; the 2 frames of the short request
     # take 0.1 s, a twentieth of it (a busy machine only makes the slow one slower)
     decoder = AVDecoder(videos["mp4"], timeout=2.0, name="slow.mp4")
