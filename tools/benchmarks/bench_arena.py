@@ -40,7 +40,7 @@ from bench_common import (  # noqa: E402
 )
 from bench_loader import prepare_workload  # noqa: E402
 
-SECTION = "Workers' batch memory (`python tools/benchmarks/bench_arena.py --write-docs`)"
+SECTION = "Workers' batch memory"
 RESULT_PREFIX = "BENCH_ARENA "
 DEFAULT_BUDGET_MIB = 256
 UNBOUNDED_MIB = 1 << 16  # more than 8 blocks of any batch: the budget never binds

@@ -30,7 +30,9 @@ if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
 import numpy as np  # noqa: E402
+from bench_common import machine_summary, print_markdown_table  # noqa: E402
 
+from energon import native  # noqa: E402
 from energon.megatron import blend_native  # noqa: E402
 from energon.megatron import gpt_indices as gi  # noqa: E402
 
@@ -88,7 +90,7 @@ def main() -> None:
     args = parser.parse_args()
 
     compile_start = time.perf_counter()
-    fresh = not os.path.isfile(blend_native.library_path())
+    fresh = not os.path.isfile(native.library_path("blend", blend_native.SOURCE))
     lib = blend_native.load()
     compile_s = time.perf_counter() - compile_start
     print(
@@ -120,6 +122,34 @@ def main() -> None:
                 row["megatron_core_cpp"] = mc
         results.append(row)
         print(json.dumps(row))
+    print_table(results)
+
+
+def print_table(results: list[dict]) -> None:
+    """The rows as the page shows them: each implementation's seconds for the same indices."""
+    print(machine_summary())
+    headers = [
+        "datasets x samples",
+        "before (numpy argmax per sample), s",
+        "Python fallback, s",
+        "default (C loop), s",
+        "megatron-core C++, s",
+        "megatron-core arrays equal",
+    ]
+    rows = []
+    for row in results:
+        mcore = row.get("megatron_core_cpp") or {}
+        rows.append(
+            [
+                f"{row['datasets']:,} x {row['size']:,}",
+                f"{row['before_s_extrapolated']} (extrapolated)",
+                f"{row['python_s_extrapolated']} (extrapolated)",
+                row.get("native_s", "no compiler"),
+                mcore.get("seconds", "no .cache/mcore-venv"),
+                mcore.get("equal", ""),
+            ]
+        )
+    print_markdown_table(headers, rows)
 
 
 if __name__ == "__main__":

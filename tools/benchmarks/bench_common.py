@@ -429,16 +429,19 @@ def per_second(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("nan")
 
 
+def replace_section(page: str, title: str, text: str) -> str:
+    """``page`` with its ``## title`` section replaced by ``text`` (appended if absent)."""
+    section = f"## {title}\n\n{text.strip()}\n"
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(page):
+        return pattern.sub(lambda _: section + "\n", page).rstrip() + "\n"
+    return page.rstrip() + "\n\n" + section
+
+
 def write_docs_section(title: str, text: str) -> None:
     """Replace the ``## title`` section of docs/benchmarks.md with ``text`` (append it if absent):
     a benchmark that owns a section refreshes it with its own numbers."""
     path = os.path.join(_REPO_ROOT, "docs", "benchmarks.md")
     current = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    section = f"## {title}\n\n{text.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: section + "\n", current).rstrip() + "\n"
-    else:
-        updated = current.rstrip() + "\n\n" + section
     with open(path, "w") as f:
-        f.write(updated)
+        f.write(replace_section(current, title, text))
