@@ -26,6 +26,10 @@ test: install
 	$(BIN)/ruff format --check energon tests tools
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
 
+# Re-run every benchmark and rewrite docs/benchmarks.md (about 25 minutes on a quiet 2-core machine).
+bench: install
+	$(BIN)/python tools/benchmarks/run_all.py --root bench_data
+
 lint: install
 	$(BIN)/ruff format energon tests tools
 	$(BIN)/ruff check --fix energon tests tools

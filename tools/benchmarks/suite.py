@@ -1,0 +1,420 @@
+"""The workloads of docs/benchmarks.md: for each, the benchmark commands that measure it now.
+
+``run_all.py`` runs these commands and writes one section of the page per workload. Each
+command names its full-size arguments (what the page records) and quick ones (tiny sizes that
+only prove the command still runs). ``{root}`` is the data folder of the run (``--root``);
+every benchmark generates the data it needs there when it is missing.
+
+``minutes`` estimates what the full-size commands take on this project's 2-core machine when it
+is quiet, from the recorded runs (most of them at other sizes or under load), once the data
+exists: the runner prints the sum before it starts, and the page records what each run took.
+``not_rerun`` says what the page used to cover that the runner does not repeat, why, and the
+latest recorded number with its date (the rounds are in docs/benchmarks-history.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Step:
+    """One benchmark command: ``python tools/benchmarks/<script> <args>``."""
+
+    script: str
+    full: tuple[str, ...]
+    quick: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def args(self, quick: bool, root: str) -> list[str]:
+        return [arg.replace("{root}", root) for arg in (self.quick if quick else self.full)]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One section of the page: ``## title`` (other tools key on it: keep titles stable)."""
+
+    key: str
+    title: str
+    about: str
+    steps: tuple[Step, ...]
+    minutes: float
+    not_rerun: str = ""
+
+
+def _step(script: str, full: str, quick: str, **env: str) -> Step:
+    return Step(script, tuple(full.split()), tuple(quick.split()), env)
+
+
+WORKLOADS: tuple[Workload, ...] = (
+    Workload(
+        "loader",
+        "Loader throughput",
+        "captioning (20,000 JPEGs + captions, 40 shards) and text (200,000 texts, 20 shards) "
+        "through the public API (`get_train_dataset` + `get_loader`, batch 32, default float32 "
+        "images), 0 and 2 workers, a fresh process per run. The **limit** is measured in the "
+        "same rounds on the same bytes: the fastest installed JPEG decoder, decode only (1 "
+        "process for 0 workers, 2 for 2), or tar read + UTF-8 decode for text. Read the "
+        "ratio per CPU-second where the load is high.",
+        (
+            _step(
+                "bench_loader.py",
+                "--root {root} --workload all --workers 0,2 --runs 3",
+                "--root {root} --workload all --workers 0,2 --runs 1 --batches 10",
+            ),
+        ),
+        2.5,
+    ),
+    Workload(
+        "uint8",
+        "uint8 batches and the default install",
+        'captioning with uint8 batches (`image_decode="torchrgb8"`, a quarter of the bytes of '
+        "float32, converted on the device), with the simplejpeg path on and off "
+        "(`ENERGON_NO_FAST_JPEG=1`: an install without simplejpeg, which decodes with Pillow); "
+        "the limit is simplejpeg's decode-only rate in the same rounds. The float32 rows are "
+        'those of "Loader throughput".',
+        (
+            _step(
+                "bench_loader.py",
+                "--root {root} --workload captioning --workers 0,2 --runs 1 "
+                "--image-decode torchrgb8 --fast-jpeg on,off",
+                "--root {root} --workload captioning --workers 0,2 --runs 1 --batches 5 "
+                "--image-decode torchrgb8 --fast-jpeg on,off",
+            ),
+        ),
+        1.0,
+    ),
+    Workload(
+        "prepare",
+        "Preparation speed",
+        "`energon prepare` of the loader workloads (hard links of their shards in a scratch "
+        "folder), energon's `prepare_dataset()` and CLI against the reference's CLI "
+        "(`.cache/ref-venv`, a black box) in the same rounds, order rotating.",
+        (_step("bench_prepare.py", "--root {root} --rounds 2", "--root {root} --rounds 1"),),
+        1.0,
+    ),
+    Workload(
+        "state",
+        "Save and restore",
+        "batch 32, shuffle buffer 100; state saved after 50 batches and restored into a fresh "
+        "loader. The baseline is a fresh loader's time to its first batch in the same run.",
+        (_step("bench_state.py", "--root {root}", "--root {root} --steps 5"),),
+        0.5,
+    ),
+    Workload(
+        "blend",
+        "Blending",
+        "the text workload's three thirds blended 1:1:1 against the single source over the "
+        "same bytes (the baseline), by samples and by tokens.",
+        (_step("bench_blend.py", "--root {root} --batches 500", "--root {root} --batches 30"),),
+        0.7,
+    ),
+    Workload(
+        "schedule",
+        "Weight schedules",
+        "the same blend with linear / step weight schedules against fixed weights (the "
+        "baseline), loaders taking turns in one process; CPU time per sample.",
+        (
+            _step(
+                "bench_schedule.py",
+                "--root {root} --rounds 10",
+                "--root {root} --rounds 2 --chunk 10",
+            ),
+        ),
+        0.5,
+    ),
+    Workload(
+        "packing",
+        "Packing",
+        "padding and split samples per packer on the same 20,000 synthetic token counts; the "
+        "baselines are no packing and naive greedy.",
+        (_step("bench_packing.py", "", "--samples 2000"),),
+        0.3,
+    ),
+    Workload(
+        "checksums",
+        "Robustness: checksums and error accounting",
+        "per-sample CRC-32 checks against the same shards prepared without checksums, and the "
+        "per-stream error accounts against a loader without them; pairs alternate, fresh "
+        "processes.",
+        (
+            _step(
+                "bench_checksums.py",
+                "--root {root} --workload text --workers 0 --repeats 3",
+                "--root {root} --workload text --workers 0 --repeats 1 --batches 20",
+            ),
+            _step(
+                "bench_loader.py",
+                "--root {root} --workload text --workers 0 --batches 500 "
+                "--compare-error-accounting 3",
+                "--root {root} --workload text --workers 0 --batches 20 "
+                "--compare-error-accounting 1",
+            ),
+        ),
+        1.0,
+    ),
+    Workload(
+        "balance",
+        "Compute-balanced steps",
+        "a synthetic VLM mix with real media (`energon.demo.vlm`), 8 ranks x 16 samples per step: "
+        "the straggler ratio of balanced windows against per-rank `SequencePacker` batches of "
+        "the same samples (the baseline), and the CPU each costs; the worst step over many "
+        "windows of synthetic costs; and megatron-core's `BalancedCPScheduler` on the same "
+        "lengths (`.cache/mcore019-venv`).",
+        (
+            _step(
+                "bench_balance.py",
+                "--root {root} --rounds 2 --no-progress",
+                "--root {root} --samples 400 --steps 4 --rounds 1 --no-progress",
+            ),
+            _step("bench_balance_bound.py", "--windows 20", "--windows 2"),
+            _step("bench_balance_megatron.py", "--root {root}", "--root {root} --steps 8"),
+        ),
+        2.0,
+        not_rerun="Training with balanced steps on 4 gloo ranks "
+        "(`python tools/examples/train_balanced_vlm.py`, 6-7 minutes) is not re-run. Latest "
+        "recorded (2026-11-27, load average 11-21): with a core per rank, balanced steps "
+        "1.45x and 1.53x faster than per-rank batches (two runs), ranks waiting 4-5% of a "
+        "step instead of 33%; measured wall time only 1.03-1.09x, because 4 ranks share 2 "
+        "cores.",
+    ),
+    Workload(
+        "remote",
+        "Remote",
+        "the same shards from local disk and from moto's S3 API server through an emulated "
+        "link (20 ms to first byte, 16 MB/s); the **limit** is a plain sequential downloader "
+        "of the same shards over the same link in the same run (best of 3). Then a short run "
+        "with injected faults (cut bodies, 503 SlowDown, stalls) whose output must be "
+        "identical.",
+        (
+            _step(
+                "bench_remote.py",
+                "--root {root} --workloads text --shards 4 --batches 1500 --link 20,16",
+                "--root {root} --workloads text --shards 1 --batches 20 --workers 0 --link 20,16",
+            ),
+            _step(
+                "bench_remote.py",
+                "--root {root} --workloads captioning --shards 4 --batches 150 --link 20,16",
+                "--root {root} --workloads captioning --shards 1 --batches 5 --workers 0 "
+                "--link 20,16",
+            ),
+            _step(
+                "bench_remote.py",
+                "--root {root} --workloads text,captioning --shards 2 --batches 100 --faults",
+                "--root {root} --workloads text --shards 1 --batches 20 --workers 0 --faults",
+            ),
+        ),
+        2.0,
+    ),
+    Workload(
+        "megatron",
+        "Megatron",
+        "token windows read by energon's `GPTTokenDataset` against megatron-core's "
+        "`GPTDataset` on the same windows (`.cache/mcore-venv`), and the start-up of one rank "
+        "of a 1,000-prefix blend at world sizes 8 and 4,096 (cold against cached indices).",
+        (
+            _step("bench_megatron_tokens.py", "", "--tokens 1000000 --samples 200"),
+            _step("bench_megatron_startup.py", "--prefixes 1000", "--prefixes 20 --world-sizes 8"),
+        ),
+        1.0,
+    ),
+    Workload(
+        "av",
+        "Audio and video",
+        "eight frames of a 60 s video by seeking against decoding all of it (and a plain PyAV "
+        "loop, the baseline); video and audio through the loader against the same decoding "
+        "in a plain loop over the same bytes.",
+        (_step("bench_av.py", "--workdir {root}/av", "--workdir {root}/av"),),
+        1.5,
+    ),
+    Workload(
+        "av_clips",
+        "Audio and video clips",
+        "three 0.5 s clips per sample of the av demo set through the loader against PyAV "
+        "decoding the same clips directly (the baseline, pixel-identical), 0 and 2 workers.",
+        (
+            _step(
+                "bench_av_clips.py",
+                "--workdir {root}/av_demo --repeats 2",
+                "--workdir {root}/av_demo --repeats 1 --samples 16 --warmup 4",
+            ),
+        ),
+        1.0,
+        not_rerun="torchcodec is not compared: its PyPI wheels need CUDA libraries (2026-11-26).",
+    ),
+    Workload(
+        "blend_indices",
+        "Blend indices",
+        "megatron-core's `build_blending_indices` rule: energon's C loop and Python fallback "
+        "against megatron-core's C++ helper (the reference, arrays checked equal).",
+        (
+            _step(
+                "bench_blend_indices.py", "", "--size 200000 --datasets 3,10 --before-samples 20000"
+            ),
+        ),
+        1.0,
+    ),
+    Workload(
+        "ledger",
+        "Ledger",
+        "a 256-rank job with 2 workers per rank over 1,000,000 tiny texts: describing a step "
+        "from a saved state and from the configuration; the baseline is the same pointer "
+        "stages stepped in Python.",
+        (
+            _step(
+                "bench_ledger.py",
+                "--root {root} --config-steps 1000,4000,16000,64000 --export-steps 10000",
+                "--root {root} --samples 20000 --shards 10 --ranks 8 --gap 100 "
+                "--config-steps 10,20 --export-steps 10",
+            ),
+        ),
+        1.0,
+    ),
+    Workload(
+        "observe",
+        "Observability",
+        "CPU per sample of the text workload with stats and watchdog on against off (the "
+        "baseline; loaders taking turns in one process), and `measure()`'s estimate against "
+        "a real loader with one worker.",
+        (
+            _step(
+                "bench_observe.py",
+                "--cpu-overhead --workload text --root {root} --workers 0,2 --rounds 40 "
+                "--chunk 25 --batch-size 32",
+                "--cpu-overhead --workload text --root {root} --workers 0 --rounds 2 "
+                "--chunk 5 --batch-size 32",
+            ),
+            _step(
+                "bench_measure.py",
+                "--workload text --root {root}",
+                "--workload text --root {root} --samples 64 --batches 10 --repeats 1",
+            ),
+        ),
+        1.0,
+    ),
+    Workload(
+        "text_workers",
+        "Text with workers",
+        "the text workload with 0 and 2 workers and two 0-worker loaders side by side, CPU "
+        "per batch of the main process and the workers; the limit is tar read + UTF-8 "
+        "decode with 1 and 2 processes in the same runs.",
+        (
+            _step(
+                "bench_text_workers.py",
+                "--root {root} --runs 2",
+                "--root {root} --runs 1 --samples 2000 --warmup 64",
+            ),
+        ),
+        0.7,
+    ),
+    Workload(
+        "arena",
+        "Workers' batch memory",
+        "captioning with 2 workers: the default batch-memory budget against an unbounded one "
+        "(the baseline), in a loop that takes batches as fast as they come and one with "
+        "random training steps.",
+        (
+            _step(
+                "bench_arena.py",
+                "--root {root} --rounds 1 --batches 120 --step-ms 60",
+                "--root {root} --rounds 1 --batches 10 --step-ms 10",
+            ),
+        ),
+        1.0,
+    ),
+    Workload(
+        "parquet",
+        "Parquet",
+        "the same rows as tar shards and as Parquet files: pyarrow alone in file order (the "
+        "raw baseline), energon over both, and Hugging Face `datasets` streaming; resume "
+        "exactness and time.",
+        (
+            _step(
+                "bench_parquet.py",
+                "--root {root}/parquet --workload captioning --samples 4000 --batches 40",
+                "--root {root}/parquet-quick --workload captioning --samples 500 --batches 3",
+            ),
+            _step(
+                "bench_parquet.py",
+                "--root {root}/parquet --workload text --samples 20000 --row-group 1000 "
+                "--batches 100",
+                "--root {root}/parquet-quick --workload text --samples 2000 --row-group 200 "
+                "--batches 10",
+            ),
+        ),
+        1.5,
+    ),
+    Workload(
+        "scale",
+        "Start-up at scale",
+        "rank 4,095 of 4,096 building its dataset and first batch over 10k and 1M shards and a "
+        "blend of 100 datasets, against the reference on the same folders (it is stopped "
+        "after 20 s); the first batch of the loader workloads against the reference; "
+        "`prepare_dataset()` of 1M tiny samples; the balanced composition's cost per rank "
+        "count.",
+        (
+            _step(
+                "bench_scale.py",
+                "--root {root}/scale --shards 10000,1000000 --reference-timeout 20",
+                "--root {root}/scale-quick --shards 1000 --blend 3 --blend-shards 1000 "
+                "--reference-timeout 20",
+            ),
+            _step(
+                "bench_first_batch.py",
+                "--root {root} --rounds 2",
+                "--root {root} --rounds 1 --workload text --workers 0",
+            ),
+            _step(
+                "bench_prepare_scale.py",
+                "--root {root}/prepare_scale --samples 1000000 --workers 2 --tables 1,0",
+                "--root {root}/prepare_scale-quick --samples 20000 --workers 1 --tables 0",
+            ),
+            _step("bench_compose_ranks.py", "--ranks 8,64,512,1024", "--ranks 8,16"),
+        ),
+        3.5,
+        not_rerun="Not re-run (too long for this run): `prepare_dataset()` of 10M samples "
+        "(about 4-11 minutes; 2026-11-27, load 10-23: 77-79k samples per CPU-second with "
+        "sample tables, 191-215k without, peak main RSS 185 MiB); `energon simulate` at 4,096 "
+        "ranks x 8 workers over 1M shards (66 CPU-s, peak RSS 697 MiB; 2026-11-27, load "
+        "17-23); the balanced composition at 4,096 ranks (not finished in 150 s; 2026-11-27); "
+        "the reference beyond 20 s (at 1M shards it needed over 120 s, 2026-11-27).",
+    ),
+    Workload(
+        "recovery",
+        "Recovery of lost workers",
+        "captioning with 2 workers, one worker killed in the middle of the run: the loop's "
+        "waits against the same run without a kill (the baseline), in the same rounds.",
+        (
+            _step(
+                "bench_recovery.py",
+                "--root {root} --workload captioning --batches 200 --batch-size 32 --rounds 2",
+                "--root {root} --workload captioning --batches 10 --batch-size 8 --rounds 1",
+            ),
+        ),
+        0.7,
+    ),
+    Workload(
+        "ray",
+        "Ray actors against local workers",
+        "the same loader with 2 local worker processes (the baseline) and with 2 Ray actors of "
+        "a private one-machine Ray instance, then one run with an actor killed half-way.",
+        (
+            _step(
+                "bench_ray.py",
+                "--root {root} --rounds 1 --batches captioning=150,text=1500",
+                "--root {root} --rounds 1 --warmup 2 --batches captioning=5,text=20",
+            ),
+        ),
+        1.5,
+    ),
+)
+
+
+def by_key(keys: str) -> list[Workload]:
+    """The workloads named in ``keys`` (comma-separated), in the page's order."""
+    wanted = {key.strip() for key in keys.split(",") if key.strip()}
+    unknown = wanted - {workload.key for workload in WORKLOADS}
+    if unknown:
+        known = ", ".join(workload.key for workload in WORKLOADS)
+        raise SystemExit(f"unknown workload(s) {sorted(unknown)}; choose from: {known}")
+    return [workload for workload in WORKLOADS if workload.key in wanted]
