@@ -372,11 +372,12 @@ WORKLOADS: tuple[Workload, ...] = (
             _step("bench_compose_ranks.py", "--ranks 8,64,512,1024", "--ranks 8,16"),
         ),
         3.5,
-        not_rerun="Not re-run (too long for this run): `prepare_dataset()` of 10M samples "
+        not_rerun="`prepare_dataset()` of 10M samples "
         "(about 4-11 minutes; 2026-11-27, load 10-23: 77-79k samples per CPU-second with "
         "sample tables, 191-215k without, peak main RSS 185 MiB); `energon simulate` at 4,096 "
-        "ranks x 8 workers over 1M shards (66 CPU-s, peak RSS 697 MiB; 2026-11-27, load "
-        "17-23); the balanced composition at 4,096 ranks (not finished in 150 s; 2026-11-27); "
+        "ranks x 8 workers over 1M shards (no benchmark script yet: 66 CPU-s and 697 MiB "
+        "peak RSS at load 17-23 on 2026-11-27, before commit 06980cd, whose message gives "
+        "31 CPU-s); the balanced composition at 4,096 ranks (not finished in 150 s; 2026-11-27); "
         "the reference beyond 20 s (at 1M shards it needed over 120 s, 2026-11-27).",
     ),
     Workload(
