@@ -231,6 +231,9 @@ class TokenSampleError(SampleException):
 class SkipSample(EnergonError):  # noqa: N818 - the reference's public name
     """Raise inside a task encoder hook to drop the current sample without counting it as an error."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # the reference's signature; keywords are refused alike
+
 
 # ---------------------------------------------------------------------------------------------
 # A dataset, its metadata or a config is missing or malformed
@@ -309,20 +312,28 @@ class TarIndexError(EnergonError, ValueError):
 
 
 class DuplicateSampleKeyError(EnergonError, ValueError):
-    """The same sample key occurs twice in the dataset (keys must be unique across all shards)."""
+    """The same sample key occurs twice in the dataset (keys must be unique across all shards).
+    ``sample_key`` (also ``key``) is the key; ``first`` / ``second`` where it occurs, when known."""
 
-    def __init__(self, key: str, first: str, second: str) -> None:
-        self.key = key
+    def __init__(
+        self, sample_key: str, first: str | None = None, second: str | None = None
+    ) -> None:
+        self.sample_key = sample_key
         self.first = first
         self.second = second
+        where = f": first in {first}, again in {second}" if first or second else ""
         super().__init__(
-            f"Duplicate sample key {key!r}: first in {first}, again in {second}. Sample keys must be "
-            "unique across all shards of a dataset; rename the members (e.g. prefix them with the "
-            "shard name) and prepare again."
+            f"Duplicate sample key {sample_key!r}{where}. Sample keys must be unique across all "
+            "shards of a dataset; rename the members (e.g. prefix them with the shard name) and "
+            "prepare again."
         )
 
+    @property
+    def key(self) -> str:
+        return self.sample_key
+
     def __reduce__(self):
-        return (type(self), (self.key, self.first, self.second))
+        return (type(self), (self.sample_key, self.first, self.second))
 
 
 class JsonlFormatError(EnergonError, ValueError):

@@ -256,7 +256,7 @@ class BaseCoreDatasetFactory(Generic[T_sample]):
             error_handler=wc.global_error_handler,
             even_ranks=False,
         )
-        return SavableDataset(wc, spec)
+        return SavableDataset.from_spec(spec, wc)
 
     def as_file_store(self) -> Any:
         from energon.source.file_store import WebdatasetFileStore

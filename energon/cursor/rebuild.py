@@ -62,7 +62,7 @@ def dataset_from_state(
             f"({'; '.join(diffs) or 'digest differs'}): {_HINT}"
         )
     worker_config = WorkerConfig(rank=0, world_size=state["world_size"], num_workers=0)
-    return SavableDataset(worker_config, spec)
+    return SavableDataset.from_spec(spec, worker_config)
 
 
 def _source(described: dict[str, Any]) -> Source:

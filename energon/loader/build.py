@@ -183,7 +183,7 @@ def _build(
     _check_blend_streams(spec)
     if task_encoder.composes_pipeline():  # Megatron-Energon's build_* hooks, overridden
         return composition().compose(task_encoder, spec, worker_config)
-    return SavableDataset(worker_config, spec)
+    return SavableDataset.from_spec(spec, worker_config)
 
 
 def _spec_of(
@@ -605,5 +605,5 @@ def get_val_datasets(
     out = []
     for source in dataset.spec.sources:
         spec = dataclasses.replace(dataset.spec, sources=[source], mode="none")
-        out.append((SavableDataset(dataset.worker_config, spec), source))
+        out.append((SavableDataset.from_spec(spec, dataset.worker_config), source))
     return out

@@ -47,8 +47,8 @@ class ResumePoint:
 class SavableDataset(torch.utils.data.IterableDataset, Savable):
     """A loader-ready dataset: a pipeline spec plus the worker config it was built for.
 
-    Built without a spec (``SavableDataset(worker_config)``, the reference's signature), it is the
-    base of a *hand-written* dataset that yields its items from its own ``__iter__``
+    Built by ``SavableDataset(worker_config)`` (the reference's signature), it is the base of a
+    *hand-written* dataset that yields its items from its own ``__iter__``
     (:mod:`energon.loader.hand_written`). Either kind also answers the reference's per-dataset
     state protocol (:meth:`save_state`, :meth:`restore_state`, :meth:`reset_state_own`,
     :meth:`reset_state_deep`): a hand-written dataset saves its ``_savable_fields``; a planned one
@@ -59,10 +59,22 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
     #: A hand-written dataset's fields that ``save_state`` saves and ``restore_state`` sets.
     _savable_fields: tuple[str, ...] = ()
 
-    def __init__(self, worker_config: WorkerConfig, spec: PipelineSpec | None = None) -> None:
+    def __init__(self, worker_config: WorkerConfig) -> None:
+        """The base of a hand-written dataset (the reference's constructor); energon's own
+        datasets are made by :meth:`from_spec`."""
+        self._setup(worker_config, None)
+
+    @classmethod
+    def from_spec(cls, spec: PipelineSpec, worker_config: WorkerConfig) -> SavableDataset:
+        """The dataset that runs ``spec`` for ``worker_config``'s ranks and workers."""
+        dataset = cls.__new__(cls)
+        dataset._setup(worker_config, spec)
+        return dataset
+
+    def _setup(self, worker_config: WorkerConfig, spec: PipelineSpec | None) -> None:
         if not isinstance(worker_config, WorkerConfig):
             raise TypeError(
-                f"SavableDataset(worker_config, spec=None): worker_config must be a WorkerConfig, "
+                f"{type(self).__name__}: worker_config must be a WorkerConfig, "
                 f"not {type(worker_config).__name__}"
             )
         self.hand_written = spec is None

@@ -45,7 +45,7 @@ def RepeatDataset(  # noqa: N802  (Megatron-Energon's class name)
         if spec.limit is not None:
             length = min(length, spec.limit)
         spec = dataclasses.replace(spec, limit=length, limit_resets=True)
-    return SavableDataset(dataset.worker_config, spec)
+    return SavableDataset.from_spec(spec, dataset.worker_config)
 
 
 def LimitDataset(  # noqa: N802  (Megatron-Energon's class name)
@@ -68,4 +68,4 @@ def LimitDataset(  # noqa: N802  (Megatron-Energon's class name)
     if spec.limit is not None:
         length = min(length, spec.limit)
     spec = dataclasses.replace(spec, limit=length, limit_resets=reset_after_epoch)
-    return SavableDataset(dataset.worker_config, spec)
+    return SavableDataset.from_spec(spec, dataset.worker_config)

@@ -140,3 +140,35 @@ return {
 }
 """
 )
+
+program("hand_written_factory_and_energon_wrappers")(
+    HAND_WRITTEN
+    + """
+from megatron.energon.flavors.base_dataset import BaseCoreDatasetFactory
+
+class CounterFactory(BaseCoreDatasetFactory):
+    def __init__(self, n, *, worker_config):
+        self.n = n
+        self.worker_config = worker_config
+
+    def __len__(self):
+        return self.n
+
+    def build(self, worker_rotation_offset=0):
+        return Counter(self.n, self.worker_config)
+
+    def as_file_store(self):
+        raise NotImplementedError
+
+def make(config):
+    built = CounterFactory(4, worker_config=config).build()
+    mapped = MapDataset(built, lambda x: x.upper(), worker_config=config)
+    return BatchDataset(mapped, batch_size=3, batcher=lambda xs: "+".join(xs), worker_config=config)
+
+factory = CounterFactory(4, worker_config=wc())
+return {
+    "factory": [isinstance(factory, BaseCoreDatasetFactory), len(factory), type(factory.build()).__name__],
+    "loaders": {f"workers{n}": run_and_resume(make, 2, n) for n in (0, 2)},
+}
+"""
+)

@@ -753,3 +753,21 @@ return {
 }
 """
 )
+
+program("error_classes_as_constructed_by_user_code")(
+    """
+from megatron.energon.flavors.webdataset.indexing import DuplicateSampleKeyError
+duplicate = DuplicateSampleKeyError("s00_001")
+skip = SkipSample("too short")
+refused = []
+try:
+    SkipSample(reason="x")
+except TypeError:
+    refused.append("keywords")
+return {
+    "duplicate": [duplicate.sample_key, isinstance(duplicate, Exception), "s00_001" in str(duplicate)],
+    "skip": [list(skip.args), str(skip), isinstance(skip, Exception)],
+    "refused": refused,
+}
+"""
+)

@@ -233,7 +233,7 @@ def make_loader(leaf, num_workers=0):
         decoder=te.decoder,
         error_handler=wc.global_error_handler,
     )
-    return get_savable_loader(SavableDataset(wc, spec))
+    return get_savable_loader(SavableDataset.from_spec(spec, wc))
 
 
 def test_token_leaf_in_the_loader_with_save_and_restore(tmp_path, corpus):

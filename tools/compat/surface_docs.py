@@ -25,16 +25,6 @@ REASONS: list[tuple[str, str]] = [
         "`AVDecoder` itself; the reference's builds one from an open container",
     ),
     (
-        r"\.DuplicateSampleKeyError\(",
-        "energon's error names the key and both shards it occurs in (`key, first, second`); "
-        "raised by preparation, not built by user code",
-    ),
-    (
-        r"\.SkipSample\(",
-        "an exception class that takes any arguments as `Exception` does (Python gives builtin "
-        "exception constructors no introspectable signature)",
-    ),
-    (
         r"join_dataset_loader\.(filter_samples_with_excludes|join_multiple_indices)",
         "join indices are built by `energon prepare mix.yaml` / `prepare_metadataset` "
         "(`energon.prepare.join_indices`, file format `energon.format.join_index`), with member "

@@ -122,6 +122,8 @@ def open_stage(dataset: SavableDataset, ctx: StreamContext) -> Any:
     """The stage of ``dataset`` (a wrapper or a leaf) for one logical stream."""
     if isinstance(dataset, BaseWrapperDataset):
         return dataset.open(ctx)
+    if dataset.hand_written:  # a stream is one of its workers (energon.loader.hand_written)
+        return IteratorStage(dataset, stream_worker(ctx.stream, dataset.worker_config.world_size))
     return _StreamStage(build_stream(_leaf_spec(dataset, ctx), ctx.stream))
 
 
@@ -171,7 +173,7 @@ class BaseWrapperDataset(SavableDataset):
         for child in self.datasets:
             _check_child(self, child, worker_config)
         hand_written = type(self).open is BaseWrapperDataset.open  # it has its own __iter__
-        super().__init__(worker_config, None if hand_written else self._root_spec(worker_config))
+        self._setup(worker_config, None if hand_written else self._root_spec(worker_config))
 
     @property
     def dataset(self) -> SavableDataset:
