@@ -10,6 +10,7 @@ workers there are, except who computes what.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from typing import Any, ClassVar, TextIO
 
@@ -231,5 +232,15 @@ class Layout:
             k += 1
 
     def streams(self) -> list[int]:
-        """The logical streams this executor reads from (its positions cycle through them)."""
-        return sorted({self.position(k) % self.num_streams for k in range(self.num_streams)})
+        """The logical streams this executor reads from (its positions cycle through them).
+
+        Position ``k`` is ``position(0) + k * stride`` (stride: workers x world size), so modulo
+        the stream count the positions run through ``position(0)`` plus the multiples of
+        ``gcd(stride, streams)``: one step per stream read, not per stream of the world (a
+        worker of rank 4,095 of 4,096 starts sooner)."""
+        stride = max(1, self.num_workers) * self.world_size
+        step = math.gcd(stride, self.num_streams)
+        first = self.position(0)
+        return sorted(
+            (first + j * step) % self.num_streams for j in range(self.num_streams // step)
+        )

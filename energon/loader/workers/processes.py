@@ -108,6 +108,9 @@ class ProcessPool:
         self._exits = select.poll()
         self._sentinels: dict[int, int] = {}  # sentinel -> worker
         self._base_seed = _base_seed()
+        # each worker seeds numpy's global generator: numpy imports numpy.random on first use
+        # (40-130 ms here), so import it once, here, for all workers forked from this process
+        import numpy.random  # noqa: F401
         _POOLS.add(self)
 
     def start(self, worker: int, resume: ResumePoint, *, replacement: bool = False) -> None:
