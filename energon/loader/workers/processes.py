@@ -111,6 +111,7 @@ class ProcessPool:
         # each worker seeds numpy's global generator: numpy imports numpy.random on first use
         # (40-130 ms here), so import it once, here, for all workers forked from this process
         import numpy.random  # noqa: F401
+
         _POOLS.add(self)
 
     def start(self, worker: int, resume: ResumePoint, *, replacement: bool = False) -> None:
