@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -222,9 +222,10 @@ class Composition:
         if self.exchange(heavy, lightest[1]):
             return lightest
         gap = loads[heavy] - lightest[0]
-        for light in index.bins_below([floats[i] for i in self.members[heavy]], gap):
+        skip = (heavy, lightest[1])
+        for light in index.bins_below([floats[i] for i in self.members[heavy]], gap, skip):
             before = loads[light]
-            if light not in (heavy, lightest[1]) and self.exchange(heavy, light):
+            if self.exchange(heavy, light):
                 return before, light
         return None
 
@@ -361,19 +362,31 @@ class SwapIndex:
             for i in composition.members[b]:
                 self.holders[self.slot[i]] = b - self.first
 
-    def bins_below(self, costs: list[float], gap: float) -> list[int]:
-        """The bins holding a sample ``v`` with ``a - gap <= v <= a`` for a cost ``a`` of
-        ``costs``, widened by far more than rounding, ordered by ``(load, bin)`` (a superset is
-        safe: the caller tries them in turn; a bin left out is one no swap can narrow)."""
+    def bins_below(self, costs: list[float], gap: float, skip: tuple[int, ...]) -> Iterator[int]:
+        """The bins but ``skip`` holding a sample ``v`` with ``a - gap <= v <= a`` for a cost
+        ``a`` of ``costs``, widened by far more than rounding, by ``(load, bin)`` (a superset
+        is safe: the caller tries them in turn; a bin left out is one no swap can narrow). The
+        first costs one pass over the samples found; the rest, rarely needed, a sort."""
         tops = np.asarray(costs, dtype=np.float64)
         low = np.searchsorted(self.values, tops - gap - 1e-9 * (np.abs(tops) + gap), "left")
         high = np.searchsorted(self.values, tops, "right")
         ranges = [np.arange(lo, hi) for lo, hi in zip(low.tolist(), high.tolist()) if hi > lo]
         if not ranges:
-            return []
-        found = np.unique(self.holders[np.concatenate(ranges)])
-        ranked = found[np.lexsort((found, self.loads[found]))]
-        return (ranked + self.first).tolist()
+            return
+        holders = self.holders[np.concatenate(ranges)]
+        keep = np.ones(len(holders), dtype=bool)
+        for b in skip:
+            keep &= holders != b - self.first
+        holders = holders[keep]
+        if not len(holders):
+            return
+        loads = self.loads[holders]
+        first = int(holders[loads == loads.min()].min())
+        yield first + self.first
+        found = np.unique(holders)
+        for b in found[np.lexsort((found, self.loads[found]))].tolist():
+            if b != first:
+                yield b + self.first
 
 
 def resort(ranked: list[tuple[float, int]], b: int, before: float, after: float) -> None:
