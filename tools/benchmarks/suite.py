@@ -350,8 +350,7 @@ WORKLOADS: tuple[Workload, ...] = (
         "rank 4,095 of 4,096 building its dataset and first batch over 10k and 1M shards and a "
         "blend of 100 datasets, against the reference on the same folders (it is stopped "
         "after 20 s); the first batch of the loader workloads against the reference; "
-        "`prepare_dataset()` of 1M tiny samples; the balanced composition's cost per rank "
-        "count.",
+        "`prepare_dataset()` of 1M tiny samples.",
         (
             _step(
                 "bench_scale.py",
@@ -369,7 +368,6 @@ WORKLOADS: tuple[Workload, ...] = (
                 "--root {root}/prepare_scale --samples 1000000 --workers 2 --tables 1,0",
                 "--root {root}/prepare_scale-quick --samples 20000 --workers 1 --tables 0",
             ),
-            _step("bench_compose_ranks.py", "--ranks 8,64,512,1024", "--ranks 8,16"),
         ),
         3.5,
         not_rerun="`prepare_dataset()` of 10M samples "
@@ -377,8 +375,25 @@ WORKLOADS: tuple[Workload, ...] = (
         "sample tables, 191-215k without, peak main RSS 185 MiB); `energon simulate` at 4,096 "
         "ranks x 8 workers over 1M shards (no benchmark script yet: 66 CPU-s and 697 MiB "
         "peak RSS at load 17-23 on 2026-11-27, before commit 06980cd, whose message gives "
-        "31 CPU-s); the balanced composition at 4,096 ranks (not finished in 150 s; 2026-11-27); "
-        "the reference beyond 20 s (at 1M shards it needed over 120 s, 2026-11-27).",
+        "31 CPU-s); the reference beyond 20 s (at 1M shards it needed over 120 s, 2026-11-27).",
+    ),
+    Workload(
+        "balanced-ranks",
+        "Balanced planning and the number of ranks",
+        "what one rank spends per step composing balanced windows (`compose_steps`: every rank "
+        "composes all ranks' samples of a window to find its own share; synthetic log-normal "
+        "costs, 16 samples per rank and step, windows of 8 steps; CPU, best of 2 runs) at 8 to "
+        "4,096 ranks, against 8 ranks in the same run (issue 35 asks for at most 1.5x per step; "
+        "per sample shows how far from linear the composition is). The pointer simulation and "
+        "costing of the same pointers are not included (`bench_balance_plan.py`).",
+        (
+            _step(
+                "bench_compose_ranks.py",
+                "--ranks 8,64,512,4096 --repeat 2",
+                "--ranks 8,16",
+            ),
+        ),
+        2.0,
     ),
     Workload(
         "recovery",
