@@ -373,9 +373,10 @@ WORKLOADS: tuple[Workload, ...] = (
         not_rerun="`prepare_dataset()` of 10M samples "
         "(about 4-11 minutes; 2026-11-27, load 10-23: 77-79k samples per CPU-second with "
         "sample tables, 191-215k without, peak main RSS 185 MiB); `energon simulate` at 4,096 "
-        "ranks x 8 workers over 1M shards (no benchmark script yet: 66 CPU-s and 697 MiB "
-        "peak RSS at load 17-23 on 2026-11-27, before commit 06980cd, whose message gives "
-        "31 CPU-s); the reference beyond 20 s (at 1M shards it needed over 120 s, 2026-11-27).",
+        "ranks x 8 workers over 1M shards (no benchmark script yet: 32.0 CPU-s, 33.2 with "
+        "--json, 787 MiB peak RSS, against 38.5 CPU-s for main at 0c6390d in the same session, "
+        "load 13-22, 2026-11-27; see benchmarks-history.md); the reference beyond 20 s (at 1M "
+        "shards it needed over 120 s, 2026-11-27).",
     ),
     Workload(
         "balanced-ranks",
