@@ -298,10 +298,10 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
     def __iter__(self) -> Iterator[Any]:
         """Iterating a dataset without a loader (as the reference allows) yields this rank's items
         in order, computed in this process: one pass, ``virtual_epoch_length`` / ``limit`` items,
-        or forever (training); inside a hand-written dataset's stream, only that stream's worker's
-        items. Holes of a planned validation pass are left out: only a loader fills them (its
-        ``__padding__`` fillers keep ranks even). It continues from the position ``save_state``
-        gives (:mod:`energon.loader.direct_iteration`)."""
+        or forever (training); inside a hand-written dataset's stream or a torch ``DataLoader``
+        worker, only that worker's items. Holes of a planned validation pass are left out: only a
+        loader fills them (its ``__padding__`` fillers keep ranks even). It continues from the
+        position ``save_state`` gives (:mod:`energon.loader.direct_iteration`)."""
         if self.hand_written:
             raise TypeError(
                 f"{type(self).__name__}: a hand-written SavableDataset defines __iter__"
@@ -309,6 +309,10 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
         spec = self.spec
         length = spec.virtual_epoch_length if spec.training else spec.limit
         worker = WorkerConfig.acting_worker
+        info = torch.utils.data.get_worker_info()
+        if worker is None and info is not None:  # a torch DataLoader's worker: its share only
+            self.worker_config.assert_worker()  # as many workers as the config says
+            worker = info.id
         position = DirectPosition.from_state(self._direct, f"{type(self).__name__} state")
         resume = ResumePoint(base=position.base, snapshots=dict(position.snapshots))
         executor = self.executor(worker or 0, resume, all_workers=worker is None)

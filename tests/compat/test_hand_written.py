@@ -104,3 +104,14 @@ def test_energon_datasets_continue_where_iteration_by_hand_stopped(text20):
     assert head + [b.__key__ for b in second] == whole
     second.reset_state_deep()
     assert [b.__key__ for b in second] == whole
+
+
+def test_a_torch_dataloader_over_a_dataset_gives_each_worker_its_share(text20):
+    """Each of torch's workers iterates its own share (not the whole rank's items each)."""
+    import torch.utils.data
+
+    dataset = get_val_dataset(text20, split_part="train", batch_size=4, worker_config=config(2))
+    whole = sorted(k for b in get_savable_loader(dataset) for k in b.__key__)
+    torch_loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None)
+    got = [k for b in torch_loader for k in b.__key__]
+    assert sorted(got) == whole and len(whole) == 20
