@@ -170,7 +170,7 @@ class ScanOptions:
         """What the chunks' content depends on (the key of the work folder's plan)."""
         media = self.media_filter
         return {
-            "chunk_format": 1,
+            "chunk_format": 2,  # 2: meta.json lists the chunk's files
             "remote": remote,
             "checksums": self.checksums,
             "sample_tables": self.sample_tables,

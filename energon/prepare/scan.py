@@ -4,8 +4,9 @@ everything they contribute in the chunk's folder.
 A chunk's folder (``.nv-meta/.prepare-work/chunk-NNNNNN``) holds, for its shards in order,
 ``idx/<n>.idx`` (the ``.tar.idx`` bytes), ``crc/<n>.crc32`` (with ``--checksums``),
 ``rows.sqlite`` (the chunk's rows of ``index.sqlite``, media metadata included; not with
-``--no-sample-tables``) and ``meta.json`` (sample counts, part names, the first samples, and the
-size and modification time of each shard it was made from). It is written under a temporary
+``--no-sample-tables``) and ``meta.json`` (sample counts, part names, the first samples, the
+size and modification time of each shard it was made from, and the size of each of the chunk's
+other files, checked before a later run uses them). It is written under a temporary
 name and renamed when complete: a folder with the final name is a finished chunk, which a
 ``prepare`` killed later does not have to scan again (:mod:`energon.prepare.work`).
 Nothing is held in memory beyond one shard's scan, so a worker's memory does not depend on the
@@ -35,6 +36,7 @@ from energon.prepare.media import media_rows_for_samples
 MAX_PART_NAMES = 50
 CHUNK_META = "meta.json"
 CHUNK_ROWS = "rows.sqlite"
+CHUNK_FILES = "files"  # in meta.json: the size of every other file of the chunk
 
 
 @dataclass(frozen=True)
@@ -100,13 +102,32 @@ def run_chunk(task: ChunkTask) -> ChunkSummary:
         (tmp / "crc").mkdir()
     try:
         summary = _scan_into(task, tmp)
+        meta = {**summary.to_json(), CHUNK_FILES: file_sizes(tmp)}  # before meta.json exists
         with open(tmp / CHUNK_META, "w") as f:
-            json.dump(summary.to_json(), f)
-        os.replace(tmp, final)
+            json.dump(meta, f)
+        os.replace(tmp, final)  # the chunk is finished from here on
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return summary
+
+
+def file_sizes(folder: Path) -> dict[str, int]:
+    """``{relative path: size}`` of every file below ``folder`` (what a finished chunk holds)."""
+    sizes = {}
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            sizes[os.path.relpath(path, folder)] = os.stat(path).st_size
+    return sizes
+
+
+def files_complete(folder: Path, sizes: dict[str, int]) -> bool:
+    """Whether every file listed in a chunk's ``meta.json`` is there with its size."""
+    try:
+        return all(os.stat(folder / rel).st_size == size for rel, size in sizes.items())
+    except OSError:
+        return False
 
 
 def _scan_into(task: ChunkTask, folder: Path) -> ChunkSummary:

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from energon.format.layout import atomic_write_text, nv_meta_dir, remove_quietly, temp_name_for
-from energon.prepare.scan import CHUNK_META, ChunkSummary, shard_stat
+from energon.prepare.scan import CHUNK_FILES, CHUNK_META, ChunkSummary, files_complete, shard_stat
 
 WORK_FOLDER_NAME = ".prepare-work"
 PLAN_FILENAME = "plan.json"
@@ -60,7 +60,7 @@ class WorkFolder:
         except (OSError, ValueError, KeyError, TypeError):
             same = False
         if not same:
-            shutil.rmtree(self.path, ignore_errors=True)
+            discard(self.path)
             self.path.mkdir(parents=True)
             atomic_write_text(plan, json.dumps({"key": self.key, "chunks": self.num_chunks}))
             return
@@ -78,14 +78,18 @@ class WorkFolder:
         return range(first, min(first + self.chunk_shards, len(self.shards)))
 
     def finished(self, chunk: int, tar_paths: Sequence[str]) -> ChunkSummary | None:
-        """The chunk's summary if it is finished and its shards did not change since."""
+        """The chunk's summary if it is finished (every file it lists is there, complete) and
+        its shards did not change since; otherwise its folder, if any, is removed."""
+        folder = self.chunk_folder(chunk)
         try:
-            with open(self.chunk_folder(chunk) / CHUNK_META) as f:
-                summary = ChunkSummary.from_json(json.load(f))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if summary.stats != [shard_stat(p) for p in tar_paths]:
-            shutil.rmtree(self.chunk_folder(chunk), ignore_errors=True)
+            with open(folder / CHUNK_META) as f:
+                meta = json.load(f)
+            summary = ChunkSummary.from_json(meta)
+            complete = files_complete(folder, meta[CHUNK_FILES])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            summary, complete = None, False
+        if not complete or summary.stats != [shard_stat(p) for p in tar_paths]:
+            discard(folder)
             return None
         return summary
 
@@ -96,7 +100,18 @@ class WorkFolder:
             yield shard_id, folder / f"{n}{suffix}"
 
     def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        discard(self.path)
+
+
+def discard(folder: Path) -> None:
+    """Remove a folder so that a kill at any moment leaves it whole or gone from its name: it is
+    renamed to a temporary name first (which the next run removes, if this one cannot)."""
+    doomed = temp_name_for(folder)
+    try:
+        os.rename(folder, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def publish_file(source: Path, target: Path) -> None:

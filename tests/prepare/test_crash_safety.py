@@ -161,12 +161,6 @@ def test_kill_9_during_a_first_prepare_never_leaves_a_half_prepared_dataset(
     assert len(loaded_keys(root)) == 30
 
 
-@pytest.mark.xfail(
-    reason="KNOWN DEFECT, open: in a fresh `make install` venv (not in the dev venv) a re-prepare "
-    "with --force-overwrite after a kill -9 fails with 'no such table: chunk.samples' when it "
-    "continues the killed run's chunks; to be fixed next session (see the session note)",
-    strict=False,
-)
 def test_a_killed_re_prepare_keeps_a_prepared_dataset_loadable(
     shards_only, events_of_a_whole_run, tmp_path
 ):

@@ -23,23 +23,31 @@ from tests.helpers.datasets import make_text_dataset
 from tests.helpers.paths import REPO_ROOT
 
 # `energon prepare` in a child that kills itself (SIGKILL) when its N-th chunk is finished (the
-# rename of a chunk folder into place), and prints how many chunks it finished.
+# rename of a chunk folder into place), or ("removal") just after it deleted the first chunk's
+# rows.sqlite while removing the work folder at the end; it prints how many chunks it finished
+# (when it is not killed).
 CHILD = r"""
 import os, signal, sys
-kill_at, args = int(sys.argv[1]), sys.argv[2:]
+when, kill_at, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 finished = 0
-real_replace = os.replace
+real_replace, real_unlink = os.replace, os.unlink
 
 def replace(src, dst, *a, **k):
     global finished
     result = real_replace(src, dst, *a, **k)
     if os.path.basename(str(dst)).startswith("chunk-"):
         finished += 1
-        if finished == kill_at:
+        if when == "chunk" and finished == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
     return result
 
-os.replace = replace
+def unlink(path, *a, **k):
+    result = real_unlink(path, *a, **k)
+    if when == "removal" and os.path.basename(str(path)) == "rows.sqlite":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+
+os.replace, os.unlink = replace, unlink
 from energon.cli.main import cli
 try:
     cli(args, standalone_mode=False)
@@ -62,9 +70,11 @@ ARGS = [
 ]
 
 
-def _prepare(root: Path, kill_at: int = 0) -> subprocess.CompletedProcess:
+def _prepare(
+    root: Path, kill_at: int = 0, when: str = "chunk", *extra: str
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", CHILD, str(kill_at), *ARGS, str(root)],
+        [sys.executable, "-c", CHILD, when, str(kill_at), *ARGS, *extra, str(root)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
@@ -98,11 +108,32 @@ def test_a_killed_prepare_continues_and_writes_what_a_clean_run_writes(tmp_path)
     first = _prepare(killed, kill_at=4)
     assert first.returncode == -9
     assert not (killed / ".nv-meta" / ".info.json").exists()
+    # a finished chunk whose files are not all there, whole, is scanned again
+    work = killed / ".nv-meta" / WORK_FOLDER_NAME
+    rows = work / "chunk-000001" / "rows.sqlite"
+    rows.write_bytes(rows.read_bytes()[:1024])
+    (work / "chunk-000002" / "idx" / "0.idx").unlink()
     again = _prepare(killed)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "CHUNKS 4" in again.stdout  # the four finished chunks were not scanned again
-    assert not (killed / ".nv-meta" / WORK_FOLDER_NAME).exists()
+    assert "CHUNKS 6" in again.stdout  # two finished chunks were not scanned again
+    assert not work.exists()
     assert _files(killed) == _files(clean)
+
+
+def test_a_prepare_killed_while_removing_its_work_folder_leaves_none_to_trip_over(tmp_path):
+    """The work folder goes in one step (renamed, then deleted): a kill in the middle of the
+    deletion left chunks that looked finished without their rows, which a re-prepare of the same
+    shards took as finished ('no such table: chunk.samples')."""
+    root = _shards_only(tmp_path / "ds")
+    killed = _prepare(root, 1, "removal")
+    assert killed.returncode == -9
+    assert (root / ".nv-meta" / ".info.json").is_file()
+    assert not (root / ".nv-meta" / WORK_FOLDER_NAME).exists()
+    again = _prepare(root, 0, "chunk", "--force-overwrite")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "CHUNKS 8" in again.stdout
+    assert [p.name for p in (root / ".nv-meta").iterdir() if p.name.endswith(".tmp")] == []
+    assert len(set(_train_keys(root))) == 24
 
 
 def test_without_sample_tables_training_loads_and_key_lookups_say_what_to_do(tmp_path):
