@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     begin = time.monotonic()
     for number, workload in enumerate(workloads, 1):
         print(f"[{number}/{len(workloads)}] {workload.title}", file=sys.stderr, flush=True)
-        text = run_workload(workload, args, log_dir, machine_line)
+        text = run_workload(workload, args, log_dir, machine())  # the commit as it starts
         write_page(args.page, {workload.title: text}, args.root)  # a stop keeps what ran
         failed += "**FAILED**" in text
     minutes = (time.monotonic() - begin) / 60
