@@ -171,10 +171,7 @@ def _check_ranges(state: dict[str, Any]) -> None:
         if stream in seen:
             raise StateError(f"loader state field 'streams' holds stream {stream} twice")
         seen.add(stream)
-        fields.int_field(entry[1], "emitted", f"streams[{stream}]")
-        stages = fields.list_field(entry[1], "stages", f"streams[{stream}]")
-        if not stages or not all(isinstance(stage, dict) for stage in stages):
-            raise fields.bad_field(f"streams[{stream}].stages", stages, "a list of stage states")
+        snapshot.check_shape(entry[1], f"streams[{stream}]")
 
 
 def _check_fingerprint(state: dict[str, Any]) -> None:

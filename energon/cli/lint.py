@@ -20,6 +20,7 @@ from tqdm import tqdm
 from energon import epath
 from energon.cli.arguments import InputPath, SplitNames, chosen_splits
 from energon.errors import EnergonError, SampleException
+from energon.format.layout import DATASET_YAML_FILENAME, SPLIT_YAML_FILENAME
 from energon.format.shard_index import ListedShards
 
 _LEAF: Any = None  # the split's leaf, inherited by forked workers
@@ -109,8 +110,8 @@ def open_split(path: str, split_part: str, dataset_config: str, split_config: st
     show_default=True,
     help="Splits to check.",
 )
-@click.option("--dataset-config", default="dataset.yaml", show_default=True)
-@click.option("--split-config", default="split.yaml", show_default=True)
+@click.option("--dataset-config", default=DATASET_YAML_FILENAME, show_default=True)
+@click.option("--split-config", default=SPLIT_YAML_FILENAME, show_default=True)
 @click.option(
     "--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes."
 )

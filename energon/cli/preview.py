@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from energon.cli.arguments import InputPath, SplitNames, chosen_splits
+from energon.format.layout import DATASET_YAML_FILENAME
 
 _SHADES = " .:-=+*#%@"
 _HIDDEN = {"__restore_key__", "__subflavors__", "__sources__", "__padding__"}
@@ -59,7 +60,7 @@ def iter_fields(sample: Any):
 @click.command(name="preview")
 @click.argument("path", type=InputPath("dir", remote=True))
 @click.option("--split-parts", type=SplitNames(), default="train,val,test", show_default=True)
-@click.option("--dataset-config", default="dataset.yaml", show_default=True)
+@click.option("--dataset-config", default=DATASET_YAML_FILENAME, show_default=True)
 @click.option(
     "--num-samples",
     type=click.IntRange(min=0),

@@ -21,7 +21,7 @@ from energon.compat.flavors import (
 from energon.compat.typed_converter import JsonParser
 from energon.compat.webdataset.metadata import EnergonDatasetType, get_dataset_type
 from energon.decode import SampleDecoder
-from energon.format.layout import MAIN_FOLDER_NAME
+from energon.format.layout import DATASET_YAML_FILENAME, MAIN_FOLDER_NAME
 from energon.samples.base import CrudeSample
 from energon.source.dataset_config import load_sample_builder
 from energon.worker import WorkerConfig
@@ -61,7 +61,7 @@ def get_dataset_from_config(
             root, training=training, worker_config=worker_config, **kwargs
         )
     else:
-        builder = load_sample_builder(root, dataset_config or "dataset.yaml")
+        builder = load_sample_builder(root, dataset_config or DATASET_YAML_FILENAME)
         source = _open_webdataset_source(
             root,
             split_part=split_part or "train",

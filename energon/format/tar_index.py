@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from energon.errors import TarIndexError
-from energon.format.layout import PathLike, remove_quietly, temp_name_for
+from energon.format.layout import INFO_JSON_FILENAME, PathLike, remove_quietly, temp_name_for
 
 TAR_INDEX_SUFFIX = ".tar.idx"
 
@@ -91,7 +91,7 @@ class TarIndex:
         *,
         expected_samples: int | None = None,
         name: str | None = None,
-        expected_from: str = ".info.json",
+        expected_from: str = INFO_JSON_FILENAME,
     ) -> None:
         self.index_path = os.fspath(index_path)
         self.expected_samples = expected_samples

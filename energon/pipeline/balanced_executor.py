@@ -44,7 +44,7 @@ from energon.errors import (
 from energon.pipeline import assembly
 from energon.pipeline.error_account import ErrorAccount
 from energon.pipeline.executor import ItemMeta
-from energon.pipeline.keys import Key, pointer_target
+from energon.pipeline.keys import Key, pointer_keys, pointer_target
 from energon.pipeline.pointers import PointerSource, build_pointer_stages
 from energon.pipeline.pointers_native import NativePointers, OrdersCache
 from energon.pipeline.snapshot import (
@@ -122,10 +122,7 @@ class PointerBatches:
         fast.write_back()
         self._fast = fast  # the stages now hold its state: the next window goes on from it
         self.emitted = first + count
-        kinds = self._kinds
-        keys = [
-            (kinds[s], s, i) for s, i in zip(sources.tolist(), indices.tolist())
-        ]  # pointer_key, inlined: it runs for every pointer of every rank
+        keys = pointer_keys(self._kinds, sources.tolist(), indices.tolist())
         size = self.batch_size
         return [keys[b * size : (b + 1) * size] for b in range(count)]
 

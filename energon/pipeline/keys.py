@@ -21,7 +21,18 @@ carries its key in ``__restore_key__``. This module is the only place that knows
 ``("Stream", stream_id, item, key)``               the loader-level key of a yielded item: item
                                                    number ``item`` of logical stream ``stream_id``,
                                                    made from ``key``
+``(node, child, key)``                             an item that a node of a compat composition
+                                                   (``node``: ``"BlendDataset"``,
+                                                   ``"ConcatDataset"``) took from its child number
+                                                   ``child``, which made it from ``key``
+``("IterMapDataset", output, members)``             output ``output`` of a compat ``IterMapDataset``,
+                                                   made from the inputs the keys ``members`` name
 =================================================  ===================================================
+
+(The reference's ``add_sample_restore_key`` / ``set_sample_restore_key`` give a user's own
+wrapper keys of the user's own shape, and the reference-shaped low-level readers of
+``energon.compat.webdataset`` key their samples ``("Webdataset", index)`` as the reference does:
+those are the reference's API, not shapes of energon's streams.)
 
 A regenerated item sees the same ``current_sample_index`` / ``current_batch_index`` as the original.
 
@@ -43,6 +54,40 @@ LEGACY_POINTER_KIND = "Webdataset"  # loader state version 1 tagged every pointe
 
 def pointer_key(kind: str, source: int, index: int) -> Key:
     return (kind, source, index)
+
+
+def pointer_keys(kinds: list[str], sources: list[int], indices: list[int]) -> list[Key]:
+    """:func:`pointer_key` of many pointers at once (``kinds[s]``: the kind of source ``s``)."""
+    return [(kinds[s], s, i) for s, i in zip(sources, indices)]
+
+
+def child_key(node: str, child: int, key: Key) -> Key:
+    return (node, child, key)
+
+
+def members_key(node: str, output: int, members: tuple[Key, ...]) -> Key:
+    return (node, output, members)
+
+
+def members_parts(key: Any, node: str) -> tuple[Key, ...]:
+    """The member keys of a :func:`members_key` of ``node``."""
+    if not (isinstance(key, tuple) and len(key) == 3 and key[0] == node and _is_key_tuple(key[2])):
+        raise _malformed(key, f"a key of {node} (an output number and its members' keys)")
+    return key[2]
+
+
+def child_parts(key: Any, node: str, children: int) -> tuple[int, Key]:
+    """(child, key inside it) of a :func:`child_key` of ``node`` with ``children`` children."""
+    if not (
+        isinstance(key, tuple)
+        and len(key) == 3
+        and key[0] == node
+        and _is_int(key[1])
+        and 0 <= key[1] < children
+        and isinstance(key[2], tuple)
+    ):
+        raise _malformed(key, f"a key of {node} (one of its {children} children and a key)")
+    return key[1], key[2]
 
 
 def map_key(hook: str, sample_index: int, sub: int, input_key: Key, batch_index: int | None) -> Key:

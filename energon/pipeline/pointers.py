@@ -116,8 +116,9 @@ class PointerSource(Stage):
         where = "pointers"
         self._current = fields.int_field(state, "current", where, high=len(self.readers))
         self._passes = fields.int_field(state, "passes", where, default=0)
-        if self.schedule is not None and state.get("schedule") is not None:
-            self.schedule.restore(state["schedule"], f"{where}.schedule")
+        schedule = state.get("schedule")  # optional: a blend's (checked by its restore)
+        if self.schedule is not None and schedule is not None:
+            self.schedule.restore(schedule, f"{where}.schedule")
         readers = fields.list_field(state, "readers", where)
         if len(readers) != len(self.readers):
             raise fields.bad_field(
@@ -314,7 +315,7 @@ class ExcludeFilter(Stage):
         return {"dropped": self.dropped}
 
     def restore(self, state: StageState) -> None:
-        self.dropped = int(state["dropped"])
+        self.dropped = fields.int_field(state, "dropped", "exclude")
 
     def rebuild(self, key: Key) -> Value:
         return self.upstream.rebuild(key)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import marshal
 from typing import Any, NotRequired, TypedDict
 
+from energon import state_fields as fields
 from energon.plan.mixing import ScheduleState
 from energon.plan.reader import ReaderState
 
@@ -86,6 +87,15 @@ def error_state(snapshot: StreamSnapshot | PackedSnapshot) -> dict[str, Any] | N
     if isinstance(snapshot, PackedSnapshot):
         return snapshot.errors
     return snapshot.get("errors")
+
+
+def check_shape(snapshot: Any, where: str) -> None:
+    """A ``StateError`` naming the field unless ``snapshot`` (read from a state file) has a
+    snapshot's layout: items emitted, and a non-empty list of stage states."""
+    fields.int_field(snapshot, "emitted", where)
+    stages = fields.list_field(snapshot, "stages", where)
+    if not stages or not all(isinstance(stage, dict) for stage in stages):
+        raise fields.bad_field(f"{where}.stages", stages, "a list of stage states")
 
 
 def emitted(snapshot: StreamSnapshot) -> int:

@@ -17,7 +17,7 @@ import yaml
 
 from energon import epath
 from energon.errors import DatasetConfigError
-from energon.format.layout import MAIN_FOLDER_NAME
+from energon.format.layout import DATASET_YAML_FILENAME, MAIN_FOLDER_NAME
 from energon.format.typeref import resolve_class
 from energon.samples import CrudeSample, Sample
 from energon.source.fieldmap import resolve_field_map
@@ -102,7 +102,7 @@ class SampleBuilder:
         return out
 
 
-def read_dataset_yaml(root: str, name: str = "dataset.yaml") -> dict[str, Any]:
+def read_dataset_yaml(root: str, name: str = DATASET_YAML_FILENAME) -> dict[str, Any]:
     path = epath.join(root, MAIN_FOLDER_NAME, name)
     try:
         text = epath.read_text(path)
@@ -231,7 +231,7 @@ def _parse_class_style(
     raise DatasetConfigError(f"{where}: unsupported dataset class {cls!r}")
 
 
-def load_sample_builder(root: str, dataset_config: str = "dataset.yaml") -> SampleBuilder:
+def load_sample_builder(root: str, dataset_config: str = DATASET_YAML_FILENAME) -> SampleBuilder:
     data = read_dataset_yaml(root, dataset_config)
     return parse_dataset_config(
         root, data, where=epath.join(root, MAIN_FOLDER_NAME, dataset_config)

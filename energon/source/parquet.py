@@ -36,7 +36,7 @@ from energon.errors import (
     SampleException,
     SampleReadError,
 )
-from energon.format.layout import MAIN_FOLDER_NAME, SPLIT_YAML_FILENAME
+from energon.format.layout import DATASET_YAML_FILENAME, MAIN_FOLDER_NAME, SPLIT_YAML_FILENAME
 from energon.format.parquet import (
     FIRST_ROW,
     OFFSET,
@@ -205,7 +205,7 @@ class ParquetLeaf:
         *,
         split_part: str,
         split_config: str | None = None,
-        dataset_config: str = "dataset.yaml",
+        dataset_config: str = DATASET_YAML_FILENAME,
         subflavors: dict[str, Any] | None = None,
     ) -> ParquetLeaf:
         """A prepared dataset's split; a folder or file that is not prepared is used as it is

@@ -43,7 +43,7 @@ from energon.source.shard_reader import shard_reader
 
 
 def tar_byte_index(
-    shard_path: str, expected_samples: int | None = None, expected_from: str = ".info.json"
+    shard_path: str, expected_samples: int | None = None, expected_from: str = INFO_JSON_FILENAME
 ) -> TarIndex:
     """The byte index of a tar shard (``<shard>.tar.idx``; a remote one through its local copy).
     With ``expected_samples`` (what ``expected_from`` records) opening it checks the count."""
@@ -84,7 +84,7 @@ class WebdatasetLeaf:
         *,
         split_part: str,
         split_config: str | None = None,
-        dataset_config: str = "dataset.yaml",
+        dataset_config: str = DATASET_YAML_FILENAME,
         subflavors: dict[str, Any] | None = None,
         builder: SampleBuilder | None = None,
     ) -> WebdatasetLeaf:

@@ -1,10 +1,11 @@
-"""The ``.nv-meta`` folder is named in one place (``energon/format/layout.py``): code builds its
+"""The ``.nv-meta`` folder and its files are named in one place (``energon/format/layout.py``): code builds its
 paths from layout's names, so the on-disk layout cannot drift between readers and writers."""
 
 from __future__ import annotations
 
 import ast
 
+from energon.format import layout
 from energon.format.layout import MAIN_FOLDER_NAME
 from tests.helpers.modules import module_files
 
@@ -45,5 +46,39 @@ def test_no_module_spells_the_metadata_folder_itself():
         for module, path in module_files().items()
         if module != "energon.format.layout"
         and (lines := literal_uses(path.read_text(), MAIN_FOLDER_NAME))
+    }
+    assert offenders == {}
+
+
+FILE_NAMES = sorted(value for name, value in vars(layout).items() if name.endswith("_FILENAME"))
+
+
+def file_name_uses(text: str) -> list[int]:
+    """Line numbers of string literals (docstrings aside) that are one of the ``.nv-meta`` file
+    names or a path ending in one."""
+    tree = ast.parse(text)
+    docs = _docstrings(tree)
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docs
+        and any(node.value == n or node.value.endswith("/" + n) for n in FILE_NAMES)
+    )
+
+
+def test_the_file_name_detector_sees_names_and_paths():
+    assert "split.yaml" in FILE_NAMES and ".info.json" in FILE_NAMES
+    source = 'a = "split.yaml"\nb = f"{root}/.info.json"\nc = "no split.yaml here"\n'
+    assert file_name_uses(source) == [1, 2]
+
+
+def test_no_module_spells_a_metadata_file_name_itself():
+    """Defaults, CLI options and the reference's constants take the names from layout."""
+    offenders = {
+        module: lines
+        for module, path in module_files().items()
+        if module != "energon.format.layout" and (lines := file_name_uses(path.read_text()))
     }
     assert offenders == {}

@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
+from energon import state_fields as fields
 from energon.errors import ErrorPolicy, StateError
 from energon.loader.hand_written import IteratorStage, stream_worker
 from energon.loader.savable_dataset import SavableDataset
@@ -390,8 +391,8 @@ class StageChain(Stage):
         return {"own": self.stage.state(), "upstream": self.upstream.state()}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.upstream.restore(state["upstream"])
-        self.stage.restore(state["own"])
+        self.upstream.restore(fields.get(state, "upstream", "chain"))
+        self.stage.restore(fields.get(state, "own", "chain"))
 
     def rebuild(self, key: tuple) -> Any:
         return self.stage.rebuild(key)

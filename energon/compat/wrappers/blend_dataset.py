@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from energon import state_fields as fields
 from energon.compat.rng import WorkerRng
 from energon.compat.wrappers.base import (
     BaseWrapperDataset,
@@ -14,7 +15,7 @@ from energon.compat.wrappers.base import (
     open_stage,
     stream_length,
 )
-from energon.pipeline.keys import attach_restore_key
+from energon.pipeline.keys import attach_restore_key, child_key, child_parts
 from energon.pipeline.stage import Item, Stage
 from energon.plan.rng import CounterRng
 
@@ -49,7 +50,7 @@ class _BlendStage(Stage):
             except StopIteration:
                 self.exhausted[i] = True
                 continue
-            key = ("BlendDataset", i, key)
+            key = child_key("BlendDataset", i, key)
             attach_restore_key(value, key)
             return value, key
 
@@ -61,13 +62,21 @@ class _BlendStage(Stage):
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.exhausted = [bool(x) for x in state["exhausted"]]
-        self.rng.counter = int(state["rng"])
-        for child, child_state in zip(self.children, state["datasets"]):
+        where = "BlendDataset"
+        count = len(self.children)
+        exhausted = fields.list_field(state, "exhausted", where, max_len=count)
+        datasets = fields.list_field(state, "datasets", where, max_len=count)
+        if len(datasets) != count:
+            raise fields.bad_field(f"{where}.datasets", datasets, f"the states of {count} children")
+        if len(exhausted) != count or not all(isinstance(x, bool) for x in exhausted):
+            raise fields.bad_field(f"{where}.exhausted", exhausted, f"{count} true or false")
+        self.exhausted = exhausted
+        self.rng.counter = fields.int_field(state, "rng", where)
+        for child, child_state in zip(self.children, datasets):
             child.restore(child_state)
 
     def rebuild(self, key: tuple) -> Any:
-        _, i, inner = key
+        i, inner = child_parts(key, "BlendDataset", len(self.children))
         value = self.children[i].rebuild(inner)
         attach_restore_key(value, key)
         return value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from energon import state_fields as fields
 from energon.compat.wrappers.base import (
     BaseWrapperDataset,
     SavableDataset,
@@ -13,7 +14,7 @@ from energon.compat.wrappers.base import (
     open_stage,
     stream_length,
 )
-from energon.pipeline.keys import attach_restore_key
+from energon.pipeline.keys import attach_restore_key, child_key, child_parts
 from energon.pipeline.stage import Item, Stage
 
 __all__ = [
@@ -37,7 +38,7 @@ class _ConcatStage(Stage):
             except StopIteration:
                 self.current += 1
                 continue
-            key = ("ConcatDataset", self.current, key)
+            key = child_key("ConcatDataset", self.current, key)
             attach_restore_key(value, key)
             return value, key
         raise StopIteration
@@ -46,12 +47,17 @@ class _ConcatStage(Stage):
         return {"current": self.current, "datasets": [c.state() for c in self.children]}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.current = int(state["current"])
-        for child, child_state in zip(self.children, state["datasets"]):
+        where = "ConcatDataset"
+        count = len(self.children)
+        self.current = fields.int_field(state, "current", where, high=count)
+        datasets = fields.list_field(state, "datasets", where, max_len=count)
+        if len(datasets) != count:
+            raise fields.bad_field(f"{where}.datasets", datasets, f"the states of {count} children")
+        for child, child_state in zip(self.children, datasets):
             child.restore(child_state)
 
     def rebuild(self, key: tuple) -> Any:
-        _, i, inner = key
+        i, inner = child_parts(key, "ConcatDataset", len(self.children))
         value = self.children[i].rebuild(inner)
         attach_restore_key(value, key)
         return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from energon import state_fields as fields
 from energon.compat.wrappers.base import (
     BaseWrapperDataset,
     SampleIndex,
@@ -44,8 +45,8 @@ class _FilterStage(Stage):
         return {"inputs": self._inputs, "upstream": self.upstream.state()}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self._inputs = int(state["inputs"])
-        self.upstream.restore(state["upstream"])
+        self._inputs = fields.int_field(state, "inputs", "FilterDataset")
+        self.upstream.restore(fields.get(state, "upstream", "FilterDataset"))
 
     def rebuild(self, key: tuple) -> Any:
         return self.upstream.rebuild(key)

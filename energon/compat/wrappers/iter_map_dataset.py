@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from energon import state_fields as fields
 from energon.compat.errors import ErrorContext, handle_restore_errors
 from energon.compat.wrappers.base import (
     BaseWrapperDataset,
@@ -18,7 +19,7 @@ from energon.compat.wrappers.base import (
     set_sample_restore_key,
     stream_length,
 )
-from energon.pipeline.keys import as_key, attach_restore_key
+from energon.pipeline.keys import as_key, attach_restore_key, members_key, members_parts
 from energon.pipeline.stage import Item, Stage
 from energon.task_encoder.base import hook_context
 
@@ -71,7 +72,7 @@ class _IterMapStage(Stage):
             value = next(self._iterator)
         finally:
             hook_context.sample_index = previous
-        key = ("IterMapDataset", self._outputs, tuple(k for _, k in self._pending))
+        key = members_key("IterMapDataset", self._outputs, tuple(k for _, k in self._pending))
         self._outputs += 1
         self._pending = []
         attach_restore_key(value, key)
@@ -85,15 +86,16 @@ class _IterMapStage(Stage):
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        self._outputs = int(state["outputs"])
-        self.upstream.restore(state["upstream"])
-        keys = [as_key(k) for k in state["pending"]]
+        where = "IterMapDataset"
+        self._outputs = fields.int_field(state, "outputs", where)
+        self.upstream.restore(fields.get(state, "upstream", where))
+        keys = [as_key(k) for k in fields.list_field(state, "pending", where)]
         self._replay = [(self.upstream.rebuild(k), k) for k in keys]
         self._pending = []
         self._iterator = None
 
     def rebuild(self, key: tuple) -> Any:
-        _, _, members = key
+        members = members_parts(key, "IterMapDataset")
         values = [self.upstream.rebuild(k) for k in members]
         return next(iter(self.fn(iter(values))))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from energon import state_fields as fields
 from energon.compat.wrappers.base import (
     BaseWrapperDataset,
     SavableDataset,
@@ -67,10 +68,11 @@ class _RepeatStage(Stage):
         return {"repetition": self.repetition, "index": self.index, "dataset": self.child.state()}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.repetition = int(state["repetition"])
-        self.index = int(state["index"])
+        where = "RepeatDataset"
+        self.repetition = fields.int_field(state, "repetition", where)
+        self.index = fields.int_field(state, "index", where)
         self.child = self._open(self.repetition)
-        self.child.restore(state["dataset"])
+        self.child.restore(fields.get(state, "dataset", where))
 
     def rebuild(self, key: tuple) -> Any:
         return self.child.rebuild(key)

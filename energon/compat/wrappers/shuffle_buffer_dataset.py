@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from energon import state_fields as fields
 from energon.compat.rng import WorkerRng
 from energon.compat.wrappers.base import (
     BaseWrapperDataset,
@@ -58,11 +59,13 @@ class _ShuffleStage(Stage):
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.upstream.restore(state["upstream"])
-        keys = [as_key(k) for k in state["buffer"]]
+        where = "ShuffleBufferDataset"
+        self.upstream.restore(fields.get(state, "upstream", where))
+        pending = fields.list_field(state, "buffer", where, max_len=self.size)
+        keys = [as_key(k) for k in pending]
         self._buffer = [(self.upstream.rebuild(k), k) for k in keys]
-        self.rng.counter = int(state["rng"])
-        self._exhausted = bool(state["exhausted"])
+        self.rng.counter = fields.int_field(state, "rng", where)
+        self._exhausted = fields.bool_field(state, "exhausted", where)
 
     def rebuild(self, key: tuple) -> Any:
         return self.upstream.rebuild(key)
