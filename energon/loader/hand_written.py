@@ -21,6 +21,7 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
+from energon import state_fields as fields
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Item, Stage
 from energon.savable import FlexState
@@ -112,9 +113,12 @@ class IteratorStage(Stage):
         return {"count": self.count, "dataset": plain_state(saved, f"{name}.save_state()")}
 
     def restore(self, state: dict[str, Any]) -> None:
+        where = f"hand-written {type(self.dataset).__name__}"
+        saved = fields.get(state, "dataset", where)
+        count = fields.int_field(state, "count", where)
         with acting_as_worker(self.worker):
-            self.dataset.restore_state(as_flex_state(state["dataset"]))
-        self.count = state["count"]
+            self.dataset.restore_state(as_flex_state(saved))
+        self.count = count
         self.iterator = None  # the next item comes from a fresh __iter__ over the restored fields
 
     def rebuild(self, key: tuple) -> Any:

@@ -33,6 +33,8 @@ KEY_TAGS = {
 UNCHECKED_READS_ALLOWED = {
     "energon.pipeline.error_account": "reads the account inside one try that turns any bad "
     "field into a StateError (a stream's 'errors' account is damaged: ...)",
+    "energon.loader.position": "takes the position of a loader state that "
+    "energon.state.check_state_shape has checked field by field before",
 }
 
 
