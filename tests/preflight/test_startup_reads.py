@@ -14,7 +14,7 @@ import pytest
 
 from energon import WorkerConfig, get_loader, get_train_dataset
 from energon.preflight.simulate import SimulationSettings, simulate
-from energon.remote import s3
+from energon.remote import remote_stats, s3
 from tests.helpers.datasets import make_text_dataset, upload_to_s3
 from tests.helpers.s3_fault_proxy import start_fault_proxy
 
@@ -32,13 +32,20 @@ def dataset(tmp_path_factory):
     )
 
 
-def _bytes_asked(requests, local, prefix) -> tuple[int, int]:
-    """(index and metadata bytes, sample bytes) of the GETs the proxy forwarded."""
-    index = samples = 0
+def _bytes_asked(requests, local, prefix) -> tuple[int, int, int]:
+    """(index and metadata bytes, sample bytes, repeated GETs) of the GETs the proxy forwarded,
+    each byte range of an object counted once: a retry (a request that timed out on this loaded
+    machine) or a hedged read of sample bytes asks for the same bytes again."""
+    index = samples = repeated = 0
+    seen = set()
     for method, path, byte_range in requests:
         key = unquote(urlparse(path).path).split(f"/{prefix}/", 1)[-1]
         if method != "GET" or not (local / key).exists():  # a HEAD, or a 404
             continue
+        if (key, byte_range) in seen:
+            repeated += 1
+            continue
+        seen.add((key, byte_range))
         size = os.path.getsize(local / key)
         if byte_range is not None:
             first, last = map(int, re.fullmatch(r"bytes=(\d+)-(\d+)", byte_range).groups())
@@ -47,7 +54,7 @@ def _bytes_asked(requests, local, prefix) -> tuple[int, int]:
             samples += size
         else:
             index += size
-    return index, samples
+    return index, samples, repeated
 
 
 @pytest.mark.parametrize("rank,workers,table", [(1, 0, True), (2, 2, True), (3, 0, False)], ids=str)
@@ -73,6 +80,7 @@ def test_simulated_startup_reads_are_what_a_rank_reads(
     proxy, handler, stop = start_fault_proxy(moto_endpoint, faults=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
     s3.reset_client()
+    remote_stats().reset()
     try:
         wc = WorkerConfig(rank=rank, world_size=WORLD, num_workers=workers)
         ds = get_train_dataset(
@@ -85,12 +93,15 @@ def test_simulated_startup_reads_are_what_a_rank_reads(
         )
         batches = iter(get_loader(ds))
         next(batches)
-        first, _ = _bytes_asked(list(handler.requests), local, prefix)
+        first, _, _ = _bytes_asked(list(handler.requests), local, prefix)
         rest = sum(1 for _ in batches)
     finally:
         stop()
     assert rest == len(ds) - 1
-    index, samples = _bytes_asked(handler.requests, local, prefix)
+    index, samples, repeated = _bytes_asked(handler.requests, local, prefix)
+    if workers == 0:  # (workers count their retries in their own processes)
+        stats = remote_stats()
+        assert repeated <= stats.retries + stats.hedged, "a byte range was read twice"
     assert samples > 0
     assert first <= reads["bytes"][rank]
     assert index == reads["bytes"][rank]
