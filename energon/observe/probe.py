@@ -40,6 +40,7 @@ import mmap
 import multiprocessing.util
 import os
 import signal
+import sys
 import tempfile
 import time
 from typing import IO, Any
@@ -197,6 +198,8 @@ class Probe:
         slot[PUBLISHED] = now
         hot[STAGE] = WAIT
         hot[ITEM_SINCE_NS] = time.monotonic_ns()
+        # bound now: at interpreter exit, when an unfinished pass is closed, `sys` may be gone
+        self._interpreter_ending = sys.is_finalizing
         self._retries0 = slot[RETRIES] - STATS.retries  # this process's remote counters
         self._bytes0 = slot[REMOTE_BYTES] - STATS.bytes_read
         self._retries_seen = STATS.retries
@@ -255,6 +258,8 @@ class Probe:
 
     def finish(self) -> None:
         """The process stops working for this board: count what is left and publish."""
+        if self._interpreter_ending():
+            return  # a loader left unfinished at exit: module globals are gone, nobody reads on
         if STATS.retries != self._retries_seen:
             self._count_source_retries()
         now = time.monotonic()
