@@ -4,6 +4,7 @@ paths from layout's names, so the on-disk layout cannot drift between readers an
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 from energon.format import layout
 from energon.format.layout import MAIN_FOLDER_NAME
@@ -21,8 +22,8 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return found
 
 
-def literal_uses(text: str, needle: str) -> list[int]:
-    """Line numbers of string literals (docstrings aside) that contain ``needle``."""
+def _literal_lines(text: str, matches: Callable[[str], bool]) -> list[int]:
+    """Line numbers of string literals (docstrings aside) whose value ``matches``."""
     tree = ast.parse(text)
     docs = _docstrings(tree)
     return sorted(
@@ -30,9 +31,14 @@ def literal_uses(text: str, needle: str) -> list[int]:
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant)
         and isinstance(node.value, str)
-        and needle in node.value
         and id(node) not in docs
+        and matches(node.value)
     )
+
+
+def literal_uses(text: str, needle: str) -> list[int]:
+    """Line numbers of string literals (docstrings aside) that contain ``needle``."""
+    return _literal_lines(text, lambda value: needle in value)
 
 
 def test_the_detector_sees_literals_but_not_docstrings():
@@ -56,15 +62,8 @@ FILE_NAMES = sorted(value for name, value in vars(layout).items() if name.endswi
 def file_name_uses(text: str) -> list[int]:
     """Line numbers of string literals (docstrings aside) that are one of the ``.nv-meta`` file
     names or a path ending in one."""
-    tree = ast.parse(text)
-    docs = _docstrings(tree)
-    return sorted(
-        node.lineno
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and id(node) not in docs
-        and any(node.value == n or node.value.endswith("/" + n) for n in FILE_NAMES)
+    return _literal_lines(
+        text, lambda value: any(value == n or value.endswith("/" + n) for n in FILE_NAMES)
     )
 
 
