@@ -373,10 +373,14 @@ WORKLOADS: tuple[Workload, ...] = (
         not_rerun="`prepare_dataset()` of 10M samples "
         "(about 4-11 minutes; 2026-11-27, load 10-23: 77-79k samples per CPU-second with "
         "sample tables, 191-215k without, peak main RSS 185 MiB); `energon simulate` at 4,096 "
-        "ranks x 8 workers over 1M shards (no benchmark script yet: 32.0 CPU-s, 33.2 with "
-        "--json, 787 MiB peak RSS, against 38.5 CPU-s for main at 0c6390d in the same session, "
-        "load 13-22, 2026-11-27; see benchmarks-history.md); the reference beyond 20 s (at 1M "
-        "shards it needed over 120 s, 2026-11-27).",
+        "ranks x 8 workers over 1M shards (no benchmark script yet; on the quiet machine, "
+        "2026-11-27 21:31 UTC, load 1.1, commit 0e74e99: 34.8 s wall, 34.0 s user + 0.9 s "
+        'sys, 788 MiB peak RSS, with `/usr/bin/time -f "user %U sys %S wall %e maxrss_kb '
+        '%M" energon simulate <1M-shard dataset from bench_scale> --world-size 4096 '
+        "--num-workers 8 --batch-size 2`; it reports 235,524-258,964 start-up bytes per "
+        "rank; earlier under load 13-22: 32.0 CPU-s, against 38.5 for main at 0c6390d; "
+        "see benchmarks-history.md); the reference beyond 20 s (at 1M shards it needed "
+        "over 120 s, 2026-11-27).",
     ),
     Workload(
         "balanced-ranks",
