@@ -47,6 +47,12 @@ class ShardIndex(Protocol):
         (``"right"``), as ``np.searchsorted`` over the starts would say."""
         ...
 
+    def load(self, first: int, end: int) -> None:
+        """Get ready to answer for the shards that hold samples ``[first, end)``: a lazy index
+        reads what they need now, in as few reads as it can (a list in memory has nothing to
+        do)."""
+        ...
+
     @property
     def digest(self) -> str:
         """:func:`energon.format.shard_table.shards_digest` of the whole list."""
@@ -86,6 +92,9 @@ class ListedShards:
 
     def search(self, value: int, side: str = "right") -> int:
         return int(np.searchsorted(self.starts[:-1], value, side=side))
+
+    def load(self, first: int, end: int) -> None:
+        pass  # all in memory
 
     @property
     def digest(self) -> str:
@@ -134,13 +143,17 @@ class _View(Sequence):
 
 class ShardStarts(_View):
     """First global sample index of each shard (what ``leaf.shard_starts`` is); a
-    :class:`energon.plan.sharding.SearchableStarts`: searching it reads one block of a table."""
+    :class:`energon.plan.sharding.SearchableStarts`: a range of a table is read in one go
+    (:meth:`load`), searching it reads one page and one block."""
 
     def _get(self, shard: int) -> int:
         return self.shards.start(shard)
 
     def search(self, value: int, side: str = "right") -> int:
         return self.shards.search(value, side)
+
+    def load(self, first: int, end: int) -> None:
+        self.shards.load(first, end)
 
 
 class ShardNames(_View):

@@ -176,11 +176,13 @@ def write_shard_table(
     *,
     info_text: str | None = None,
     checksums: bool | None = None,
+    **levels: int,
 ) -> None:
     """Write ``.nv-meta/shard_table.bin`` for the local dataset at ``root`` from its
     ``.info.json`` (or ``info_text``, the content about to be written), ``index.uuid`` and the
     split config ``split_config`` (every split in it). ``checksums``: whether the dataset has
-    sample checksums (default: whether the folder exists)."""
+    sample checksums (default: whether the folder exists). ``levels``: ``block_shards`` and
+    ``max_pages`` of :func:`~energon.format.shard_table.shard_table_bytes` (tests)."""
     meta = nv_meta_dir(root)
     if info_text is None:
         info_text = (meta / INFO_JSON_FILENAME).read_text(encoding="utf-8")
@@ -209,6 +211,7 @@ def write_shard_table(
         split_sha256=split_config_sha256(split_bytes),
         checksums=(meta / CHECKSUMS_FOLDER_NAME).is_dir() if checksums is None else checksums,
         warnings=[str(w.message) for w in caught],
+        **levels,
     )
     atomic_write_bytes(meta / SHARD_TABLE_FILENAME, data, mode_like=meta / split_config)
 

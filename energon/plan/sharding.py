@@ -112,6 +112,10 @@ class SearchableStarts(Protocol):
         """``bisect_right`` (``side="right"``) or ``bisect_left`` of ``value``."""
         ...
 
+    def load(self, first: int, end: int) -> None:
+        """Read what the starts of the shards holding values ``[first, end)`` need, at once."""
+        ...
+
 
 def _search(starts: Sequence[int], value: int, side: str) -> int:
     if isinstance(starts, SearchableStarts):
@@ -142,6 +146,8 @@ def slice_bounds(
     """
     if end <= start:
         return np.array([end], dtype=np.int64)
+    if isinstance(shard_starts, SearchableStarts):
+        shard_starts.load(start, end)  # a lazy table: one read per level, not one per block
     first = _search(shard_starts, start, "right")
     last = max(first, _search(shard_starts, end, "left"))
     inner = [int(s) for s in shard_starts[first:last]]

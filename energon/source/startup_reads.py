@@ -9,10 +9,11 @@ share:
   with a current shard table, ``index.uuid``, the split config and the table's front part
   (header, per-split summaries); without a table ``.info.json`` and the split config, in full
   (:func:`~energon.format.split_shards.startup_summary`);
-- its **own** part: the shard-table blocks that hold its shards (read when its streams are
-  planned) and each of its shards' ``.tar.idx``, plus the checksum file for a dataset prepared
-  with ``--checksums`` (read as its streams reach them; a remote index is fetched whole, a local
-  one is memory-mapped and its pages read as they are touched).
+- its **own** part: the shard-table blocks that hold its shards and the directory entries of
+  their pages (read when its streams are planned) and each of its shards' ``.tar.idx``, plus
+  the checksum file for a dataset prepared with ``--checksums`` (read as its streams reach
+  them; a remote index is fetched whole, a local one is memory-mapped and its pages read as
+  they are touched).
 
 A rank's shards are those that overlap the sample ranges of its logical streams; each is counted
 once per rank. The samples' own bytes are not counted: they are the data, not the index.
@@ -41,13 +42,16 @@ from energon.source.webdataset import WebdatasetLeaf
 class LeafReads:
     """What a rank reads of one leaf: ``summary`` (file in ``.nv-meta`` -> bytes) on every rank,
     and per shard ``shard_bytes`` (its index files) and, with a shard table, per block of
-    ``block_shards`` shards ``block_bytes``."""
+    ``block_shards`` shards ``block_bytes`` and per page of ``page_blocks`` blocks
+    ``page_bytes`` (its directory entries; 0 where the summary lists every block)."""
 
     summary: dict[str, int]
     starts: np.ndarray  # first sample of each shard, then the sample count
     shard_bytes: np.ndarray
     block_shards: int = 0  # 0: no shard table
     block_bytes: np.ndarray | None = None
+    page_blocks: int = 1
+    page_bytes: np.ndarray | None = None
 
     @classmethod
     def of(cls, leaf: Any, starts: np.ndarray) -> LeafReads | None:
@@ -67,7 +71,10 @@ class LeafReads:
         shard_bytes[counts == 0] = 0  # never opened
         if isinstance(leaf.shards, SplitTable):
             table = leaf.shards
-            return cls(summary, starts, shard_bytes, table.block_shards, table.block_sizes())
+            blocks, pages = table.read_costs()
+            return cls(
+                summary, starts, shard_bytes, table.block_shards, blocks, table.page_blocks, pages
+            )
         return cls(summary, starts, shard_bytes)
 
     @property
@@ -80,11 +87,14 @@ class LeafReads:
         shards = _union(self._shards_of(a, b) for a, b in ranges if b > a)
         total = _covered(self.shard_bytes, shards)
         if self.block_shards:
-            assert self.block_bytes is not None
+            assert self.block_bytes is not None and self.page_bytes is not None
             blocks = _union(
                 (a // self.block_shards, (b - 1) // self.block_shards + 1) for a, b in shards
             )
-            total += _covered(self.block_bytes, blocks)
+            pages = _union(
+                (a // self.page_blocks, (b - 1) // self.page_blocks + 1) for a, b in blocks
+            )
+            total += _covered(self.block_bytes, blocks) + _covered(self.page_bytes, pages)
         return total
 
     def _shards_of(self, first: int, end: int) -> tuple[int, int]:

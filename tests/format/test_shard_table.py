@@ -13,7 +13,7 @@ from energon.cli.main import cli
 from energon.errors import UnknownSplitError
 from energon.format.layout import SHARD_TABLE_FILENAME
 from energon.format.shard_table import SplitTable
-from energon.format.split_shards import listed_split, open_split_shards
+from energon.format.split_shards import listed_split, open_split_shards, write_shard_table
 from energon.plan.sharding import slice_bounds
 from energon.source.webdataset import WebdatasetLeaf
 from tests.helpers.datasets import make_text_dataset
@@ -41,11 +41,67 @@ def _same_split(a, b) -> None:
     assert (a.excluded, a.checksums) == (b.excluded, b.checksums)
 
 
+@pytest.fixture(scope="module")
+def paged(tmp_path_factory):
+    """The same shards in a table of all three levels: blocks of 4 shards, pages of 4 blocks
+    (train: 56 shards, 14 blocks, 4 pages; val: 14 shards, 4 blocks, one block per page)."""
+    root = tmp_path_factory.mktemp("paged") / "ds"
+    make_text_dataset(root, num_samples=350, num_shards=70, split=SPLIT)
+    write_shard_table(root, "split.yaml", block_shards=4, max_pages=4)
+    return root
+
+
 @pytest.mark.parametrize("split", ["train", "val"])
-def test_the_table_says_what_info_and_split_config_say(dataset, split):
-    opened = open_split_shards(str(dataset), split, "split.yaml")
+@pytest.mark.parametrize("levels", ["dataset", "paged"])
+def test_the_table_says_what_info_and_split_config_say(request, levels, split):
+    root = request.getfixturevalue(levels)
+    opened = open_split_shards(str(root), split, "split.yaml")
     assert isinstance(opened.shards, SplitTable)
-    _same_split(opened, listed_split(str(dataset), split, "split.yaml"))
+    _same_split(opened, listed_split(str(root), split, "split.yaml"))
+
+
+def _recorded_reads(table: SplitTable) -> list[tuple[int, int]]:
+    reads: list[tuple[int, int]] = []
+    read = table.file.read
+
+    def recording(start: int, end: int) -> bytes:
+        reads.append((start, end))
+        return read(start, end)
+
+    table.file.read = recording
+    return reads
+
+
+def test_a_range_costs_one_read_per_level_and_only_its_own_blocks(paged):
+    leaf = WebdatasetLeaf.open(paged, split_part="train")
+    table = leaf.shards
+    assert (table.block_shards, table.page_blocks, table.num_blocks) == (4, 4, 14)
+    reads = _recorded_reads(table)
+    listed = listed_split(str(paged), "train", "split.yaml").shards
+    first, end = listed.start(14) + 1, listed.start(39) - 1  # shards 14..38: blocks 3..9
+    bounds = slice_bounds(first, end, leaf.shard_starts, None)
+    assert bounds.tolist() == slice_bounds(first, end, listed.starts[:-1].tolist(), None).tolist()
+    assert len(reads) == 2  # the directory of pages 0..2, then blocks 3..9 in one read
+    assert sorted(table._pages) == [0, 1, 2] and sorted(table._blocks) == list(range(3, 10))
+    directory, blocks = reads
+    assert directory == (table.directory, table.directory + 16 * 12)
+    block_bytes, _ = table.read_costs()
+    assert blocks[1] - blocks[0] == int(block_bytes[3:10].sum())
+    for shard in range(14, 39):  # what the rank then asks of its shards: nothing more to read
+        table.start(shard + 1), table.name(shard), table.tar_file_id(shard)
+    assert len(reads) == 3  # read_costs read the whole directory (simulate's question)
+
+
+def test_a_table_of_an_older_format_is_not_used_and_says_how_to_write_it_again(tmp_path):
+    root = make_text_dataset(tmp_path / "ds", num_samples=20, num_shards=2)
+    path = root / ".nv-meta" / SHARD_TABLE_FILENAME
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'"format": 2', b'"format": 1', 1))
+    message = _stale_warning(root)
+    assert "format 1" in message and "shard-table-only" in message
+    result = CliRunner().invoke(cli, ["prepare", "--shard-table-only", str(root)])
+    assert result.exit_code == 0, result.output
+    assert path.read_bytes() == data
 
 
 def test_a_rank_reads_only_the_blocks_of_its_own_samples(dataset):

@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from energon import WorkerConfig, get_loader, get_train_dataset
+from energon.format.split_shards import write_shard_table
 from energon.preflight.simulate import SimulationSettings, simulate
 from energon.remote import remote_stats, s3
 from tests.helpers.datasets import make_text_dataset, upload_to_s3
@@ -22,7 +23,7 @@ pytest.importorskip("moto.server")
 pytestmark = pytest.mark.usefixtures("fake_aws_env")
 
 WORLD, BATCH = 4, 2
-SHARDS, PER_SHARD = 96, 8  # 3 blocks of the shard table (32 shards each)
+SHARDS, PER_SHARD = 96, 8  # 3 blocks of the shard table (32 shards each), one per page
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +58,18 @@ def _bytes_asked(requests, local, prefix) -> tuple[int, int, int]:
     return index, samples, repeated
 
 
-@pytest.mark.parametrize("rank,workers,table", [(1, 0, True), (2, 2, True), (3, 0, False)], ids=str)
+@pytest.mark.parametrize(
+    "rank,workers,table", [(1, 0, "blocks"), (2, 2, "paged"), (3, 0, None)], ids=str
+)
 def test_simulated_startup_reads_are_what_a_rank_reads(
     dataset, tmp_path, moto_endpoint, monkeypatch, rank, workers, table
 ):
     local = tmp_path / "ds"
     shutil.copytree(dataset, local)
-    if not table:  # the fallback: every rank reads .info.json in full
+    if table is None:  # the fallback: every rank reads .info.json in full
         (local / ".nv-meta" / "shard_table.bin").unlink()
+    elif table == "paged":  # all three levels: 24 blocks of 4 shards, 4 pages of 6 blocks
+        write_shard_table(local, "split.yaml", block_shards=4, max_pages=4)
     prefix = f"startup-{rank}"
     upload_to_s3(local, f"s3://energon-startup/{prefix}")
     settings = SimulationSettings(world_size=WORLD, num_workers=workers, batch_size=BATCH)

@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
+from energon.format.split_shards import write_shard_table
 from energon.plan.sharding import stream_range
 from tests.helpers.datasets import make_text_dataset, upload_to_s3
 from tests.helpers.paths import REPO_ROOT
@@ -75,6 +76,8 @@ def _own_shards(rank: int) -> set[str]:
 def test_a_restoring_rank_asks_for_its_own_shards_and_a_constant_rest(tmp_path, moto_endpoint):
     rank = 4095
     local = make_text_dataset(tmp_path / "ds", num_samples=SHARDS * PER_SHARD, num_shards=SHARDS)
+    # the table's three levels, as at a million shards: 32 blocks of 4 shards, 4 pages of 8
+    write_shard_table(local, "split.yaml", block_shards=4, max_pages=4)
     url = f"s3://{BUCKET}/storm"
     upload_to_s3(local, url)
     state = tmp_path / "state.json"
@@ -103,6 +106,9 @@ def test_a_restoring_rank_asks_for_its_own_shards_and_a_constant_rest(tmp_path, 
     metadata = [k for k in keys if not k.startswith("parts/")]
     # is it a token prefix (HEAD), a prepared dataset (HEAD .info.json, then its size), the
     # dataset.yaml, index.uuid and split config (HEAD + GET each), the shard table's front part
-    # (two GETs) and the block of this rank's shards: 12, whatever the size of the dataset
-    assert len(metadata) <= 12, [r for r in requests if "/parts/" not in r[1]]
+    # (two GETs), the directory entries of its page and the block of this rank's shards: 13,
+    # whatever the size of the dataset
+    assert len(metadata) <= 13, [r for r in requests if "/parts/" not in r[1]]
+    table = [r for r in requests if r[1].endswith("/shard_table.bin")]
+    assert len(table) == 4, table
     assert len(keys) - len(metadata) <= 3 * len(own), keys  # HEAD + GET of the .tar.idx, GETs

@@ -33,6 +33,8 @@ from bench_common import _REPO_ROOT, machine_summary, print_markdown_table  # no
 
 from energon.format.info import info_json_text  # noqa: E402
 from energon.format.layout import SHARD_TABLE_FILENAME  # noqa: E402
+from energon.format.shard_table import FORMAT_VERSION as TABLE_FORMAT  # noqa: E402
+from energon.format.shard_table import read_table_header  # noqa: E402
 from energon.format.split import split_config_text  # noqa: E402
 from energon.format.split_shards import write_shard_table  # noqa: E402
 from energon.format.tar import scan_tar  # noqa: E402
@@ -104,6 +106,7 @@ def make_dataset(root: str, num_shards: int, real: set[int]) -> None:
     marker = os.path.join(root, ".bench_scale.json")
     wanted = {"shards": num_shards, "real": sorted(real), "format": 1}
     if os.path.exists(marker) and json.load(open(marker)) == wanted:
+        keep_table_current(root)
         return
     meta = os.path.join(root, ".nv-meta")
     os.makedirs(meta, exist_ok=True)
@@ -123,6 +126,14 @@ def make_dataset(root: str, num_shards: int, real: set[int]) -> None:
     write_shard_table(root, "split.yaml")
     with open(marker, "w") as f:
         json.dump(wanted, f)
+
+
+def keep_table_current(root: str) -> None:
+    """Write the shard table again where an earlier energon wrote it in an older format."""
+    path = os.path.join(root, ".nv-meta", SHARD_TABLE_FILENAME)
+    if read_table_header(path)[0]["format"] != TABLE_FORMAT:
+        print(f"{root}: writing the shard table in format {TABLE_FORMAT}", flush=True)
+        write_shard_table(root, "split.yaml")
 
 
 def make_blend(root: str, datasets: int, shards_each: int, workers: list[int]) -> str:
