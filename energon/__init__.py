@@ -23,6 +23,8 @@ _EXPORTS = {
     "SampleDecoder": "energon.decode",
     "ImageNormalizer": "energon.decode.normalize",
     "normalize_images": "energon.decode.normalize",
+    "DeviceImageDecoder": "energon.decode.device",
+    "decode_images_on_device": "energon.decode.device",
     "ArgumentError": "energon.errors",
     "ArgumentTypeError": "energon.errors",
     "DatasetNotFoundError": "energon.errors",

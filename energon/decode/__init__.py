@@ -1,5 +1,6 @@
 """Decoding of raw sample parts (images with Pillow, basic formats, AV hook) by extension."""
 
+from energon.decode.device import DeviceImageDecoder, decode_images_on_device
 from energon.decode.image import IMAGE_EXTENSIONS, IMAGE_MODES, decode_image
 from energon.decode.normalize import ImageNormalizer, normalize_images
 from energon.decode.sample_decoder import (
@@ -14,11 +15,13 @@ __all__ = [
     "AV_DECODE_MODES",
     "AV_EXTENSIONS",
     "DecodeError",
+    "DeviceImageDecoder",
     "IMAGE_EXTENSIONS",
     "IMAGE_MODES",
     "ImageNormalizer",
     "SampleDecoder",
     "decode_image",
+    "decode_images_on_device",
     "guess_extension",
     "normalize_images",
 ]

@@ -70,6 +70,8 @@ IMAGE_MODES: dict[str, ImageMode] = {
     "pil": ImageMode("pil", None, "RGB"),
     "pilrgb": ImageMode("pil", None, "RGB"),
     "pilrgba": ImageMode("pil", None, "RGBA"),
+    # left encoded (bytes), for decoding on the training device (energon.decode.device)
+    "encoded": ImageMode("bytes", None, "RGB"),
 }
 
 
@@ -181,6 +183,8 @@ def _from_pixels(pixels: np.ndarray, mode: ImageMode) -> Any:
 
 def decode_image(data: bytes | memoryview, mode: ImageMode) -> Any:
     """Decode one encoded image into the container, value type and colour mode of ``mode``."""
+    if mode.container == "bytes":
+        return bytes(data)  # its own copy: ``data`` may view a reused read buffer
     if mode.container != "pil":
         deferred = _deferral.active and (mode == _FLOAT_RGB or mode == _UINT8_RGB)
         if deferred:

@@ -63,7 +63,14 @@ PIL_MODES = {"pill": "L", "pil": "RGB", "pilrgb": "RGB", "pilrgba": "RGBA"}
 
 
 def test_every_image_mode_is_covered():
-    assert set(EXPECTED) | set(PIL_MODES) == set(IMAGE_MODES)
+    # "encoded" (bytes for decoding on the device): tests/decode/test_device_decode.py
+    assert set(EXPECTED) | set(PIL_MODES) | {"encoded"} == set(IMAGE_MODES)
+
+
+@pytest.mark.parametrize("source", [JPEG_RGB, PNG_RGB])
+def test_encoded_mode_keeps_the_bytes(source):
+    out = SampleDecoder(image_decode="encoded").decode_part("jpg", memoryview(source))
+    assert type(out) is bytes and out == source
 
 
 @pytest.mark.parametrize("mode", list(EXPECTED))

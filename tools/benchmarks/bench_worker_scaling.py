@@ -1,0 +1,123 @@
+"""Workers on many cores: samples/s with 0, 1, 2, 4, 8, ... workers and the main process's share.
+
+Each worker count runs in a fresh process, the way a training script iterates the loader
+(``get_train_dataset(path, batch_size=32, shuffle_buffer_size=100, max_samples_per_sequence=100)``,
+default decoding: float32 ``torchrgb`` images), for a fixed time after a warm-up (bench_timed.py).
+Reported per run: samples/s, the scaling against linear (``rate(w) / (w * rate(1))``), CPU per
+sample, and the main process's CPU (share of the total and how much of one core it keeps busy: at
+1.0 the main process is the limit). Where CUDA is available the loader pins each batch in the main
+process, as it does for a training loop; that copy is part of the main process's CPU.
+
+Usage: python tools/benchmarks/bench_worker_scaling.py --dataset captioning=PATH --dataset text=PATH
+           [--workers 0,1,2,4,8,14] [--seconds 2.5] [--warm 1.0] [--json out.json] [--deadline T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_timed import (  # noqa: E402
+    BATCH_SIZE,
+    print_result,
+    record,
+    run_child,
+    stamp,
+    time_left,
+    timed_run,
+)
+
+START_COST_SECONDS = 6.0  # process start, imports, workers: what a run adds to its timed part
+
+
+def child(spec: dict[str, Any]) -> None:
+    """One run in this (fresh) process."""
+    from energon import WorkerConfig, get_loader, get_train_dataset
+
+    dataset = get_train_dataset(
+        spec["path"],
+        batch_size=BATCH_SIZE,
+        shuffle_buffer_size=100,
+        max_samples_per_sequence=100,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=spec["workers"]),
+    )
+    field = "image" if spec["kind"] == "captioning" else "text"
+    result = timed_run(
+        iter(get_loader(dataset)),
+        lambda batch: len(getattr(batch, field)),
+        spec["warm"],
+        spec["seconds"],
+    )
+    print_result(result)
+
+
+def with_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Adds ``vs_linear`` = rate / (workers * rate with 1 worker) to each row with workers."""
+    one = next((r.get("samples_per_s") for r in rows if r["workers"] == 1), None)
+    for row in rows:
+        rate = row.get("samples_per_s")
+        if one and rate and row["workers"] > 0:
+            row["vs_linear"] = round(rate / (row["workers"] * one), 3)
+    return rows
+
+
+def run_workload(args: argparse.Namespace, kind: str, path: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for workers in [int(w) for w in args.workers.split(",")]:
+        spec = {"kind": kind, "path": path, "workers": workers}
+        spec |= {"seconds": args.seconds, "warm": args.warm}
+        needed = args.seconds + args.warm + START_COST_SECONDS
+        left = time_left(args.deadline)
+        if left < needed:
+            rows.append({**spec, "error": f"skipped: {left:.0f} s left, a run needs ~{needed:.0f}"})
+        else:
+            rows.append(run_child(os.path.abspath(__file__), spec, timeout=min(left, 4 * needed)))
+        stamp(f"{kind} {workers} workers: {_brief(rows[-1])}")
+        record(args.json, f"scaling_{kind}", with_scaling(rows))
+    return rows
+
+
+def _brief(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return row["error"]
+    return (
+        f"{row['samples_per_s']:.0f} samples/s, main {row['main_cores_busy']:.2f} cores "
+        f"({100 * (row['main_cpu_share'] or 0):.0f}% of CPU), {row['cpu_ms_per_sample']} ms CPU"
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", action="append", default=[], help="KIND=PATH (prepared)")
+    parser.add_argument("--workers", default="0,1,2,4,8,14")
+    parser.add_argument("--seconds", type=float, default=2.5, help="timed seconds per run")
+    parser.add_argument("--warm", type=float, default=1.0, help="warm-up seconds per run")
+    parser.add_argument("--json", default=None, help="record results in this JSON file")
+    parser.add_argument("--deadline", type=float, default=None, help="time.time() to stop by")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return
+    stamp(f"worker scaling on {os.cpu_count()} cores, load {os.getloadavg()}")
+    for item in args.dataset:
+        kind, _, path = item.partition("=")
+        if kind not in ("captioning", "text"):
+            raise SystemExit(f"--dataset {item!r}: KIND must be captioning or text")
+        rows = run_workload(args, kind, path)
+        print(json.dumps(with_scaling(rows)))
+    stamp(f"done at {time.strftime('%H:%M:%S')}")
+
+
+if __name__ == "__main__":
+    main()
