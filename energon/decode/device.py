@@ -24,6 +24,7 @@ torchvision is imported only when a CUDA device is first used: the rest of energ
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ from energon.decode.normalize import ImageNormalizer
 
 __all__ = ["DeviceImageDecoder", "decode_images_on_device"]
 
+_log = logging.getLogger(__name__)
 _UINT8_RGB = IMAGE_MODES["torchrgb8"]
 # JPEG start-of-frame markers nvJPEG decodes (baseline, extended, progressive Huffman, 8-bit);
 # the colour space comes from the number of components and an Adobe marker.
@@ -91,7 +93,8 @@ class DeviceImageDecoder:
     ``normalizer``: an :class:`ImageNormalizer` applied to the stacked batch (None: uint8).
 
     :attr:`cpu_fallbacks` counts the images decoded on the CPU although the device is CUDA (not
-    JPEG, or a JPEG nvJPEG refused); :attr:`device_images` those decoded on the device.
+    JPEG, or a JPEG nvJPEG refused); :attr:`device_images` those decoded on the device;
+    :attr:`device_error` the last reason nvJPEG gave for refusing (also logged, once).
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class DeviceImageDecoder:
         self.normalizer = normalizer
         self.cpu_fallbacks = 0
         self.device_images = 0
+        self.device_error: str | None = None  # the last reason nvJPEG refused images
         self._decode_jpeg = _import_decode_jpeg() if self.device.type == "cuda" else None
 
     def decode(self, images: Sequence[bytes | memoryview]) -> list[torch.Tensor]:
@@ -140,7 +144,8 @@ class DeviceImageDecoder:
         tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in images]
         try:
             decoded: list[torch.Tensor | None] = list(self._decode_jpeg(tensors, self.device))
-        except RuntimeError:
+        except RuntimeError as exc:
+            self._refused(exc, len(tensors))
             decoded = [self._decode_one_on_device(tensor) for tensor in tensors]
         self.device_images += sum(pixels is not None for pixels in decoded)
         return decoded
@@ -148,8 +153,15 @@ class DeviceImageDecoder:
     def _decode_one_on_device(self, tensor: torch.Tensor) -> torch.Tensor | None:
         try:
             return self._decode_jpeg([tensor], self.device)[0]
-        except RuntimeError:
+        except RuntimeError as exc:
+            self._refused(exc, 1)
             return None
+
+    def _refused(self, exc: RuntimeError, count: int) -> None:
+        """Remember (and log once) why nvJPEG refused: a systematic failure must show."""
+        if self.device_error is None:
+            _log.warning("nvJPEG refused %d image(s), decoding them on the CPU: %s", count, exc)
+        self.device_error = f"{type(exc).__name__}: {exc}"
 
     def _decode_on_cpu(self, data: bytes | memoryview, index: int) -> torch.Tensor:
         if self.device.type != "cpu":

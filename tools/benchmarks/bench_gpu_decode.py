@@ -109,6 +109,7 @@ def child(spec: dict[str, Any]) -> None:
     if decoder is not None:
         result["cpu_fallbacks"] = decoder.cpu_fallbacks
         result["device_images"] = decoder.device_images
+        result["device_error"] = decoder.device_error
     print_result(result)
 
 
@@ -218,7 +219,18 @@ def _decoders(device) -> dict[str, Any]:
     decoders = {"cpu": cpu, "libjpeg_fast_upsample": fast_upsample}
     if device.type == "cuda":
         gpu = DeviceImageDecoder(device)
-        decoders["nvjpeg"] = lambda jpegs: [p.cpu() for p in gpu.decode(jpegs)]
+
+        def nvjpeg(jpegs):
+            before = gpu.cpu_fallbacks
+            decoded = [p.cpu() for p in gpu.decode(jpegs)]
+            if gpu.cpu_fallbacks != before:  # then the comparison would not be nvJPEG's
+                raise RuntimeError(
+                    f"{gpu.cpu_fallbacks - before} of {len(jpegs)} images fell back to the CPU: "
+                    f"{gpu.device_error}"
+                )
+            return decoded
+
+        decoders["nvjpeg"] = nvjpeg
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
 

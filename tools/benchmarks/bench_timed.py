@@ -20,6 +20,7 @@ import argparse
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -166,15 +167,21 @@ def timed_run(
 def run_child(script: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run ``script --child JSON`` in a fresh process; its result (or the error) as a dict."""
     command = [sys.executable, script, "--child", json.dumps(spec)]
+    # its own process group: a run stopped on time takes its loader's workers with it
+    child = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
         return {**spec, "error": f"stopped after {timeout:.0f} s"}
-    for line in done.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             return {**spec, **json.loads(line[len(RESULT_PREFIX) :])}
-    tail = (done.stderr or done.stdout).strip().splitlines()[-6:]
-    return {**spec, "error": f"exit {done.returncode}: " + " | ".join(tail)}
+    tail = (stderr or stdout).strip().splitlines()[-6:]
+    return {**spec, "error": f"exit {child.returncode}: " + " | ".join(tail)}
 
 
 def print_result(result: dict[str, Any]) -> None:

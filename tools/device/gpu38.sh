@@ -81,6 +81,11 @@ sys.path.insert(0, "tools/benchmarks")
 import bench_timed
 info = {"cores": os.cpu_count(), "load": os.getloadavg()}
 try:
+    shm = os.statvfs("/dev/shm")
+    info["dev_shm_free_mib"] = shm.f_bavail * shm.f_frsize >> 20
+except OSError as exc:
+    info["dev_shm"] = repr(exc)
+try:
     import torch
     info |= {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
     if torch.cuda.is_available():
