@@ -7,7 +7,7 @@ import ast
 
 from tests.helpers.paths import REPO_ROOT, TOOLS
 
-TOOL_FOLDERS = {"benchmarks", "examples", "docs", "compat"}
+TOOL_FOLDERS = {"benchmarks", "examples", "docs", "compat", "device"}
 # Calls that widen the import path or load code by file path.
 _SYS_PATH_EDITS = {"insert", "append", "extend"}
 _LOAD_BY_PATH = {"spec_from_file_location", "run_path", "SourceFileLoader"}
