@@ -164,12 +164,20 @@ def timed_run(
     }
 
 
-def run_child(script: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run ``script --child JSON`` in a fresh process; its result (or the error) as a dict."""
+def run_child(
+    script: str, spec: dict[str, Any], timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``script --child JSON`` in a fresh process (``env``: extra environment variables);
+    its result (or the error) as a dict."""
     command = [sys.executable, script, "--child", json.dumps(spec)]
     # its own process group: a run stopped on time takes its loader's workers with it
     child = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
     try:
         stdout, stderr = child.communicate(timeout=timeout)

@@ -7,6 +7,7 @@ Reported per run: samples/s, the scaling against linear (``rate(w) / (w * rate(1
 sample, and the main process's CPU (share of the total and how much of one core it keeps busy: at
 1.0 the main process is the limit). Where CUDA is available the loader pins each batch in the main
 process, as it does for a training loop; that copy is part of the main process's CPU.
+``--hide-gpu`` runs with ``CUDA_VISIBLE_DEVICES=""`` (no pinning: what the pinning costs).
 
 Usage: python tools/benchmarks/bench_worker_scaling.py --dataset captioning=PATH --dataset text=PATH
            [--workers 0,1,2,4,8,14] [--seconds 2.5] [--warm 1.0] [--json out.json] [--deadline T]
@@ -77,9 +78,12 @@ def run_workload(args: argparse.Namespace, kind: str, path: str) -> list[dict[st
         if left < needed:
             rows.append({**spec, "error": f"skipped: {left:.0f} s left, a run needs ~{needed:.0f}"})
         else:
-            rows.append(run_child(os.path.abspath(__file__), spec, timeout=min(left, 4 * needed)))
+            env = {"CUDA_VISIBLE_DEVICES": ""} if args.hide_gpu else None
+            script = os.path.abspath(__file__)
+            rows.append(run_child(script, spec, timeout=min(left, 4 * needed), env=env))
         stamp(f"{kind} {workers} workers: {_brief(rows[-1])}")
-        record(args.json, f"scaling_{kind}", with_scaling(rows))
+        section = f"scaling_{kind}" + ("_gpu_hidden" if args.hide_gpu else "")
+        record(args.json, section, with_scaling(rows))
     return rows
 
 
@@ -98,6 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", default="0,1,2,4,8,14")
     parser.add_argument("--seconds", type=float, default=2.5, help="timed seconds per run")
     parser.add_argument("--warm", type=float, default=1.0, help="warm-up seconds per run")
+    parser.add_argument("--hide-gpu", action="store_true", help="CUDA_VISIBLE_DEVICES=''")
     parser.add_argument("--json", default=None, help="record results in this JSON file")
     parser.add_argument("--deadline", type=float, default=None, help="time.time() to stop by")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)

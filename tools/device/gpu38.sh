@@ -6,7 +6,8 @@
 #   3. throughput through the loader as a training loop uses it, in the same run: decoding in the
 #      workers (uint8 batches, .to(device), ImageNormalizer) against workers that hand over the JPEG
 #      bytes and nvJPEG in the main process; samples/s, CPU per sample, main process's share;
-#   4. worker scaling (0, 1, 2, 4, 8, 14 workers) for captioning and text (bench_worker_scaling.py).
+#   4. worker scaling (0, 1, 2, 4, 8, 14 workers) for captioning and text (bench_worker_scaling.py),
+#      and captioning with 8 and 14 workers with the GPU hidden (no pinning in the main process).
 # Each step has its own deadline and records every measurement in $OUT/gpu38.json as it is made;
 # $OUT/gpu38.txt is the summary. DEVICE_DRY=1: tiny sizes on the CPU, CUDA parts skipped.
 set -u
@@ -25,13 +26,14 @@ at() { echo $(( T0 + $1 )); }  # the wall-clock second $1 s after the start
 if [ -n "${DEVICE_DRY:-}" ]; then
     CAP_SAMPLES=160; CAP_SHARDS=2; TEXT_SAMPLES=2000; TEXT_SHARDS=2; CAP_PROCS=1; TEXT_PROCS=1
     PIXELS=8; DEC_WORKERS=1; SCALE_WORKERS=2; DEC_S=0.5; DEC_WARM=0.3; SCALE_S=0.5; SCALE_WARM=0.3
-    T_PIXELS=40; T_DECODE=80; T_CAPTION=110; T_TEXT=140
+    HIDDEN_WORKERS=2; T_PIXELS=40; T_DECODE=80; T_CAPTION=110; T_TEXT=140; T_HIDDEN=170
 else
     CAP_SAMPLES=8000; CAP_SHARDS=16; TEXT_SAMPLES=120000; TEXT_SHARDS=16; CAP_PROCS=12; TEXT_PROCS=4
     PIXELS=64; DEC_WORKERS=0,2,14; SCALE_WORKERS=0,1,2,4,8,14; DEC_S=3; DEC_WARM=1.5
     SCALE_S=2.5; SCALE_WARM=1.0
     # deadlines (s after the start) by which each step stops starting runs
-    T_PIXELS=60; T_DECODE=130; T_CAPTION=185; T_TEXT=236
+    HIDDEN_WORKERS=8,14
+    T_PIXELS=60; T_DECODE=130; T_CAPTION=178; T_TEXT=218; T_HIDDEN=236
 fi
 
 summary() {
@@ -47,7 +49,9 @@ for key, value in data.get("gpu_decode_pixels", {}).items():
 cols = ("samples_per_s", "cpu_ms_per_sample", "main_cpu_ms_per_sample", "main_cpu_share",
         "main_cores_busy", "workers_cores_busy", "vs_linear", "gpu_peak_mib", "cpu_fallbacks")
 print("raw", json.dumps(data.get("gpu_decode_raw")))
-for section in ("gpu_decode_throughput", "scaling_captioning", "scaling_text"):
+sections = ("gpu_decode_throughput", "scaling_captioning", "scaling_text",
+            "scaling_captioning_gpu_hidden")
+for section in sections:
     print(f"\n{section}")
     for row in data.get(section, []):
         name = f"{row.get('mode', row.get('kind'))} w={row['workers']}"
@@ -140,6 +144,11 @@ if [ $TEXT_RC -eq 0 ]; then
     step scaling_text $PY $BENCH/bench_worker_scaling.py --dataset text="$WORK/text" \
         --workers $SCALE_WORKERS --seconds $SCALE_S --warm $SCALE_WARM --json "$JSON" \
         --deadline $(at $T_TEXT)
+fi
+if [ $CAP_RC -eq 0 ]; then  # what pinning float batches in the main process costs
+    step scaling_captioning_gpu_hidden $PY $BENCH/bench_worker_scaling.py --hide-gpu \
+        --dataset captioning="$WORK/captioning" --workers $HIDDEN_WORKERS --seconds $SCALE_S \
+        --warm $SCALE_WARM --json "$JSON" --deadline $(at $T_HIDDEN)
 fi
 summary
 cat "$OUT/gpu38.txt"
