@@ -14,11 +14,16 @@ side) exist as tar files with their ``.tar.idx``. The reference (Megatron-Energo
 venv in ``.cache/ref-venv``) runs the same script as a black box on the same folders, where it
 finishes in ``--reference-timeout`` seconds. ``--no-table`` also runs energon with the shard
 table hidden (the fallback that reads ``.info.json``).
+
+A second table gives what the same rank would ask object storage for, as ``energon simulate``
+counts it (a test checks that count against a real rank's requests to an S3 API server on
+loopback): the part every rank reads, its own ``.tar.idx`` and its own part of the shard table.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -27,6 +32,8 @@ import sys
 import tarfile
 import textwrap
 import uuid
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import _REPO_ROOT, machine_summary, print_markdown_table  # noqa: E402
@@ -40,6 +47,8 @@ from energon.format.split_shards import write_shard_table  # noqa: E402
 from energon.format.tar import scan_tar  # noqa: E402
 from energon.format.tar_index import tar_index_path, write_tar_index  # noqa: E402
 from energon.plan.sharding import stream_range  # noqa: E402
+from energon.source.startup_reads import LeafReads  # noqa: E402
+from energon.source.webdataset import WebdatasetLeaf  # noqa: E402
 
 SAMPLES_PER_SHARD = 10
 RANK, WORLD = 4095, 4096
@@ -156,6 +165,30 @@ def own_index_bytes(root: str, num_shards: int, workers: int) -> int:
     """The ``.tar.idx`` bytes of the shards this rank's streams read (without the margin)."""
     shards = own_shards(num_shards, [workers], margin=0, layouts=("energon",))
     return sum(os.path.getsize(tar_index_path(os.path.join(root, shard_name(s)))) for s in shards)
+
+
+def object_storage_row(name: str, root: str, workers: int) -> list[object]:
+    """What rank RANK asks object storage for (index and metadata, not samples), as ``energon
+    simulate`` counts it (``tests/preflight/test_startup_reads.py`` checks that count against a
+    real rank's GETs to the loopback S3 server, byte for byte): the part every rank reads, its
+    shards' ``.tar.idx`` (fetched whole from object storage) and its part of the shard table."""
+    leaf = WebdatasetLeaf.open(root, split_part="train")
+    reads = LeafReads.of(leaf, np.asarray([*leaf.shard_starts, len(leaf)], dtype=np.int64))
+    assert reads is not None
+    streams = WORLD * max(1, workers)
+    ranges = [stream_range(0, len(leaf), streams, 0, s) for s in rank_streams(workers)]
+    own = reads.own_bytes(ranges)
+    own_index = dataclasses.replace(reads, block_shards=0).own_bytes(ranges)
+    total = reads.summary_bytes + own
+    return [
+        name,
+        workers,
+        f"{reads.summary_bytes:,}",
+        f"{own_index:,}",
+        f"{own - own_index:,}",
+        f"{total:,}",
+        f"{total - 2 * own_index:,}",
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,10 +326,11 @@ def main() -> None:
     tools = ["energon"] + (["energon (no table)"] if args.no_table else [])
     tools += ["reference"] if args.reference and os.path.exists(REF_PYTHON) else []
     print(machine_summary(), flush=True)
-    rows = []
+    rows, remote_rows = [], []
     for n in [int(s) for s in args.shards.split(",")]:
         root = os.path.join(args.root, f"shards-{n}")
         make_dataset(root, n, own_shards(n, workers_list))
+        remote_rows += [object_storage_row(f"{n:,} shards", root, w) for w in workers_list]
         rows += run_case(
             f"{n:,} shards",
             root,
@@ -339,6 +373,19 @@ def main() -> None:
             "own .tar.idx bytes",
         ],
         rows,
+    )
+    print("\nObject storage, index and metadata bytes of the rank (energon simulate's count):")
+    print_markdown_table(
+        [
+            "dataset",
+            "workers",
+            "every rank",
+            "own .tar.idx",
+            "own shard table",
+            "total",
+            "total - 2 x own .tar.idx",
+        ],
+        remote_rows,
     )
 
 
