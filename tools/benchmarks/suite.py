@@ -347,14 +347,15 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload(
         "scale",
         "Start-up at scale",
-        "rank 4,095 of 4,096 building its dataset and first batch over 10k and 1M shards and a "
-        "blend of 100 datasets, against the reference on the same folders (it is stopped "
-        "after 20 s); the first batch of the loader workloads against the reference; "
-        "`prepare_dataset()` of 1M tiny samples.",
+        "rank 4,095 of 4,096 building its dataset and first batch over 10k, 100k and 1M shards "
+        "and a blend of 100 datasets, against the reference on the same folders (it is stopped "
+        "after 20 s), with the bytes it reads (local disk; and what it would ask object storage "
+        "for, as `energon simulate` counts it); the first batch of the loader workloads against "
+        "the reference; `prepare_dataset()` of 1M tiny samples.",
         (
             _step(
                 "bench_scale.py",
-                "--root {root}/scale --shards 10000,1000000 --reference-timeout 20",
+                "--root {root}/scale --shards 10000,100000,1000000 --reference-timeout 20",
                 "--root {root}/scale-quick --shards 1000 --blend 3 --blend-shards 1000 "
                 "--reference-timeout 20",
             ),
@@ -369,7 +370,7 @@ WORKLOADS: tuple[Workload, ...] = (
                 "--root {root}/prepare_scale-quick --samples 20000 --workers 1 --tables 0",
             ),
         ),
-        3.5,
+        4.5,
         not_rerun="`prepare_dataset()` of 10M samples "
         "(about 4-11 minutes; 2026-11-27, load 10-23: 77-79k samples per CPU-second with "
         "sample tables, 191-215k without, peak main RSS 185 MiB); `energon simulate` at 4,096 "
@@ -377,8 +378,9 @@ WORKLOADS: tuple[Workload, ...] = (
         "2026-11-27 21:31 UTC, load 1.1, commit 0e74e99: 34.8 s wall, 34.0 s user + 0.9 s "
         'sys, 788 MiB peak RSS, with `/usr/bin/time -f "user %U sys %S wall %e maxrss_kb '
         '%M" energon simulate <1M-shard dataset from bench_scale> --world-size 4096 '
-        "--num-workers 8 --batch-size 2`; it reports 235,524-258,964 start-up bytes per "
-        "rank; earlier under load 13-22: 32.0 CPU-s, against 38.5 for main at 0c6390d; "
+        "--num-workers 8 --batch-size 2`; it reported 235,524-258,964 start-up bytes per "
+        "rank with the shard table of format 1, and 63,988-69,636 with format 2 (load 12, "
+        "2026-11-27 22:10 UTC); earlier under load 13-22: 32.0 CPU-s, against 38.5 for main at 0c6390d; "
         "see benchmarks-history.md); the reference beyond 20 s (at 1M shards it needed "
         "over 120 s, 2026-11-27).",
     ),
