@@ -54,6 +54,9 @@ def _jpeg_on_device(data: bytes | memoryview) -> bool:
     while position + 4 <= len(view):
         if view[position] != 0xFF:
             return False
+        if view[position + 1] == 0xFF:  # a fill byte before the marker
+            position += 1
+            continue
         marker = view[position + 1]
         length = (view[position + 2] << 8) | view[position + 3]
         if marker == _ADOBE_APP14:

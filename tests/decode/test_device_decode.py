@@ -112,6 +112,7 @@ def test_the_normalizer_gives_the_float_values():
 def test_which_images_go_to_nvjpeg():
     assert _jpeg_on_device(JPEG) and _jpeg_on_device(PROGRESSIVE) and _jpeg_on_device(GRAY)
     assert _jpeg_on_device(memoryview(JPEG))
+    assert _jpeg_on_device(JPEG[:2] + b"\xff\xff" + JPEG[2:])  # fill bytes before a marker
     assert not _jpeg_on_device(CMYK)  # Adobe marker: CMYK / YCCK, the CPU path decides
     assert not _jpeg_on_device(PNG)
     assert not _jpeg_on_device(JPEG[:40])  # cut before its frame header
