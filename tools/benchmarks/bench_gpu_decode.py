@@ -305,6 +305,64 @@ def raw_rates(args: argparse.Namespace, jpegs: list[bytes], seconds: float) -> d
     return out
 
 
+def cuda_checks(args: argparse.Namespace, jpegs: list[bytes]) -> dict[str, Any]:
+    """What tests/decode/test_device_decode.py and test_normalize.py assert on CUDA, run here
+    (the GPU machine has no pytest): mixed formats through DeviceImageDecoder, and
+    ImageNormalizer on the device against the float path."""
+    import torch
+    from PIL import Image
+
+    from energon import DeviceImageDecoder, ImageNormalizer
+
+    if not torch.cuda.is_available():
+        record(args.json, "cuda_checks", {"skipped": "no CUDA device"})
+        return {"skipped": "no CUDA device"}
+    out: dict[str, Any] = {}
+
+    def encode(image, format, **options):
+        buffer = io.BytesIO()
+        image.save(buffer, format=format, **options)
+        return buffer.getvalue()
+
+    photo = Image.open(io.BytesIO(jpegs[0]))
+    mixed = [
+        jpegs[0],
+        encode(photo, "JPEG", quality=90, progressive=True),
+        encode(photo.convert("L"), "JPEG", quality=90),
+        encode(photo, "PNG"),
+        encode(photo.convert("CMYK"), "JPEG", quality=90),
+    ]
+    gpu = DeviceImageDecoder("cuda")
+    on_gpu = gpu(mixed).cpu()
+    on_cpu = DeviceImageDecoder("cpu")(mixed)
+    difference = (on_gpu.to(torch.int16) - on_cpu.to(torch.int16)).abs()
+    out["mixed_batch"] = {
+        "same_shape": on_gpu.shape == on_cpu.shape,
+        "device_images": gpu.device_images,  # expected 3
+        "cpu_fallbacks": gpu.cpu_fallbacks,  # expected 2 (PNG, CMYK)
+        "device_error": gpu.device_error,
+        "jpeg_slots_mean_abs": round(float(difference[:3].float().mean()), 4),
+        "cpu_slots_equal": bool(torch.equal(on_gpu[3:], on_cpu[3:])),
+    }
+    values = (
+        torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(2, 3, 16, 16).contiguous()
+    )
+    mean = torch.tensor(MEAN).view(3, 1, 1)
+    std = torch.tensor(STD).view(3, 1, 1)
+    unit = ImageNormalizer()(values.cuda()).cpu()
+    normalized = ImageNormalizer(MEAN, STD)(values.cuda())
+    float_on_device = (values.float() / 255).cuda()  # the float path's values (CPU divides exactly)
+    expected = (float_on_device - mean.cuda()) / std.cuda()
+    out["normalizer"] = {
+        "unit_equals_float_path": bool(torch.equal(unit, values.float() / 255)),
+        "plain_cuda_division_differs": int((values.cuda().float() / 255).cpu().ne(unit).sum()),
+        "normalized_equals_per_pixel_on_device": bool(torch.equal(normalized, expected)),
+    }
+    stamp(f"cuda checks: {json.dumps(out)}")
+    record(args.json, "cuda_checks", out)
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default=None, help="a prepared captioning dataset")
@@ -328,7 +386,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--dataset PATH (a prepared captioning dataset) is needed")
     if args.pixels:
         pixels(args)
-        raw_rates(args, dataset_jpegs(args.dataset, 4 * args.pixels), args.seconds)
+        jpegs = dataset_jpegs(args.dataset, 4 * args.pixels)
+        try:
+            cuda_checks(args, jpegs)
+        except Exception as exc:  # recorded, and the rates still run
+            record(args.json, "cuda_checks", {"error": f"{type(exc).__name__}: {exc}"})
+        raw_rates(args, jpegs, args.seconds)
     if args.workers:
         throughput(args)
     stamp(f"done at {time.strftime('%H:%M:%S')}")

@@ -49,6 +49,7 @@ for key, value in data.get("gpu_decode_pixels", {}).items():
 cols = ("samples_per_s", "cpu_ms_per_sample", "main_cpu_ms_per_sample", "main_cpu_share",
         "main_cores_busy", "workers_cores_busy", "vs_linear", "gpu_peak_mib", "cpu_fallbacks")
 print("raw", json.dumps(data.get("gpu_decode_raw")))
+print("cuda_checks", json.dumps(data.get("cuda_checks")))
 sections = ("gpu_decode_throughput", "scaling_captioning", "scaling_text",
             "scaling_captioning_gpu_hidden")
 for section in sections:
