@@ -12,36 +12,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch.utils.data
 
 from energon.errors import SkipSample, StateError
-from energon.loader.direct_iteration import DirectPosition
-from energon.loader.hand_written import IteratorStage, hand_written_spec, stream_worker
+from energon.loader.dataset_kind import DatasetKind
+from energon.loader.hand_written import HAND_WRITTEN, hand_written_spec
+from energon.loader.planned import PLANNED
+from energon.loader.resume_point import ResumePoint
 from energon.pipeline.balanced_executor import BalancedExecutor
 from energon.pipeline.executor import Executor
 from energon.pipeline.keys import as_key, attach_restore_key, parse_stream_key
-from energon.pipeline.pointers import build_pointer_stages
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
-from energon.pipeline.stream import Stream, build_stream, restore_stages
+from energon.pipeline.stream import Stream
 from energon.savable import FlexState, Savable
 from energon.worker import Layout, WorkerConfig
-
-
-@dataclasses.dataclass
-class ResumePoint:
-    """Where the next pass of executors starts: the rank's next position and stream snapshots."""
-
-    base: int = 0
-    origin: int = 0  # where the rank's global steps are counted from (balanced windows)
-    tail: dict[str, Any] | None = None  # a balanced window's tail (energon.balance.tail)
-    snapshots: dict[int, StreamSnapshot] = dataclasses.field(default_factory=dict)
-    board: str | None = None  # the folder of the loader's stats board (energon.observe.probe)
 
 
 class SavableDataset(torch.utils.data.IterableDataset, Savable):
@@ -49,8 +37,11 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
 
     Built by ``SavableDataset(worker_config)`` (the reference's signature), it is the base of a
     *hand-written* dataset that yields its items from its own ``__iter__``
-    (:mod:`energon.loader.hand_written`). Either kind also answers the reference's per-dataset
-    state protocol (:meth:`save_state`, :meth:`restore_state`, :meth:`reset_state_own`,
+    (:mod:`energon.loader.hand_written`); energon's own, *planned* datasets are made by
+    :meth:`from_spec` (:mod:`energon.loader.planned`). Where the two kinds differ, a method asks
+    the dataset's :attr:`dataset_kind` (:class:`~energon.loader.dataset_kind.DatasetKind`), chosen
+    once when the dataset is made. Either kind also answers the reference's per-dataset state
+    protocol (:meth:`save_state`, :meth:`restore_state`, :meth:`reset_state_own`,
     :meth:`reset_state_deep`): a hand-written dataset saves its ``_savable_fields``; a planned one
     saves where its own ``__iter__`` (iterating it without a loader) has got to. Loaders use
     neither: they keep the state of the logical streams they run themselves.
@@ -62,36 +53,42 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
     def __init__(self, worker_config: WorkerConfig) -> None:
         """The base of a hand-written dataset (the reference's constructor); energon's own
         datasets are made by :meth:`from_spec`."""
-        self._setup(worker_config, None)
+        self._setup(worker_config, HAND_WRITTEN, None)
 
     @classmethod
     def from_spec(cls, spec: PipelineSpec, worker_config: WorkerConfig) -> SavableDataset:
         """The dataset that runs ``spec`` for ``worker_config``'s ranks and workers."""
         dataset = cls.__new__(cls)
-        dataset._setup(worker_config, spec)
+        dataset._setup(worker_config, PLANNED, spec)
         return dataset
 
-    def _setup(self, worker_config: WorkerConfig, spec: PipelineSpec | None) -> None:
+    def _setup(
+        self, worker_config: WorkerConfig, kind: DatasetKind, spec: PipelineSpec | None
+    ) -> None:
+        """``spec`` None: a hand-written dataset's (no sources of energon's, one stream per
+        worker)."""
         if not isinstance(worker_config, WorkerConfig):
             raise TypeError(
                 f"{type(self).__name__}: worker_config must be a WorkerConfig, "
                 f"not {type(worker_config).__name__}"
             )
-        self.hand_written = spec is None
+        self.dataset_kind = kind
         self.spec = hand_written_spec(worker_config) if spec is None else spec
         self.worker_config = worker_config
         self.journal_keys = False  # items carry their restore keys (a loader keeps a journal)
         self._direct: dict[str, Any] | None = None  # where __iter__ has got to (save_state)
 
+    @property
+    def hand_written(self) -> bool:
+        """Whether this dataset yields its items from its own ``__iter__``."""
+        return self.dataset_kind.hand_written
+
     def __deepcopy__(self, memo: dict[int, Any]) -> SavableDataset:
-        """A planned dataset's copy shares its spec (which nothing changes); a hand-written one's
-        copy has its own fields, as each of the reference's workers has (hand_written.py)."""
+        """A copy that shares what its kind says nothing changes (a planned dataset's spec); a
+        hand-written one's copy has its own fields, as each of the reference's workers has."""
         clone = copy.copy(self)
         memo[id(self)] = clone
-        if self.hand_written:
-            for name, value in vars(self).items():
-                if name not in ("spec", "worker_config"):
-                    clone.__dict__[name] = copy.deepcopy(value, memo)
+        self.dataset_kind.copy_fields(self, clone, memo)
         return clone
 
     def with_spec(self, spec: PipelineSpec) -> SavableDataset:
@@ -110,27 +107,13 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
     # -- sizes -------------------------------------------------------------------------------
     def positions_per_pass(self) -> int | None:
         """Global micro-batches in one pass (validation, as planned from the sample counts), or
-        per epoch (training)."""
-        spec = self.spec
-        if self.hand_written:
-            return None  # a hand-written dataset's iterators decide
-        if not spec.training and not spec.even_ranks:
-            return sum(spec.stream_val_batches(s) for s in range(spec.num_streams))
-        if not spec.training:
-            return spec.num_streams * spec.val_batches_per_stream()
-        counts = spec.stream_sample_counts()
-        if spec.batch_size is None:
-            return sum(counts)
-        if spec.batch_drop_last:
-            return sum(c // spec.batch_size for c in counts)
-        return sum(math.ceil(c / spec.batch_size) for c in counts)
+        per epoch (training); None: a hand-written dataset's iterators decide."""
+        return self.dataset_kind.positions_per_pass(self)
 
     def len_rank(self) -> int:
         """Micro-batches this rank yields per pass (``limit`` / ``virtual_epoch_length`` if set);
         a hand-written dataset's: the sum of its workers' ``len_worker``."""
-        if self.hand_written:
-            return sum(self.len_worker(w) for w in range(max(1, self.worker_config.num_workers)))
-        return self.len_ranks([self.worker_config.rank])[0]
+        return self.dataset_kind.len_rank(self)
 
     def len_ranks(self, ranks: Iterable[int]) -> list[int]:
         """:meth:`len_rank` of each of ``ranks`` of this world size: the same arithmetic, with the
@@ -157,10 +140,9 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
         return self.len_rank()
 
     def fingerprint(self) -> tuple[dict[str, Any], str]:
-        if self.hand_written:  # what a saved state depends on: the class and its config
-            fp = json.loads(json.dumps({type(self).__name__: self.config()}, default=str))
-        else:
-            fp = self.spec.fingerprint()
+        """What a saved state depends on (a hand-written dataset's: its class and config), and
+        its digest."""
+        fp = self.dataset_kind.fingerprint(self)
         return fp, fingerprint_digest(fp)
 
     def config(self) -> dict[str, Any]:
@@ -211,10 +193,7 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
 
     def build_stream(self, stream_id: int) -> Stream:
         """The stage chain of one logical stream (datasets composed otherwise override this)."""
-        if self.hand_written:
-            worker = stream_worker(stream_id, self.worker_config.world_size)
-            return Stream(stream_id, self.spec, [IteratorStage(self, worker)])
-        return build_stream(self.spec, stream_id)
+        return self.dataset_kind.build_stream(self, stream_id)
 
     def initial_snapshot(self, stream_id: int) -> StreamSnapshot:
         """The snapshot of stream ``stream_id`` before its first item (no data is read)."""
@@ -223,25 +202,13 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
         return self.build_stream(stream_id).state()
 
     def check_snapshot(self, stream_id: int, snapshot: StreamSnapshot) -> None:
-        """Check a saved stream snapshot without reading data (``StateError`` naming the field):
-        the pointer stages are built and restored (no I/O); the stages behind them check their
-        part when a worker restores the stream."""
-        if self.hand_written:
-            return  # its own restore_state checks its fields when a worker restores the stream
-        restore_stages(
-            build_pointer_stages(self.spec, stream_id), snapshot, stream_id, complete=False
-        )
+        """Check a saved stream snapshot without reading data (``StateError`` naming the field)."""
+        self.dataset_kind.check_snapshot(self, stream_id, snapshot)
 
     def can_restore_sample(self) -> bool:
         """Whether ``restore_sample`` can regenerate items: every active hook is ``@stateless``
         (a hand-written dataset's items cannot be regenerated)."""
-        if self.hand_written:
-            return False
-        te = self.spec.task_encoder
-        for hook in ("encode_sample", "encode_batch"):
-            if te.is_active(hook) and not getattr(getattr(te, hook), "__stateless__", False):
-                return False
-        return True
+        return self.dataset_kind.can_restore_sample(self)
 
     def assert_can_restore(self) -> None:
         if not self.can_restore_sample():
@@ -255,13 +222,9 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
         return restore_item(self, restore_key, self.worker_config.restore_error_handler)
 
     def len_worker(self, worker_idx: int | None = None) -> int:
-        """Items one local worker yields per pass (the rank's items go round-robin to them)."""
-        if self.hand_written:
-            raise NotImplementedError(
-                f"{type(self).__name__}: a hand-written dataset defines len_worker (its items per worker)"
-            )
-        workers = max(1, self.worker_config.num_workers)
-        return len(range(worker_idx or 0, self.len_rank(), workers))
+        """Items one local worker yields per pass (the rank's items go round-robin to them; a
+        hand-written dataset defines its own)."""
+        return self.dataset_kind.len_worker(self, worker_idx)
 
     def worker_has_samples(self) -> bool:
         return self.len_rank() > 0
@@ -301,60 +264,27 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
         or forever (training); inside a hand-written dataset's stream or a torch ``DataLoader``
         worker, only that worker's items. Holes of a planned validation pass are left out: only a
         loader fills them (its ``__padding__`` fillers keep ranks even). It continues from the
-        position ``save_state`` gives (:mod:`energon.loader.direct_iteration`)."""
-        if self.hand_written:
-            raise TypeError(
-                f"{type(self).__name__}: a hand-written SavableDataset defines __iter__"
-            )
-        spec = self.spec
-        length = spec.virtual_epoch_length if spec.training else spec.limit
-        worker = WorkerConfig.acting_worker
-        info = torch.utils.data.get_worker_info()
-        if worker is None and info is not None:  # a torch DataLoader's worker: its share only
-            self.worker_config.assert_worker()  # as many workers as the config says
-            worker = info.id
-        position = DirectPosition.from_state(self._direct, f"{type(self).__name__} state")
-        resume = ResumePoint(base=position.base, snapshots=dict(position.snapshots))
-        executor = self.executor(worker or 0, resume, all_workers=worker is None)
-        layout = executor.layout
-        for value, meta in executor:
-            if length and position.emitted >= length:
-                return
-            counted = not (meta.hole or meta.ended)
-            position = position.advance(meta, layout, counted)
-            self._direct = position.to_state()
-            if counted:
-                yield value
+        position ``save_state`` gives (:mod:`energon.loader.direct_iteration`). A hand-written
+        dataset defines its own (this one raises at the first item, as a generator)."""
+        yield from self.dataset_kind.iterate(self)
 
     # -- the reference's per-dataset state protocol -------------------------------------------
     def save_state(self) -> FlexState:
         """A hand-written dataset's ``_savable_fields``; a planned dataset's iteration position."""
-        state = FlexState(__class__=type(self).__name__)
-        if self.hand_written:
-            state.update({f: copy.deepcopy(getattr(self, f)) for f in self._savable_fields})
-        else:
-            state["position"] = self._direct
-        return state
+        return self.dataset_kind.save_state(self)
 
     def restore_state(self, state: FlexState) -> None:
-        """Continue as the dataset that saved ``state`` (its :meth:`save_state`) would have."""
+        """Continue as the dataset that saved ``state`` (its :meth:`save_state`) would have; a
+        state of another class is refused before anything is restored."""
         name = type(self).__name__
         if not isinstance(state, dict) or state.get("__class__") != name:
             got = state.get("__class__") if isinstance(state, dict) else type(state).__name__
             raise StateError(f"{name}.restore_state: the state was saved by {got}, not by {name}")
-        if self.hand_written:
-            for field in self._savable_fields:
-                if field not in state:
-                    raise StateError(f"{name}.restore_state: the state has no field {field!r}")
-                setattr(self, field, copy.deepcopy(state[field]))
-        else:
-            DirectPosition.from_state(state.get("position"), f"{name} state")  # checked here
-            self._direct = state.get("position")
+        self.dataset_kind.restore_state(self, state)
 
     def reset_state_own(self) -> None:
         """Back to the initial state (a hand-written dataset sets its fields here)."""
-        if not self.hand_written:
-            self._direct = None
+        self.dataset_kind.reset_state_own(self)
 
     def reset_state_deep(self) -> None:
         """:meth:`reset_state_own` of this dataset and everything it wraps."""

@@ -80,6 +80,30 @@ def test_restore_state_refuses_another_class_and_missing_fields():
         dataset.restore_state({"__class__": "Numbers", "_next": 1})
 
 
+def test_a_wrapper_refuses_a_state_of_another_class_before_restoring_its_children():
+    from energon.compat.wrappers.base import BaseWrapperDataset
+
+    class Tag(BaseWrapperDataset):
+        _savable_fields = ("_seen",)
+
+        def __iter__(self):
+            yield from self.dataset
+
+    inner = Numbers(3, config())
+    wrapper = Tag(inner, worker_config=config())
+    state = {
+        "__class__": "Other",
+        "_seen": 1,
+        "datasets": [{"__class__": "Numbers", "_next": 2, "_extra": None}],
+    }
+    with pytest.raises(StateError, match="saved by Other, not by Tag"):
+        wrapper.restore_state(state)
+    assert inner._next == 0  # nothing restored from a state that is refused
+    state["__class__"] = "Tag"
+    wrapper.restore_state(state)
+    assert (wrapper._seen, inner._next) == (1, 2)
+
+
 def test_a_state_needs_the_same_workers():
     loader = get_savable_loader(Numbers(3, config(2)))
     it = iter(loader)

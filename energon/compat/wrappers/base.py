@@ -17,21 +17,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from energon import state_fields as fields
 from energon.errors import ErrorPolicy, StateError
-from energon.loader.hand_written import IteratorStage, stream_worker
+from energon.loader.hand_written import HandWrittenKind, IteratorStage, stream_worker
+from energon.loader.planned import PlannedKind
 from energon.loader.savable_dataset import SavableDataset
 from energon.pipeline import assembly
 from energon.pipeline.snapshot import StreamSnapshot
 from energon.pipeline.spec import PipelineSpec, fingerprint_digest
 from energon.pipeline.stage import Item, Stage
 from energon.pipeline.stages import MapStage
-from energon.pipeline.stream import Stream, build_stream
+from energon.pipeline.stream import Stream
 from energon.plan.rng import CounterRng, stable_seed
 from energon.samples import Sample
 from energon.savable import FlexState, Savable
@@ -83,66 +83,48 @@ def function_name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
-# -- leaves: datasets built by energon's own pipeline ------------------------------------------------
+# -- leaves: datasets from get_train_dataset / get_val_dataset, a factory's build(), or hand-written
 
 
-class _StreamStage(Stage):
-    """A leaf dataset's stream as a stage (the composition decides the batch index, not the leaf)."""
+class _LeafStage(Stage):
+    """A leaf's stream as a stage (the composition decides the batch index, not the leaf)."""
 
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
+    def __init__(self, stage: Stage) -> None:
+        self.stage = stage
 
     def next(self) -> Item:
         batch_index = hook_context.batch_index
         try:
-            return self.stream.next()
+            return self.stage.next()
         finally:
             hook_context.batch_index = batch_index
 
-    def state(self) -> dict[str, Any]:
-        return self.stream.state()
+    def state(self) -> Any:
+        return self.stage.state()
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.stream.restore(state)
+    def restore(self, state: Any) -> None:
+        self.stage.restore(state)
 
     def rebuild(self, key: tuple) -> Any:
-        return self.stream.rebuild(key)
-
-
-def _leaf_spec(dataset: SavableDataset, ctx: StreamContext) -> PipelineSpec:
-    spec = dataset.spec
-    changes: dict[str, Any] = {}
-    if spec.num_streams != ctx.num_streams:
-        changes["num_streams"] = ctx.num_streams
-    if ctx.epoch:  # a new pass of a finite leaf under RepeatDataset reshuffles
-        changes["seed"] = stable_seed(spec.seed, "compat-pass", list(ctx.epoch))
-    return dataclasses.replace(spec, **changes) if changes else spec
+        return self.stage.rebuild(key)
 
 
 def open_stage(dataset: SavableDataset, ctx: StreamContext) -> Any:
     """The stage of ``dataset`` (a wrapper or a leaf) for one logical stream."""
     if isinstance(dataset, BaseWrapperDataset):
         return dataset.open(ctx)
-    if dataset.hand_written:  # a stream is one of its workers (energon.loader.hand_written)
-        return IteratorStage(dataset, stream_worker(ctx.stream, dataset.worker_config.world_size))
-    return _StreamStage(build_stream(_leaf_spec(dataset, ctx), ctx.stream))
+    seed = dataset.spec.seed
+    if ctx.epoch:  # a new pass of a finite leaf under RepeatDataset reshuffles
+        seed = stable_seed(seed, "compat-pass", list(ctx.epoch))
+    kind = dataset.dataset_kind
+    return _LeafStage(kind.leaf_stage(dataset, ctx.stream, ctx.num_streams, seed))
 
 
 def stream_length(dataset: SavableDataset, stream: int, num_streams: int) -> int:
     """Items ``dataset`` yields on one stream per pass (the reference's ``len_worker``)."""
     if isinstance(dataset, BaseWrapperDataset):
         return dataset.len_stream(stream, num_streams)
-    if dataset.hand_written:  # a stream is one of its workers
-        return dataset.len_worker(stream_worker(stream, dataset.worker_config.world_size))
-    spec = dataset.spec
-    if spec.num_streams != num_streams:
-        spec = dataclasses.replace(spec, num_streams=num_streams)
-    if not spec.training:
-        return spec.stream_val_batches(stream)
-    count = spec.stream_sample_count(stream)
-    if spec.batch_size is None:
-        return count
-    return count // spec.batch_size if spec.batch_drop_last else math.ceil(count / spec.batch_size)
+    return dataset.dataset_kind.leaf_length(dataset, stream, num_streams)
 
 
 def _leaves(dataset: SavableDataset) -> list[SavableDataset]:
@@ -173,8 +155,10 @@ class BaseWrapperDataset(SavableDataset):
             raise TypeError(f"{type(self).__name__}: worker_config must be an energon WorkerConfig")
         for child in self.datasets:
             _check_child(self, child, worker_config)
-        hand_written = type(self).open is BaseWrapperDataset.open  # it has its own __iter__
-        self._setup(worker_config, None if hand_written else self._root_spec(worker_config))
+        if type(self).open is BaseWrapperDataset.open:  # it has its own __iter__
+            self._setup(worker_config, HAND_WRITTEN_WRAPPER, None)
+        else:
+            self._setup(worker_config, COMPOSED, self._root_spec(worker_config))
 
     @property
     def dataset(self) -> SavableDataset:
@@ -194,29 +178,12 @@ class BaseWrapperDataset(SavableDataset):
         return {}
 
     def _stateless(self) -> bool:
-        """Whether this node's own function(s) can regenerate outputs (``restore_sample``)."""
-        return not self.hand_written
+        """Whether this node's own function(s) can regenerate outputs (``restore_sample``; a
+        node without functions can)."""
+        return True
 
     # -- the reference's per-dataset state protocol (a hand-written wrapper's includes its
-    #    children's, as the reference's does) ----------------------------------------------------
-    def save_state(self) -> FlexState:
-        own = super().save_state()
-        if not self.hand_written:
-            return own
-        return FlexState(datasets=[d.save_state() for d in self.datasets], **own)
-
-    def restore_state(self, state: FlexState) -> None:
-        if self.hand_written:
-            children = state.get("datasets") if isinstance(state, dict) else None
-            if not isinstance(children, list) or len(children) != len(self.datasets):
-                raise StateError(
-                    f"{type(self).__name__}.restore_state: the state's 'datasets' does not hold "
-                    f"one state per wrapped dataset ({len(self.datasets)})"
-                )
-            for child, child_state in zip(self.datasets, children):
-                child.restore_state(child_state)
-        super().restore_state(state)
-
+    #    children's, as the reference's does: HandWrittenWrapperKind) ------------------------------
     def reset_state_deep(self) -> None:
         self.reset_state_own()
         for child in self.datasets:
@@ -277,27 +244,8 @@ class BaseWrapperDataset(SavableDataset):
         streams = self.layout(worker_idx or 0).streams()
         return sum(self.len_stream(s, self.spec.num_streams) for s in streams)
 
-    def len_rank(self) -> int:
-        if self.hand_written:
-            return SavableDataset.len_rank(self)  # its len_worker's sum
-        spec = self.spec
-        if spec.training and spec.virtual_epoch_length:
-            return spec.virtual_epoch_length
-        total = sum(self.len_stream(s, spec.num_streams) for s in self._rank_streams())
-        return min(total, spec.limit) if spec.limit else total
-
     def worker_has_samples(self) -> bool:
         return self.len_rank() > 0
-
-    def can_restore_sample(self) -> bool:
-        if not self._stateless():
-            return False
-        return all(
-            child.can_restore_sample()
-            if isinstance(child, BaseWrapperDataset)
-            else SavableDataset.can_restore_sample(child)
-            for child in self.datasets
-        )
 
     def assert_can_restore(self) -> None:
         if not self.can_restore_sample():
@@ -333,6 +281,57 @@ class BaseWrapperDataset(SavableDataset):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(type(d).__name__ for d in self.datasets)})"
+
+
+# -- the two kinds of wrappers (energon.loader.dataset_kind) ----------------------------------------
+
+
+class ComposedKind(PlannedKind):
+    """A composition whose nodes build its stages (``open``): planned, its length summed over the
+    rank's streams, its items regenerable where every node's function is stateless."""
+
+    def len_rank(self, dataset: Any) -> int:
+        spec = dataset.spec
+        if spec.training and spec.virtual_epoch_length:
+            return spec.virtual_epoch_length
+        total = stream_rank_total(dataset)
+        return min(total, spec.limit) if spec.limit else total
+
+    def can_restore_sample(self, dataset: Any) -> bool:
+        """Every node's own function(s) are stateless, and every leaf's hooks."""
+        if not dataset._stateless():
+            return False
+        return all(
+            child.can_restore_sample()
+            if isinstance(child, BaseWrapperDataset)
+            else child.dataset_kind.can_restore_sample(child)
+            for child in dataset.datasets
+        )
+
+
+class HandWrittenWrapperKind(HandWrittenKind):
+    """A wrapper with its own ``__iter__``: a hand-written dataset whose state holds its
+    children's (``datasets``), as the reference's does."""
+
+    def save_state(self, dataset: Any) -> FlexState:
+        own = super().save_state(dataset)
+        return FlexState(datasets=[d.save_state() for d in dataset.datasets], **own)
+
+    def restore_state(self, dataset: Any, state: FlexState) -> None:
+        children = state.get("datasets")
+        if not isinstance(children, list) or len(children) != len(dataset.datasets):
+            raise StateError(
+                f"{type(dataset).__name__}.restore_state: the state's 'datasets' does not hold "
+                f"one state per wrapped dataset ({len(dataset.datasets)})"
+            )
+        for child, child_state in zip(dataset.datasets, children):
+            child.restore_state(child_state)
+        super().restore_state(dataset, state)
+
+
+#: The kinds of wrappers (a kind holds no state).
+COMPOSED = ComposedKind()
+HAND_WRITTEN_WRAPPER = HandWrittenWrapperKind()
 
 
 def pass_rule(dataset: SavableDataset) -> tuple[bool, int, int | None]:
