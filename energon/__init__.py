@@ -20,6 +20,8 @@ _EXPORTS = {
     "fit_cost": "energon.balance",
     "MultimodalCost": "energon.balance",
     "SampleCost": "energon.balance",
+    "publish_plans": "energon.balance",
+    "PlanStoreError": "energon.errors",
     "SampleDecoder": "energon.decode",
     "ImageNormalizer": "energon.decode.normalize",
     "normalize_images": "energon.decode.normalize",

@@ -14,6 +14,7 @@ configuration, ``OSError`` for storage, ...), so ``except ValueError`` keeps wor
         NotSimulableError (ValueError)
         PaddingError (TypeError)
         BalanceCostError (ValueError)
+        PlanStoreError (ValueError)
         SampleException (ValueError)
             FatalSampleError
                 ErrorBudgetExceeded
@@ -123,6 +124,11 @@ class NotSimulableError(EnergonError, ValueError):
 class BalanceCostError(EnergonError, ValueError):
     """A sample lacks what the balance cost model needs: one line naming the field, the sample
     key and the dataset (instead of a bare ``AttributeError`` from deep inside planning)."""
+
+
+class PlanStoreError(EnergonError, ValueError):
+    """A balanced plan store (``Balance(plan_store=...)``) holds a damaged plan or plans that do
+    not continue this run's streams (energon.balance.store)."""
 
 
 class SampleException(EnergonError, ValueError):

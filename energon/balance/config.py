@@ -38,6 +38,12 @@ class Balance:
     ``window=1`` balances each step on its own. An elastic restore (another number of ranks) of
     states saved inside a window first delivers the rest of that window, recomposed for the new
     ranks (:mod:`energon.balance.tail`).
+
+    ``plan_store``: a directory every rank can read and write (a shared file system): each
+    window is then planned once, by one rank, and the others read their shares from it
+    (:mod:`energon.balance.plans`); without it every rank plans every window. ``plan_wait``:
+    seconds a rank waits for a window's planner before planning it itself (with a warning).
+    Neither changes the plans, so neither is part of the fingerprint.
     """
 
     max_length: int
@@ -46,6 +52,8 @@ class Balance:
     over_length: str = "truncate"
     group: Callable[[Any], Any] | None = None
     window: int = 8
+    plan_store: str | None = None
+    plan_wait: float = 600.0
 
     def __post_init__(self) -> None:
         if self.max_length < 1:
@@ -57,6 +65,8 @@ class Balance:
             )
         if self.window < 1:
             raise ValueError(f"balance window must be >= 1 global step, got {self.window}")
+        if self.plan_wait < 0:
+            raise ValueError(f"balance plan_wait must be >= 0 seconds, got {self.plan_wait}")
         if not callable(self.cost):
             raise TypeError("balance cost must be callable: SampleMeta -> SampleCost")
 

@@ -31,6 +31,7 @@ from typing import Any
 from energon.balance.assign import compose_steps
 from energon.balance.cost import MISSING_FIELD_ERRORS, cost_failure, dataset_name
 from energon.balance.packed import layout_batch, pack_balanced
+from energon.balance.plans import PlannedWindow, Window, WindowAt, plan_source
 from energon.balance.table import CostTable
 from energon.balance.tail import compose_tail, layers_of, tail_end, tail_steps
 from energon.errors import (
@@ -186,19 +187,6 @@ class RankFailures:
         return make_snapshot(emitted(snapshot), stage_states(snapshot), errors)
 
 
-@dataclasses.dataclass
-class Window:
-    """A window of global steps, planned: its pointers, their costs and who gets which."""
-
-    index: int  # counted from the origin in windows of Balance.window steps
-    steps: int  # global steps it holds (fewer at the end of a finite pass)
-    pool: list[tuple[int, int, Key]]  # (position, member, key) of every pointer read
-    costs: list[float]  # what the plan counts of each pointer (Balance.planned_cost)
-    plan: list[list[list[int]]]  # [step][rank] -> indices into pool
-    start: dict[int, StreamSnapshot]  # every stream before the window
-    end: dict[int, StreamSnapshot]  # every stream after it
-
-
 class BalancedExecutor:
     """Yields ``(BalancedBatch, ItemMeta)`` for this rank's (worker's) steps, in order."""
 
@@ -232,12 +220,16 @@ class BalancedExecutor:
                     f"balanced state: origin {origin} is not where the tail of "
                     f"{self.tail_steps} steps ends ({self.window_origin}; the state is damaged)"
                 )
-        self._current: Window | None = None
+        self._current: PlannedWindow | None = None
+        self._current_at: int | None = None  # the current window's first position (None: tail)
+        self.plans = plan_source(self.balance, spec, layout.world_size, end)
         self.position = -1
         self.streams: dict[int, PointerBatches] = {}
         self.costs = CostTable(spec.leaves, spec.balance.cost, spec.balance.planned_cost)
         handler = spec.error_handler or log_exception
         self.failures = RankFailures(spec)
+        for stream_id, snapshot in self.snapshots.items():  # (streams are built when stepped)
+            self.failures.account(stream_id).restore(error_state(snapshot))
         tolerance = spec.failure_tolerance
         self._load_policy = ErrorPolicy("load_sample", handler, tolerance, self.failures)
         self._encode_policy = ErrorPolicy("encode_sample", handler, tolerance, self.failures)
@@ -262,7 +254,6 @@ class BalancedExecutor:
             snapshot = self.snapshots.get(stream_id)
             if snapshot is not None:
                 stream.restore(snapshot)
-                self.failures.account(stream_id).restore(error_state(snapshot))
             self.streams[stream_id] = stream
         return stream
 
@@ -285,15 +276,16 @@ class BalancedExecutor:
             else:
                 if self.end is not None and first >= self.end:
                     return
-                window = self._window((step - self.tail_steps) // size)
-                inner = step - self.tail_steps - window.index * size
+                index = (step - self.tail_steps) // size
+                window = self._window(index)
+                inner = step - self.tail_steps - index * size
             if inner >= window.steps:
                 return
             own = first + layout.rank
             yield self._rank_batch(window, inner, own), self._item_meta(window, inner, own)
             k += 1
 
-    def _item_meta(self, window: Window, inner: int, own: int) -> ItemMeta:
+    def _item_meta(self, window: PlannedWindow, inner: int, own: int) -> ItemMeta:
         """The snapshots from which a restore recomputes the window of the step after ``inner``:
         the window's start, or its end after its last step."""
         pointers = window.end if inner == window.steps - 1 else window.start
@@ -308,26 +300,65 @@ class BalancedExecutor:
             others=others or None,
         )
 
-    def _window(self, index: int) -> Window:
+    def _window(self, index: int) -> PlannedWindow:
         """Window ``index`` (global steps ``index * window ...`` from the origin, after a tail),
-        planned once."""
-        if self._current is not None and self._current.index == index:
-            return self._current
+        planned here or read from the plan store (:mod:`energon.balance.plans`), once."""
         ranks, size = self.layout.world_size, self.balance.window
-        start = self.window_origin + index * size * ranks
-        self._current = self._plan(index, start, ranks)
+        first = self.window_origin + index * size * ranks
+        if self._current is not None and self._current_at == first:
+            return self._current
+        previous = self._current
+        at = WindowAt(first, self._plans_window(index), lambda: self._starts(first))
+        self._current = self.plans.window(at, lambda: self._plan_after(previous, index, first))
+        self._current_at = first
         return self._current
+
+    def plan_window(self, index: int) -> Window:
+        """Window ``index`` planned here whatever the plan source (windows in order:
+        :func:`energon.balance.plans.publish_plans`)."""
+        first = self.window_origin + index * self.balance.window * self.layout.world_size
+        self._current = self._plan_after(self._current, index, first)
+        self._current_at = first
+        return self._current
+
+    def _plans_window(self, index: int) -> bool:
+        """Whether this rank plans window ``index`` for all ranks when they share plans: rank
+        ``index mod ranks``, and of its workers the one that takes the window's first step."""
+        layout = self.layout
+        if index % layout.world_size != layout.rank:
+            return False
+        workers = max(1, layout.num_workers)
+        first_step = self.tail_steps + index * self.balance.window
+        base_step = (layout.base - self.origin) // layout.world_size
+        return (first_step - base_step) % workers == layout.worker
+
+    def _starts(self, first: int) -> dict[int, StreamSnapshot]:
+        """Every stream's snapshot at global position ``first`` (the streams step there)."""
+        return {s: self._stream_at(s, first) for s in range(self.spec.num_streams)}
+
+    def _plan_after(self, previous: PlannedWindow | None, index: int, first: int) -> Window:
+        """Window ``index`` planned here. Streams that did not step through the window before
+        (it was read from a plan store) start from its end snapshots instead of stepping."""
+        if previous is not None and not isinstance(previous, Window):
+            positions = self.balance.window * self.layout.world_size
+            if previous.first + positions == first:
+                for stream_id, snapshot in previous.end.items():
+                    stream = self.stream(stream_id)
+                    if stream.emitted < emitted(snapshot):
+                        stream.restore(snapshot)
+        return self._plan(index, first, self.layout.world_size)
 
     def _tail_window(self) -> Window:
         """The tail (index -1): the interrupted window planned for the ranks that trained it,
         the samples of the steps they did not deliver composed into this rank count's steps."""
-        if self._current is not None and self._current.index == -1:
-            return self._current
+        if self._current is not None and self._current_at is None:
+            return self._current  # type: ignore[return-value]
         assert self.tail is not None
         layers = layers_of(self.tail)
         window = self._plan(-1, int(self.tail["start"]), layers[0][0])
         plan = compose_tail(window.plan, window.costs, layers, self.layout.world_size)
         self._current = dataclasses.replace(window, steps=len(plan), plan=plan)
+        self._current_at = None
         return self._current
 
     def _plan(self, index: int, start: int, ranks: int) -> Window:
@@ -352,7 +383,7 @@ class BalancedExecutor:
         costs = self.costs.planned_costs([s for s, _ in targets], [i for _, i in targets])
         steps = last_step + 1
         plan = compose_steps(costs, ranks, steps) if steps else []
-        return Window(index, steps, pool, costs, plan, before, after)
+        return Window(index, steps, pool, costs, plan, before, after, first=start)
 
     def _stream_batches(self, start: int, stop: int) -> dict[int, dict[int, list[Key] | None]]:
         """Per stream, its micro-batches of the global positions ``start ... stop - 1`` by index
@@ -384,16 +415,13 @@ class BalancedExecutor:
         stream.skip_to(index)
         return stream.state()
 
-    def _rank_batch(self, window: Window, inner: int, own: int) -> Value:
-        shares = window.plan[inner]
-        mine = shares[self.layout.rank]
+    def _rank_batch(self, window: PlannedWindow, inner: int, own: int) -> Value:
         hook_context.batch_index = own
         hook_context.seed = self.spec.seed
         self.failures.current = own % self.spec.num_streams
         self.position = own  # the micro-batch being made (energon.loader.recovery)
         samples, groups = [], []
-        for i in mine:
-            position, member, key = window.pool[i]
+        for position, member, key in window.share(inner, self.layout.rank):
             for sample in self._load(key, position * (self.spec.batch_size or 1) + member):
                 self._check_length(sample, key)
                 samples.append(sample)
@@ -407,7 +435,7 @@ class BalancedExecutor:
             packer=self.packer,
             groups=groups if self.balance.group is not None else None,
         )
-        rank_costs = [sum(window.costs[i] for i in share) for share in shares]
+        rank_costs = window.rank_costs(inner)
         value = layout_batch(
             packs,
             self.balance.max_length,
