@@ -108,8 +108,10 @@ class PlanStore:
         self._write_run()
         members, offsets = _member_records(kinds, shares)
         costs = np.asarray([c for step in rank_costs for c in step], dtype="<f8")
-        blobs = [marshal.dumps(start[s]) for s in sorted(start)]
-        blobs += [marshal.dumps(end[s]) for s in sorted(end)]
+        if sorted(start) != list(range(len(start))) or sorted(end) != sorted(start):
+            raise ValueError("a window's snapshots are of streams 0 ... n - 1, at start and end")
+        blobs = [marshal.dumps(start[s]) for s in range(len(start))]
+        blobs += [marshal.dumps(end[s]) for s in range(len(end))]
         blob_offsets = np.cumsum([0] + [len(b) for b in blobs], dtype=np.int64)
         arrays = {"offsets": offsets, "rank_costs": costs, "members": members}
         arrays["snapshot_offsets"] = blob_offsets
@@ -119,7 +121,7 @@ class PlanStore:
             "ranks": self.ranks,
             "steps": len(shares),
             "kinds": list(kinds),
-            "streams": sorted(start),
+            "streams": len(start),
             "start_digest": snapshots_digest(start),
             "end_digest": snapshots_digest(end),
         }
@@ -173,7 +175,7 @@ class StoredWindow:
         blobs = (data, self.header["blobs_at"], self._arrays["snapshot_offsets"])
         streams = self.header["streams"]
         self.start = StoredSnapshots(blobs, streams, 0)
-        self.end = StoredSnapshots(blobs, streams, len(streams))
+        self.end = StoredSnapshots(blobs, streams, streams)
 
     def share(self, step: int, rank: int) -> list[tuple[int, int, Key]]:
         """(position, member, pointer key) of each sample of ``rank``'s share of ``step``."""
@@ -190,24 +192,26 @@ class StoredWindow:
 class StoredSnapshots(Mapping[int, StreamSnapshot]):
     """The streams' snapshots of a stored window, each decoded on first use."""
 
-    def __init__(self, blobs: tuple[mmap.mmap, int, np.ndarray], streams: list[int], skip: int):
+    def __init__(self, blobs: tuple[mmap.mmap, int, np.ndarray], streams: int, skip: int):
         self._data, self._base, self._offsets = blobs
-        self._slot = {stream: skip + i for i, stream in enumerate(streams)}
+        self._streams, self._skip = streams, skip
         self._decoded: dict[int, StreamSnapshot] = {}
 
     def __getitem__(self, stream: int) -> StreamSnapshot:
         snapshot = self._decoded.get(stream)
         if snapshot is None:
-            slot = self._slot[stream]
+            if not 0 <= stream < self._streams:
+                raise KeyError(stream)
+            slot = self._skip + stream
             lo, hi = (self._base + int(o) for o in self._offsets[slot : slot + 2])
             snapshot = self._decoded[stream] = marshal.loads(self._data[lo:hi])
         return snapshot
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._slot)
+        return iter(range(self._streams))
 
     def __len__(self) -> int:
-        return len(self._slot)
+        return self._streams
 
 
 def _member_records(

@@ -391,16 +391,25 @@ WORKLOADS: tuple[Workload, ...] = (
         "composes all ranks' samples of a window to find its own share; synthetic log-normal "
         "costs, 16 samples per rank and step, windows of 8 steps; CPU, best of 2 runs) at 8 to "
         "4,096 ranks, against 8 ranks in the same run (issue 35 asks for at most 1.5x per step; "
-        "per sample shows how far from linear the composition is). The pointer simulation and "
-        "costing of the same pointers are not included (`bench_balance_plan.py`).",
+        "per sample shows how far from linear the composition is). Then the whole planning "
+        "(pointer simulation, costs, composition) of the VLM mix per rank and step: planned by "
+        "every rank (today's default) against a shared plan store (`Balance(plan_store=DIR)`: "
+        "each window planned once by one rank; a rank's share of planning and publishing plus "
+        "reading its slice), at 8 to 4,096 simulated ranks in the same run; the state "
+        "bookkeeping per step (every stream's snapshot with each item) in its own column.",
         (
             _step(
                 "bench_compose_ranks.py",
                 "--ranks 8,64,512,4096 --repeat 2",
                 "--ranks 8,16",
             ),
+            _step(
+                "bench_shared_plans.py",
+                "--root {root} --ranks 8,64,512,1024,4096",
+                "--root {root} --ranks 8,16 --reads 2",
+            ),
         ),
-        2.0,
+        6.0,
     ),
     Workload(
         "recovery",
