@@ -198,6 +198,28 @@ class _Staging:
             self.work.remove()
 
 
+@dataclass(frozen=True)
+class _PrepareJob:
+    """What one ``prepare_dataset`` run does, whether its root is local or remote."""
+
+    shards: Sequence[str] | None
+    exclude: str | None
+    tar_index_only: bool
+    scan: ScanOptions
+    splits: SplitOptions
+    before_info: BeforeInfo | None
+
+    def resolve_shards(self, root: PathLike) -> list[str]:
+        """The shards this run indexes, checked to have distinct index names."""
+        shard_list = _resolve_shards(root, self.shards, self.exclude, self.tar_index_only)
+        _check_index_names_unique(shard_list)
+        return shard_list
+
+    def run_before_info(self, result: PrepareResult, staged_root: Path) -> None:
+        if self.before_info is not None:
+            self.before_info(result, staged_root)
+
+
 def _default_num_workers() -> int:
     return max(1, min(16, os.cpu_count() or 1))
 
@@ -256,22 +278,13 @@ def prepare_dataset(
         num_workers, progress, tmp_path, media_filter, checksums, sample_tables, ray_address
     )
     splits = SplitOptions(split_parts_ratio, split_parts_patterns, split_config, shuffle_seed)
+    job = _PrepareJob(shards, exclude, tar_index_only, scan, splits, before_info)
     if epath.is_remote(root):
-        return _prepare_remote(
-            epath.normalize(root), shards, exclude, tar_index_only, scan, splits, before_info
-        )
-    return _prepare_local(Path(root), shards, exclude, tar_index_only, scan, splits, before_info)
+        return _prepare_remote(epath.normalize(root), job)
+    return _prepare_local(Path(root), job)
 
 
-def _prepare_local(
-    root: Path,
-    shards: Sequence[str] | None,
-    exclude: str | None,
-    tar_index_only: bool,
-    scan: ScanOptions,
-    splits: SplitOptions,
-    before_info: BeforeInfo | None,
-) -> PrepareResult:
+def _prepare_local(root: Path, job: _PrepareJob) -> PrepareResult:
     """Prepare the dataset in the local folder ``root`` (see :func:`prepare_dataset`).
 
     Runs under the dataset's prepare lock; on any failure the run's staged files are removed
@@ -287,20 +300,19 @@ def _prepare_local(
     staging = _Staging(run_id=uuid.uuid4().hex[:12])
     try:
         with prepare_lock(root):
-            shard_list = _resolve_shards(root, shards, exclude, tar_index_only)
-            _check_index_names_unique(shard_list)
+            shard_list = job.resolve_shards(root)
             remove_stale_temp_files(root, shard_list)
-            result = _index_shards(root, shard_list, staging, scan)
-            if not tar_index_only:
-                result.split_parts = _assign_splits(shard_list, splits)
+            result = _index_shards(root, shard_list, staging, job.scan)
+            if not job.tar_index_only:
+                result.split_parts = _assign_splits(shard_list, job.splits)
             _publish(
                 root,
                 shard_list,
                 staging,
                 result,
-                splits.split_config,
-                tar_index_only,
-                lambda: before_info(result, root) if before_info is not None else None,
+                job.splits.split_config,
+                job.tar_index_only,
+                lambda: job.run_before_info(result, root),
             )
             staging.work.remove()  # type: ignore[union-attr]
     except BaseException as e:
@@ -646,15 +658,7 @@ def _convert_legacy_info(root: Path, mode_like: Path) -> None:
 # Remote datasets (s3://)
 
 
-def _prepare_remote(
-    root: str,
-    shards: Sequence[str] | None,
-    exclude: str | None,
-    tar_index_only: bool,
-    scan: ScanOptions,
-    splits: SplitOptions,
-    before_info: BeforeInfo | None,
-) -> PrepareResult:
+def _prepare_remote(root: str, job: _PrepareJob) -> PrepareResult:
     """Prepare the dataset at the remote ``root`` by running the local pipeline on a staging folder.
 
     The staging folder (in ``tmp_path`` or the system temp dir) mirrors the dataset's layout: the
@@ -667,8 +671,8 @@ def _prepare_remote(
     (and is not continued: the staging folder is temporary). There is no lock (object stores have
     no cheap one): do not run two prepares of one remote dataset at once.
     """
-    shard_list = _resolve_shards(root, shards, exclude, tar_index_only)
-    _check_index_names_unique(shard_list)
+    shard_list = job.resolve_shards(root)
+    scan, splits = job.scan, job.splits
     tmp_path = scan.tmp_path
     if tmp_path is not None:
         Path(tmp_path).mkdir(parents=True, exist_ok=True)
@@ -677,13 +681,13 @@ def _prepare_remote(
     ) as stage_dir:
         stage = Path(stage_dir) / "dataset"
         nv_meta_dir(stage).mkdir(parents=True)
-        fetched = _fetch_existing(root, stage, splits.split_config, tar_index_only, scan)
+        fetched = _fetch_existing(root, stage, splits.split_config, job.tar_index_only, scan)
         staging = _Staging(run_id=uuid.uuid4().hex[:12])
         try:
             result = _index_shards(
                 stage, shard_list, staging, dataclasses.replace(scan, tmp_path=None), root
             )
-            if not tar_index_only:
+            if not job.tar_index_only:
                 result.split_parts = _assign_splits(shard_list, splits)
             _publish(
                 stage,
@@ -691,8 +695,8 @@ def _prepare_remote(
                 staging,
                 result,
                 splits.split_config,
-                tar_index_only,
-                lambda: before_info(result, stage) if before_info is not None else None,
+                job.tar_index_only,
+                lambda: job.run_before_info(result, stage),
             )
         except BaseException:
             staging.cleanup(interrupted=False)
