@@ -330,7 +330,9 @@ def main() -> None:
     for n in [int(s) for s in args.shards.split(",")]:
         root = os.path.join(args.root, f"shards-{n}")
         make_dataset(root, n, own_shards(n, workers_list))
-        remote_rows += [object_storage_row(f"{n:,} shards", root, w) for w in workers_list]
+        remote_rows += [
+            object_storage_row(f"{n:,} shards, object storage", root, w) for w in workers_list
+        ]
         rows += run_case(
             f"{n:,} shards",
             root,

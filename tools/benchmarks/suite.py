@@ -349,8 +349,9 @@ WORKLOADS: tuple[Workload, ...] = (
         "Start-up at scale",
         "rank 4,095 of 4,096 building its dataset and first batch over 10k, 100k and 1M shards "
         "and a blend of 100 datasets, against the reference on the same folders (it is stopped "
-        "after 20 s), with the bytes it reads (local disk; and what it would ask object storage "
-        "for, as `energon simulate` counts it); the first batch of the loader workloads against "
+        "after 20 s), with the bytes it reads from local disk (first table) and its bytes of "
+        "index and metadata from object storage, as `energon simulate` counts them and a test "
+        "checks against a real rank's requests (second table); the first batch of the loader workloads against "
         "the reference; `prepare_dataset()` of 1M tiny samples.",
         (
             _step(
