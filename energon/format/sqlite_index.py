@@ -111,10 +111,13 @@ class SqliteIndexWriter:
         shard_names: Sequence[str] | Mapping[int, str] = (),
         *,
         chunk: bool = False,
+        indexes_first: bool = False,
     ) -> None:
         """``chunk``: a chunk database of a ``prepare`` (its rows go into the real index by
         :meth:`add_chunk`, whose ``UNIQUE`` key column finds duplicates): no ``UNIQUE`` index of
-        its own to keep up, and one transaction for all its shards."""
+        its own to keep up, and one transaction for all its shards. ``indexes_first``: create
+        the lookup indexes now and keep them up while rows come in (cheaper than building them
+        on :meth:`close` when the rows come sorted by shard and sample, as from ``prepare``)."""
         self.db_path = Path(db_path)
         self.shard_names = (
             dict(shard_names) if isinstance(shard_names, Mapping) else dict(enumerate(shard_names))
@@ -132,6 +135,9 @@ class SqliteIndexWriter:
             )
         if chunk:
             self._db.execute("BEGIN")
+        elif indexes_first:
+            for statement in INDEXES:
+                self._db.execute(statement)
 
     def add_shard(
         self,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from energon.errors import DuplicateKeyInShardError, TarFormatError
-from energon.format.tar_native import Members, walk_headers
+from energon.format.tar_native import Members, group_members, walk_headers
 
 BLOCK_SIZE = 512
 
@@ -82,18 +82,38 @@ class TarMember:
 
 @dataclass(slots=True)
 class TarScan:
-    """The result of scanning one shard's headers, grouped into samples.
+    """The result of scanning one shard's headers, grouped into samples, as columns.
 
-    ``samples`` holds ``(key, header_offset, [(part, data_offset, size), ...])`` in tar order;
-    ``end_offset`` is where the end-of-archive marker starts (the end of the last sample).
+    ``keys`` and ``header_offsets`` (the offset of each sample's first header) have one entry per
+    sample; ``part_sample`` (the sample's number in the shard), ``part_names``, ``part_offsets``
+    (of the payload) and ``part_sizes`` one per part; all in tar order. ``end_offset`` is where
+    the end-of-archive marker starts (the end of the last sample). Columns, not a tuple per
+    sample: ``prepare`` hands them to sqlite as they are.
     """
 
-    samples: list[tuple[str, int, list[tuple[str, int, int]]]] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    header_offsets: list[int] = field(default_factory=list)
+    part_sample: list[int] = field(default_factory=list)
+    part_names: list[str] = field(default_factory=list)
+    part_offsets: list[int] = field(default_factory=list)
+    part_sizes: list[int] = field(default_factory=list)
     end_offset: int = 0
+
+    @property
+    def samples(self) -> list[tuple[str, int, list[tuple[str, int, int]]]]:
+        """``(key, header_offset, [(part, data_offset, size), ...])`` of each sample."""
+        samples: list[tuple[str, int, list[tuple[str, int, int]]]] = [
+            (key, offset, []) for key, offset in zip(self.keys, self.header_offsets)
+        ]
+        for sample, part, offset, size in zip(
+            self.part_sample, self.part_names, self.part_offsets, self.part_sizes
+        ):
+            samples[sample][2].append((part, offset, size))
+        return samples
 
     def sample_offsets(self) -> list[int]:
         """The ``.tar.idx`` entries: each sample's first header offset, then the end offset."""
-        return [s[1] for s in self.samples] + [self.end_offset]
+        return [*self.header_offsets, self.end_offset]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,6 +398,19 @@ def scan_tar(path: str | os.PathLike, *, display_path: str | None = None) -> Tar
     shown = display_path if display_path is not None else os.fspath(path)
     native = walk_headers(os.fspath(path))
     if native is not None:
+        grouped = group_members(native)
+        if grouped is not None and len(set(grouped.keys)) == len(grouped.keys):
+            g = grouped
+            return TarScan(
+                g.keys,
+                g.header_offsets,
+                g.part_sample,
+                g.part_names,
+                g.part_offsets,
+                g.part_sizes,
+                native.end,
+            )
+        # names the C grouping leaves to Python, or a key that comes back: Python names it
         return _group_members(_native_members(native), shown)
     with open(path, "rb", buffering=0) as f:
         return _group_members(_walk(_HeaderWalker(f.fileno(), shown)), shown)
@@ -398,10 +431,12 @@ def _native_members(found: Members) -> Iterator[tuple[str, int, int, int, bool, 
 
 
 def _group_members(members: Iterator[tuple[str, int, int, int, bool, int]], shown: str) -> TarScan:
+    """Consecutive regular files with the same key into samples (the rules the C grouping of
+    :func:`energon.format.tar_native.group_members` follows for ordinary names)."""
     scan = TarScan()
+    keys, parts = scan.keys, scan.part_sample
     first_offset_of_key: dict[str, int] = {}
     current_key: str | None = None
-    current_parts: list[tuple[str, int, int]] = []
     split_match = SPLIT_NAME_RE.match
     skip_match = SKIP_META_RE.match
     for name, header_offset, data_offset, size, is_file, next_offset in members:
@@ -417,9 +452,12 @@ def _group_members(members: Iterator[tuple[str, int, int, int, bool, int]], show
                 raise DuplicateKeyInShardError(shown, key, first_offset_of_key[key], header_offset)
             first_offset_of_key[key] = header_offset
             current_key = key
-            current_parts = []
-            scan.samples.append((key, header_offset, current_parts))
-        current_parts.append((part, data_offset, size))
+            keys.append(key)
+            scan.header_offsets.append(header_offset)
+        parts.append(len(keys) - 1)
+        scan.part_names.append(part)
+        scan.part_offsets.append(data_offset)
+        scan.part_sizes.append(size)
     return scan
 
 

@@ -10,6 +10,12 @@ checksum, and returns the members as arrays. Anything else (an extended header, 
 damaged or truncated header) makes it give up on the shard, and the Python walk, which knows
 every header kind and names every error precisely, does it instead: the result is the same
 either way (``tests/format/test_tar.py`` compares them).
+
+The members are then grouped into samples in C as well (:func:`group_members`: the key and part
+of every name, consecutive parts of one key together), the rules of
+:func:`energon.format.tar._group_members` for every name but the odd ones (a newline, a last
+component starting with a dot), which it leaves to Python; a test compares both on generated
+names.
 """
 
 from __future__ import annotations
@@ -126,6 +132,53 @@ int64_t walk(int fd, int64_t file_size, int64_t start, int64_t cap, int64_t name
         off += BLOCK + padded;
     }
 }
+
+/* Groups a shard's members into samples as energon.format.tar._group_members does: regular
+   files only, names under a "__...__" first folder skipped, key = the name up to the first dot of
+   its last component, part = the rest; consecutive members with the same key form one sample.
+   names: n names, each ended by a NUL. Returns -1 (let Python group them) for a name with a
+   newline or a last component starting with a dot, where the regular expressions have subtle
+   rules. Out: each sample's first header offset; each part's sample, payload offset and size;
+   the keys and the part names, each ended by a NUL; counts = samples, parts and the bytes of
+   both. */
+int64_t group(const char *names, int64_t n, const unsigned char *types,
+              const int64_t *header_off, const int64_t *data_off, const int64_t *sizes,
+              int64_t *sample_header, int64_t *part_sample, int64_t *part_off,
+              int64_t *part_size, char *keys, char *parts, int64_t *counts) {
+    int64_t samples = 0, nparts = 0, kused = 0, pused = 0, cur_len = -1;
+    const char *cur_key = NULL, *name = names;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t len = (int64_t)strlen(name);
+        const char *next = name + len + 1;
+        unsigned char t = types[i];
+        if (memchr(name, '\n', (size_t)len)) return -1;
+        if (!(t == '0' || t == 0 || t == '7')) { name = next; continue; }
+        const char *slash = memchr(name, '/', (size_t)len);
+        int64_t first = slash ? slash - name : len;
+        if (first >= 4 && name[0] == '_' && name[1] == '_' && name[first - 1] == '_' &&
+            name[first - 2] == '_') { name = next; continue; }
+        int64_t last = len;  /* where the last component starts */
+        while (last > 0 && name[last - 1] != '/') last--;
+        const char *dot = memchr(name + last, '.', (size_t)(len - last));
+        if (!dot) { name = next; continue; }
+        int64_t d = dot - name;
+        if (d == last) return -1;
+        if (d != cur_len || memcmp(name, cur_key, (size_t)d) != 0) {
+            sample_header[samples++] = header_off[i];
+            memcpy(keys + kused, name, (size_t)d); kused += d; keys[kused++] = 0;
+            cur_key = name; cur_len = d;
+        }
+        part_sample[nparts] = samples - 1;
+        part_off[nparts] = data_off[i];
+        part_size[nparts] = sizes[i];
+        nparts++;
+        memcpy(parts + pused, dot + 1, (size_t)(len - d - 1)); pused += len - d - 1;
+        parts[pused++] = 0;
+        name = next;
+    }
+    counts[0] = samples; counts[1] = nparts; counts[2] = kused; counts[3] = pused;
+    return 0;
+}
 """
 
 _lib: ctypes.CDLL | None | bool = False  # False: not tried yet
@@ -140,6 +193,8 @@ def _library() -> ctypes.CDLL | None:
             p = ctypes.c_void_p
             lib.walk.restype = ctypes.c_int64
             lib.walk.argtypes = [ctypes.c_int, *[ctypes.c_int64] * 4, *[p] * 8]
+            lib.group.restype = ctypes.c_int64
+            lib.group.argtypes = [p, ctypes.c_int64, *[p] * 11]
         _lib = lib
     return _lib  # type: ignore[return-value]
 
@@ -150,14 +205,71 @@ def available() -> bool:
 
 @dataclasses.dataclass
 class Members:
-    """Every member of a shard, as arrays (names as a list), and where the archive ends."""
+    """Every member of a shard, as arrays, and where the archive ends. ``names_blob`` holds the
+    names, each ended by a NUL (valid UTF-8: checked while walking)."""
 
-    names: list[str]
+    names_blob: bytes
     header_offsets: np.ndarray
     data_offsets: np.ndarray
     sizes: np.ndarray
     types: bytes
     end: int
+
+    @property
+    def names(self) -> list[str]:
+        return self.names_blob.decode("utf-8").split("\0")[: len(self.types)]
+
+
+@dataclasses.dataclass
+class Grouped:
+    """A shard's samples as columns: each sample's key and first header offset, and each part's
+    sample (its number in the shard), name, payload offset and size, in tar order."""
+
+    keys: list[str]
+    header_offsets: list[int]
+    part_sample: list[int]
+    part_names: list[str]
+    part_offsets: list[int]
+    part_sizes: list[int]
+
+
+def group_members(found: Members) -> Grouped | None:
+    """The members grouped into samples in C, or None: the C code is not available, or a name
+    needs the regular expressions' subtle rules (Python groups those). A key that comes back
+    after another one is not looked for here (``scan_tar`` checks the keys are distinct)."""
+    lib = _library()
+    if lib is None:
+        return None
+    n = len(found.types)
+    sample_header, part_sample, part_off, part_size = (np.empty(n, np.int64) for _ in range(4))
+    keys = ctypes.create_string_buffer(len(found.names_blob) + 1)
+    parts = ctypes.create_string_buffer(len(found.names_blob) + 1)
+    counts = np.zeros(4, np.int64)
+    columns = [
+        np.ascontiguousarray(a, np.int64)
+        for a in (found.header_offsets, found.data_offsets, found.sizes)
+    ]
+    rc = lib.group(
+        found.names_blob,
+        n,
+        found.types,
+        *(a.ctypes.data for a in columns),
+        *(a.ctypes.data for a in (sample_header, part_sample, part_off, part_size)),
+        keys,
+        parts,
+        counts.ctypes.data,
+    )
+    if rc < 0:
+        return None
+    samples, nparts, key_bytes, part_bytes = counts.tolist()
+    return Grouped(
+        keys.raw[:key_bytes].decode("utf-8").split("\0")[:samples],
+        sample_header[:samples].tolist(),
+        part_sample[:nparts].tolist(),
+        parts.raw[:part_bytes].decode("utf-8").split("\0")[:nparts],
+        part_off[:nparts].tolist(),
+        part_size[:nparts].tolist(),
+    )
 
 
 def walk_headers(path: str) -> Members | None:
@@ -211,13 +323,14 @@ def _walk_all(lib: ctypes.CDLL, fd: int, size: int) -> Members | None:
         if status.value < 0:
             return None
         used = int(name_end[n - 1]) if n else 0
+        blob = names.raw[:used]
         try:
-            text = names.raw[:used].decode("utf-8")  # a name that is not UTF-8: Python says so
+            blob.decode("utf-8")  # a name that is not UTF-8: the Python walk says so
         except UnicodeDecodeError:
             return None
         parts.append(
             (
-                text.split("\0")[:n],
+                blob,
                 header_off[:n].copy(),
                 data_off[:n].copy(),
                 sizes[:n].copy(),
@@ -228,7 +341,7 @@ def _walk_all(lib: ctypes.CDLL, fd: int, size: int) -> Members | None:
         if status.value == 0:
             break
     return Members(
-        [name for p in parts for name in p[0]],
+        b"".join(p[0] for p in parts),
         np.concatenate([p[1] for p in parts]),
         np.concatenate([p[2] for p in parts]),
         np.concatenate([p[3] for p in parts]),

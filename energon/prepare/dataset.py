@@ -71,12 +71,12 @@ from energon.format.split import (  # split_by_*: also importable from here, as 
     write_split,
 )
 from energon.format.split_shards import write_shard_table
-from energon.format.sqlite_index import SqliteIndexWriter, write_index_uuid
+from energon.format.sqlite_index import write_index_uuid
 from energon.format.tar_index import tar_index_path
 from energon.media.extract import MediaFilterConfig
 from energon.prepare.cluster import run_chunks_on_cluster
+from energon.prepare.merge import IndexMerge
 from energon.prepare.scan import (
-    CHUNK_ROWS,
     MAX_PART_NAMES,
     ChunkSummary,
     ChunkTask,
@@ -427,14 +427,27 @@ def _index_shards(
             summaries[chunk] = done
         else:
             pending.append(_chunk_task(work, chunk, shards, paths, scan, source_root, root))
-    for summary in _run_chunks(
-        pending, scan, len(shards), len(shards) - sum(len(t.shards) for t in pending)
-    ):
-        summaries[summary.chunk] = summary
-    result = _result_of(work, shards, summaries)
+    merge = None
     if scan.sample_tables:
-        _build_sqlite(root, work, shards, staging, scan)
-    return result
+        folder = Path(scan.tmp_path) if scan.tmp_path is not None else nv_meta_dir(root)
+        merge = IndexMerge(root, work, shards, folder)
+        staging.sqlite_tmp = merge.path
+    try:
+        for chunk in sorted(summaries):  # finished by an earlier run
+            if merge is not None:
+                merge.chunk_finished(chunk)
+        done = len(shards) - sum(len(t.shards) for t in pending)
+        for summary in _run_chunks(pending, scan, len(shards), done):
+            summaries[summary.chunk] = summary
+            if merge is not None:  # while the workers scan the next chunks
+                merge.chunk_finished(summary.chunk)
+        if merge is not None:
+            merge.close(scan.media_filter)
+    except BaseException:
+        if merge is not None:
+            merge.abort()
+        raise
+    return _result_of(work, shards, summaries)
 
 
 def _chunk_task(
@@ -524,28 +537,6 @@ def _result_of(
         part_names=list(part_names),
         first_samples=summaries[0].first_samples if summaries else [],
     )
-
-
-def _build_sqlite(
-    root: Path, work: WorkFolder, shards: list[str], staging: _Staging, scan: ScanOptions
-) -> None:
-    """The new ``index.sqlite`` (under a temporary name): the chunks' rows in shard order."""
-    sqlite_dir = Path(scan.tmp_path) if scan.tmp_path is not None else nv_meta_dir(root)
-    sqlite_dir.mkdir(parents=True, exist_ok=True)
-    staging.sqlite_tmp = temp_name_for(sqlite_dir / INDEX_SQLITE_FILENAME)
-    writer = SqliteIndexWriter(staging.sqlite_tmp, shards)
-    try:
-        for chunk in range(work.num_chunks):
-            writer.add_chunk(work.chunk_folder(chunk) / CHUNK_ROWS)
-        if scan.media_filter is None:
-            writer.copy_media_tables_from(nv_meta_dir(root) / INDEX_SQLITE_FILENAME)
-        else:
-            filter_ = scan.media_filter
-            writer.add_media_filter(filter_.strategy.value, filter_.patterns_column)
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
 
 
 def _assign_splits(shards: list[str], splits: SplitOptions) -> dict[str, list[str]]:

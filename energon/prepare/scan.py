@@ -139,13 +139,11 @@ def _scan_into(task: ChunkTask, folder: Path) -> ChunkSummary:
     try:
         for n, tar_path in enumerate(task.tar_paths):
             scan = _scan_shard(tar_path, task, folder, n, writer)
-            summary.counts.append(len(scan.samples))
+            summary.counts.append(len(scan.keys))
             summary.stats.append(shard_stat(tar_path))
             _collect_parts(summary.part_names, scan)
             if task.first_id == 0 and n == 0:
-                summary.first_samples = [
-                    (key, [part for part, _, _ in parts]) for key, _, parts in scan.samples[:2]
-                ]
+                summary.first_samples = _first_samples(scan, 2)
         if writer is not None:
             writer.close()
     except BaseException:
@@ -189,7 +187,7 @@ def _scan_local(local: str, shown: str) -> TarScan:
         scan = scan_tar(local, display_path=shown)
     except OSError as e:
         raise ShardReadError(f"{shown}: cannot read shard: {e.strerror or e}") from None
-    if not scan.samples:
+    if not scan.keys:
         raise EmptyShardError(
             f"{shown}: shard contains no samples (no members named '<key>.<part>'); "
             "remove it or exclude it with --exclude"
@@ -205,18 +203,14 @@ def _write_rows(
     local: str,
     media_filter: MediaFilterConfig | None,
 ) -> None:
-    part_sample_index, part_names = array("L"), []
-    part_offsets, part_sizes = array("Q"), array("Q")
-    interned: dict[str, str] = {}
-    for sample_index, (_, _, parts) in enumerate(scan.samples):
-        for part, data_offset, size in parts:
-            part_sample_index.append(sample_index)
-            part_names.append(interned.setdefault(part, part))
-            part_offsets.append(data_offset)
-            part_sizes.append(size)
-    keys = [key for key, _, _ in scan.samples]
     writer.add_shard(
-        tar_file_id, keys, offsets, part_sample_index, part_names, part_offsets, part_sizes
+        tar_file_id,
+        scan.keys,
+        offsets,
+        scan.part_sample,
+        scan.part_names,
+        scan.part_offsets,
+        scan.part_sizes,
     )
     if media_filter is not None:  # same pass over the shard: its payloads are read while hot
         with open(local, "rb") as f:
@@ -225,9 +219,19 @@ def _write_rows(
             writer.add_media_rows(rows)
 
 
+def _first_samples(scan: TarScan, count: int) -> list[tuple[str, list[str]]]:
+    """The first ``count`` samples' keys and part names (what the CLI wizard shows)."""
+    first: list[tuple[str, list[str]]] = [(key, []) for key in scan.keys[:count]]
+    for sample, part in zip(scan.part_sample, scan.part_names):
+        if sample >= count:
+            break
+        first[sample][1].append(part)
+    return first
+
+
 def _collect_parts(seen: list[str], scan: TarScan) -> None:
     """Add the shard's part names not seen yet (first-seen order, at most MAX_PART_NAMES)."""
     if len(seen) >= MAX_PART_NAMES:
         return
-    found = dict.fromkeys(part for _, _, parts in scan.samples for part, _, _ in parts)
+    found = dict.fromkeys(scan.part_names)
     seen += [part for part in found if part not in seen][: MAX_PART_NAMES - len(seen)]

@@ -105,7 +105,7 @@ CHILD = textwrap.dedent(
         def scan(local, shown):
             result = real_scan(local, shown)
             prefix = os.path.basename(shown).split(".")[0] + "/"
-            result.samples = [(prefix + k, o, p) for k, o, p in result.samples]
+            result.keys = [prefix + k for k in result.keys]
             return result
 
         prepare_scan._scan_local = scan

@@ -138,19 +138,33 @@ def save() -> None:
 CHILD = textwrap.dedent("""
     import json, os, resource, sys, time
     root, workers, tables = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-    from energon.prepare import dataset
     from energon.prepare.dataset import prepare_dataset
-    merge = [0.0]
-    build_sqlite = dataset._build_sqlite
 
-    def timed_build_sqlite(*args, **kwargs):  # the part of a prepare that runs in one process
-        t = time.perf_counter()
-        try:
-            return build_sqlite(*args, **kwargs)
-        finally:
-            merge[0] += time.perf_counter() - t
+    merge = [0.0]  # wall time of the part of a prepare that runs in one process: index.sqlite
 
-    dataset._build_sqlite = timed_build_sqlite
+
+    def timed(cls, name):
+        real = getattr(cls, name)
+
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                merge[0] += time.perf_counter() - t
+
+        setattr(cls, name, run)
+
+
+    try:  # since the merge runs while the workers scan
+        from energon.prepare.merge import IndexMerge
+
+        timed(IndexMerge, "chunk_finished")
+        timed(IndexMerge, "close")
+    except ImportError:  # before: all of it after the scan
+        from energon.prepare import dataset
+
+        timed(dataset, "_build_sqlite")
     t0, c0 = time.perf_counter(), os.times()
     r = prepare_dataset(root, progress=False, num_workers=workers, sample_tables=tables)
     t1, c1 = time.perf_counter(), os.times()
