@@ -200,12 +200,16 @@ class StoredSnapshots(Mapping[int, StreamSnapshot]):
     def __getitem__(self, stream: int) -> StreamSnapshot:
         snapshot = self._decoded.get(stream)
         if snapshot is None:
-            if not 0 <= stream < self._streams:
-                raise KeyError(stream)
-            slot = self._skip + stream
-            lo, hi = (self._base + int(o) for o in self._offsets[slot : slot + 2])
-            snapshot = self._decoded[stream] = marshal.loads(self._data[lo:hi])
+            snapshot = self._decoded[stream] = marshal.loads(self.blob(stream))
         return snapshot
+
+    def blob(self, stream: int) -> bytes:
+        """Stream ``stream``'s snapshot as written (``marshal``), not decoded."""
+        if not 0 <= stream < self._streams:
+            raise KeyError(stream)
+        slot = self._skip + stream
+        lo, hi = (self._base + int(o) for o in self._offsets[slot : slot + 2])
+        return self._data[lo:hi]
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self._streams))

@@ -61,13 +61,15 @@ class LoaderPosition:
         if isinstance(snap, PackedSnapshot):
             self._packed[stream] = snap
         else:
-            self.snapshots[stream] = snap  # unpacks what is pending first: the newest wins
+            self._packed.pop(stream, None)  # the newest wins
+            self._plain[stream] = snap
 
     def record(self, meta: ItemMeta, rank: int, world_size: int) -> None:
         """The item of ``meta`` was taken: its stream's snapshot and the count move on."""
         self.keep(meta.stream, meta.snapshot)
-        if meta.others:
-            self.snapshots.update(meta.others)  # a balanced step advanced several streams
+        if meta.others:  # a balanced step advanced several streams (some may come packed)
+            for stream, snap in meta.others.items():
+                self.keep(stream, snap)
         self.consumed = (meta.position - self.origin - rank) // world_size + 1
         self.pass_offset += 1
 

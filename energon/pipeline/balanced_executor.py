@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from energon.balance.assign import compose_steps
@@ -49,6 +49,7 @@ from energon.pipeline.keys import Key, pointer_keys, pointer_target
 from energon.pipeline.pointers import PointerSource, build_pointer_stages
 from energon.pipeline.pointers_native import NativePointers, OrdersCache
 from energon.pipeline.snapshot import (
+    PackedSnapshot,
     StreamSnapshot,
     emitted,
     error_state,
@@ -180,6 +181,10 @@ class RankFailures:
     ) -> None:
         self.account(self.current).failed(keys, exc, sample, reads)
 
+    def streams(self) -> list[int]:
+        """The streams this rank keeps an account of."""
+        return list(self._accounts)
+
     def with_errors(self, stream_id: int, snapshot: StreamSnapshot) -> StreamSnapshot:
         """``snapshot`` (pointer stages) with this rank's account of the stream."""
         account = self._accounts.get(stream_id)
@@ -222,6 +227,7 @@ class BalancedExecutor:
                 )
         self._current: PlannedWindow | None = None
         self._current_at: int | None = None  # the current window's first position (None: tail)
+        self._packed: list[tuple[Mapping[int, StreamSnapshot], dict]] = []  # see _with_errors
         self.plans = plan_source(self.balance, spec, layout.world_size, end)
         self.position = -1
         self.streams: dict[int, PointerBatches] = {}
@@ -289,7 +295,7 @@ class BalancedExecutor:
         """The snapshots from which a restore recomputes the window of the step after ``inner``:
         the window's start, or its end after its last step."""
         pointers = window.end if inner == window.steps - 1 else window.start
-        snapshots = {s: self.failures.with_errors(s, snap) for s, snap in pointers.items()}
+        snapshots = self._with_errors(pointers)
         own_stream = own % self.spec.num_streams
         others = {s: snap for s, snap in snapshots.items() if s != own_stream}
         return ItemMeta(
@@ -299,6 +305,25 @@ class BalancedExecutor:
             worker=self.layout.worker,
             others=others or None,
         )
+
+    def _with_errors(
+        self, pointers: Mapping[int, StreamSnapshot]
+    ) -> dict[int, StreamSnapshot | PackedSnapshot]:
+        """Every stream's snapshot with this rank's error accounts. Snapshots read from a plan
+        store (:class:`~energon.balance.store.StoredSnapshots`) stay packed where the stream has
+        no account: the loader decodes them only when a state is saved."""
+        blob = getattr(pointers, "blob", None)
+        if blob is None:
+            return {s: self.failures.with_errors(s, snap) for s, snap in pointers.items()}
+        cached = next((packed for of, packed in self._packed if of is pointers), None)
+        if cached is None:
+            cached = {s: PackedSnapshot(blob(s), None) for s in pointers}
+            self._packed = [(pointers, cached), *self._packed[:1]]  # a window's start and end
+        snapshots: dict[int, StreamSnapshot | PackedSnapshot] = dict(cached)
+        for stream_id in self.failures.streams():
+            if stream_id in snapshots:
+                snapshots[stream_id] = self.failures.with_errors(stream_id, pointers[stream_id])
+        return snapshots
 
     def _window(self, index: int) -> PlannedWindow:
         """Window ``index`` (global steps ``index * window ...`` from the origin, after a tail),

@@ -52,7 +52,7 @@ class ItemMeta:
     hole: bool = False
     ended: bool = False  # the stream's final snapshot: no value, no position consumed
     # snapshots of further streams the item advanced (balanced steps: energon.balance)
-    others: dict[int, StreamSnapshot] | None = None
+    others: dict[int, StreamSnapshot | PackedSnapshot] | None = None
     # the value holds something to page-lock (with CUDA; see energon.loader.workers.messages.Group)
     pin: bool = False
 

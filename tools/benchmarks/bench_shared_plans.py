@@ -14,9 +14,9 @@ For each simulated rank count ``R`` (one rank's executor, 0 workers, the VLM mix
   rank of the window just published.
 
 The per-step **state bookkeeping** (``BalancedExecutor._item_meta``: the snapshots of every
-logical stream that each item carries so that a state can be saved at any step, decoded from the
-store in the shared case) is not planning; it is printed in its own columns, as it grows with
-the number of streams in both cases. CPU time (``time.process_time``), the load average printed.
+logical stream that each item carries so that a state can be saved at any step; in the shared
+case they stay packed as read from the store) is not planning; it is printed in its own columns,
+as it grows with the number of streams in both cases. CPU time (``time.process_time``), the load average printed.
 """
 
 from __future__ import annotations
