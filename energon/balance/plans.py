@@ -94,14 +94,21 @@ class LocalPlans:
 class SharedPlans:
     """Windows planned once and read from a plan store (see the module's docstring)."""
 
-    def __init__(self, store: PlanStore, wait: float, window_positions: int) -> None:
-        self.store = store
+    def __init__(self, store: Callable[[], PlanStore], wait: float, window_positions: int) -> None:
+        self._open_store = store  # made on first use: the run digest reads the whole config
+        self._store: PlanStore | None = None
         self.wait = wait
         self.window_positions = window_positions  # global positions of a whole window
         self.planned = 0  # windows this process planned (as the owner, or after a wait ran out)
         self.read = 0  # windows read from the store
         self.fallbacks = 0  # windows planned here because the wait ran out
         self._chain: tuple[int, str] | None = None  # (first position, start digest) expected next
+
+    @property
+    def store(self) -> PlanStore:
+        if self._store is None:
+            self._store = self._open_store()
+        return self._store
 
     def window(self, at: WindowAt, plan: Callable[[], Window]) -> PlannedWindow:
         stored = self.store.read(at.first)
@@ -170,7 +177,10 @@ def plan_source(balance: Any, spec: Any, ranks: int, end: int | None) -> PlanSou
     """The plan source ``Balance.plan_store`` asks for (``spec``: the pipeline's spec)."""
     if balance.plan_store is None:
         return LocalPlans()
-    store = PlanStore(balance.plan_store, spec.config(), ranks, end)
+
+    def store() -> PlanStore:
+        return PlanStore(balance.plan_store, spec.config(), ranks, end)
+
     return SharedPlans(store, balance.plan_wait, balance.window * ranks)
 
 
