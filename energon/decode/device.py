@@ -11,8 +11,10 @@ optionally through an :class:`~energon.decode.normalize.ImageNormalizer` into fl
 What goes where:
 
 * JPEGs that nvJPEG decodes like the CPU path (YCbCr and grayscale, 8-bit) are decoded on a CUDA
-  device in one batched call. The pixels can differ from libjpeg-turbo's by small amounts (its
-  IDCT and chroma upsampling are its own): docs/samples.md gives the measured difference.
+  device in one batched call. nvJPEG upsamples chroma the simple way, not with libjpeg-turbo's
+  default "fancy" interpolation: on subsampled (4:2:0, 4:2:2) JPEGs its pixels differ from the
+  CPU path's at colour edges (measured: up to 116) and equal libjpeg-turbo's with simple
+  upsampling (docs/samples.md gives the measured numbers).
 * Everything else (PNG, WebP, CMYK JPEGs, ...) and any image the device refuses is decoded on the
   CPU by energon's own decoder (the ``torchrgb8`` path) and copied over; :attr:`cpu_fallbacks`
   counts those, so a dataset that silently decodes on the CPU shows up.

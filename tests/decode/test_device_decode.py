@@ -144,14 +144,35 @@ def test_without_torchvision_the_error_says_what_to_install(monkeypatch):
         _import_decode_jpeg()
 
 
+def _fast_upsampled(data: bytes) -> torch.Tensor:
+    """libjpeg-turbo with simple (non-"fancy") chroma upsampling: what nvJPEG computes."""
+    simplejpeg = pytest.importorskip("simplejpeg")
+    pixels = simplejpeg.decode_jpeg(data, "RGB", fastdct=False, fastupsample=True)
+    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs a CUDA device")
 def test_nvjpeg_batches_match_the_cpu_layout_and_pixels():
+    """Measured on an H200 (docs/benchmarks.md, issue 38): nvJPEG equals libjpeg-turbo with
+    simple chroma upsampling exactly on baseline JPEGs (4:4:4, 4:2:2, 4:2:0, gray) and within 3
+    (mean 0.03) on progressive 4:2:0; against the default fancy upsampling it differs by up to
+    116, so that is not what is compared."""
     images = [JPEG, PROGRESSIVE, GRAY, PNG, CMYK]
     decoder = DeviceImageDecoder("cuda")
     on_gpu = decoder(images)
     on_cpu = DeviceImageDecoder("cpu")(images)
     assert on_gpu.device.type == "cuda" and on_gpu.shape == on_cpu.shape
     assert decoder.device_images == 3 and decoder.cpu_fallbacks == 2  # PNG and CMYK
-    difference = (on_gpu.cpu().to(torch.int16) - on_cpu.to(torch.int16)).abs()
-    assert float(difference.float().mean()) < 2  # torchvision's own bound for nvJPEG
-    assert torch.equal(on_gpu[3:].cpu(), on_cpu[3:])  # decoded on the CPU, exactly
+    on_gpu = on_gpu.cpu()
+    assert on_gpu[:3].count_nonzero() > 0
+    for slot, data in ((0, JPEG), (2, GRAY)):  # baseline: exactly the simple upsampling
+        expected = _fast_upsampled(data)
+        height, width = expected.shape[-2:]
+        assert torch.equal(on_gpu[slot, :, :height, :width], expected), slot
+        assert on_gpu[slot, :, height:].count_nonzero() == 0  # padding stays zero
+        assert on_gpu[slot, :, :, width:].count_nonzero() == 0
+    expected = _fast_upsampled(PROGRESSIVE).to(torch.int16)
+    height, width = expected.shape[-2:]
+    progressive = (on_gpu[1, :, :height, :width].to(torch.int16) - expected).abs()
+    assert int(progressive.max()) <= 4 and float(progressive.float().mean()) < 0.25
+    assert torch.equal(on_gpu[3:], on_cpu[3:])  # decoded on the CPU, exactly
