@@ -9,8 +9,12 @@ sample, and the main process's CPU (share of the total and how much of one core 
 process, as it does for a training loop; that copy is part of the main process's CPU.
 ``--hide-gpu`` runs with ``CUDA_VISIBLE_DEVICES=""`` (no pinning: what the pinning costs).
 
+A dataset path that holds no prepared dataset is generated there first (``--samples``; the
+device script makes bigger ones itself). The results are printed as JSON and as a markdown table.
+
 Usage: python tools/benchmarks/bench_worker_scaling.py --dataset captioning=PATH --dataset text=PATH
            [--workers 0,1,2,4,8,14] [--seconds 2.5] [--warm 1.0] [--json out.json] [--deadline T]
+           [--samples captioning=2000,text=60000]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_timed import (  # noqa: E402
     BATCH_SIZE,
+    make_dataset,
     print_result,
     record,
     run_child,
@@ -96,6 +101,39 @@ def _brief(row: dict[str, Any]) -> str:
     )
 
 
+_TABLE_COLUMNS = (
+    ("samples_per_s", "samples/s"),
+    ("vs_linear", "vs linear"),
+    ("cpu_ms_per_sample", "CPU ms/sample"),
+    ("main_cpu_ms_per_sample", "main CPU ms/sample"),
+    ("main_cpu_share", "main share of CPU"),
+    ("main_cores_busy", "main cores busy"),
+)
+
+
+def markdown_table(kind: str, rows: list[dict[str, Any]]) -> str:
+    """One row per worker count (the page of docs/benchmarks.md shows this table)."""
+    header = "| workload | workers | " + " | ".join(name for _, name in _TABLE_COLUMNS) + " |"
+    lines = [header, "| --- | --: |" + " --: |" * len(_TABLE_COLUMNS)]
+    for row in rows:
+        values = (
+            [row.get("error", "")]
+            if "error" in row
+            else ["" if row.get(key) is None else f"{row[key]:g}" for key, _ in _TABLE_COLUMNS]
+        )
+        lines.append(f"| {kind} | {row['workers']} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def ensure_dataset(kind: str, path: str, samples: int) -> None:
+    """Generate and prepare ``path`` unless a prepared dataset is there."""
+    if os.path.exists(os.path.join(path, ".nv-meta", "dataset.yaml")):
+        return
+    stamp(f"making {samples} {kind} samples in {path}")
+    processes = max(1, min(4, (os.cpu_count() or 1) - 1))
+    make_dataset(kind, path, samples, shards=max(1, samples // 500), processes=processes)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", action="append", default=[], help="KIND=PATH (prepared)")
@@ -105,6 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hide-gpu", action="store_true", help="CUDA_VISIBLE_DEVICES=''")
     parser.add_argument("--json", default=None, help="record results in this JSON file")
     parser.add_argument("--deadline", type=float, default=None, help="time.time() to stop by")
+    parser.add_argument(
+        "--samples", default="captioning=2000,text=60000", help="sizes of generated datasets"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -115,12 +156,18 @@ def main(argv: list[str] | None = None) -> None:
         child(json.loads(args.child))
         return
     stamp(f"worker scaling on {os.cpu_count()} cores, load {os.getloadavg()}")
+    sizes = {k: int(v) for k, _, v in (item.partition("=") for item in args.samples.split(","))}
+    tables = []
     for item in args.dataset:
         kind, _, path = item.partition("=")
         if kind not in ("captioning", "text"):
             raise SystemExit(f"--dataset {item!r}: KIND must be captioning or text")
-        rows = run_workload(args, kind, path)
-        print(json.dumps(with_scaling(rows)))
+        ensure_dataset(kind, path, sizes.get(kind, 2000))
+        rows = with_scaling(run_workload(args, kind, path))
+        print(json.dumps(rows))
+        tables.append(markdown_table(kind, rows))
+    print(f"\n{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} (1 min) at the end\n")
+    print("\n\n".join(tables))
     stamp(f"done at {time.strftime('%H:%M:%S')}")
 
 
