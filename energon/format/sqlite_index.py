@@ -14,7 +14,7 @@ import os
 import sqlite3
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from pathlib import Path
 
 from energon import epath
@@ -97,6 +97,32 @@ def record_media_filter(db: sqlite3.Connection, strategy: str, patterns: str) ->
     )
 
 
+ROWS_PER_INSERT = 64
+
+
+def insert_rows(db: sqlite3.Connection, table: str, width: int, rows: Iterable[tuple]) -> None:
+    """Insert ``rows`` (of ``width`` values) in order, ``ROWS_PER_INSERT`` rows per statement.
+
+    sqlite's fixed work per statement (a step and a reset, each taking the connection's lock)
+    costs more than binding a row's values: one row per statement (``executemany`` of a
+    one-row ``INSERT``) is about twice as slow per row. Rows keep their order, so their
+    ``rowid`` is the same as with one row per statement.
+    """
+    flat = list(chain.from_iterable(rows))
+    step = ROWS_PER_INSERT * width
+    whole = len(flat) // step * step
+    if whole:
+        many = _insert_sql(table, width, ROWS_PER_INSERT)
+        db.executemany(many, (flat[i : i + step] for i in range(0, whole, step)))
+    if whole < len(flat):
+        db.execute(_insert_sql(table, width, (len(flat) - whole) // width), flat[whole:])
+
+
+def _insert_sql(table: str, width: int, rows: int) -> str:
+    one = "(" + ", ".join("?" * width) + ")"
+    return f"INSERT INTO {table} VALUES " + ", ".join([one] * rows)
+
+
 class SqliteIndexWriter:
     """Fills a new ``index.sqlite`` shard by shard (or chunk by chunk, from the chunk databases of
     a ``prepare``), then creates the indexes on :meth:`close`.
@@ -152,8 +178,8 @@ class SqliteIndexWriter:
         """Insert one shard, given column-wise.
 
         ``offsets`` has ``len(keys) + 1`` entries (the ``.tar.idx``); the four part columns hold
-        one entry per part. Rows are assembled by ``zip`` in C: building per-row tuples in Python
-        would cost as much as the inserts themselves.
+        one entry per part. Rows are assembled by ``zip`` in C (building per-row tuples in Python
+        would cost as much as the inserts themselves) and inserted by :func:`insert_rows`.
         """
         n = len(keys)
         byte_sizes = map(operator.sub, offsets[1:], offsets[:n])
@@ -164,12 +190,12 @@ class SqliteIndexWriter:
         db = self._db
         db.execute("SAVEPOINT shard")
         try:
-            db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?)", samples)
+            insert_rows(db, "samples", 5, samples)
         except sqlite3.IntegrityError:
             db.execute("ROLLBACK TO shard")
             db.execute("RELEASE shard")
             raise self._explain_duplicate(tar_file_id, keys, offsets) from None
-        db.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", part_rows)
+        insert_rows(db, "sample_parts", 5, part_rows)
         db.execute("RELEASE shard")
         self.rows_written += len(keys)
 
