@@ -105,7 +105,7 @@ class PassRunner:
         journal take note."""
         position, wc = self._position, dataset.worker_config
         position.record(meta, wc.rank, wc.world_size)
-        self._blend.observe(meta.stream, position.snapshots[meta.stream])
+        self._blend.observe(meta.stream, position.all_snapshots)
         self._errors.observe(meta.stream, meta.snapshot, position.all_snapshots)
         if self.journal is not None and not meta.hole:
             self.journal.append(dataset.spec, meta.position, meta.key)
