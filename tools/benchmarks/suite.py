@@ -331,7 +331,7 @@ WORKLOADS: tuple[Workload, ...] = (
         "`CHECKS=gpu38:250 bash tools/device/run_all.sh` (tools/device/gpu38.sh: "
         "bench_gpu_decode.py and bench_worker_scaling.py on 8,000 captioning and 120,000 text "
         "samples), recorded 2026-11-27 22:56-23:00 UTC on an NVIDIA H200, 16 cores, load 0.4, "
-        "torch 2.11+cu130, torchvision 0.26, commit af88aae (the script's gpu38.txt and "
+        "torch 2.11+cu130, torchvision 0.26, main at c55da39 (the script's gpu38.txt and "
         "gpu38.json, not kept in the repository). **Decode**: raw nvJPEG in batches of 32: 13,884 images/s (0.072 "
         "CPU-ms per image) against libjpeg-turbo on one thread 786 images/s. Through the loader "
         '(`image_decode="encoded"` + `DeviceImageDecoder` with an `ImageNormalizer`, against '
