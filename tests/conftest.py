@@ -2,11 +2,58 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.datasets import make_captioning_dataset, make_text_dataset
+
+# Folders whose tests share one expensive session fixture (a scheduling unit of their own).
+_SHARED_FOLDERS = ("tests/ray/",)  # one Ray cluster per worker (tests/ray/conftest.py)
+_MODULE_FIXTURE = re.compile(r"@pytest\.fixture\(\s*scope=\"module\"")
+
+
+@functools.cache
+def _files_with_module_fixtures() -> frozenset[str]:
+    tests = Path(__file__).parent
+    return frozenset(
+        path.relative_to(tests.parent).as_posix()
+        for path in tests.rglob("test_*.py")
+        if _MODULE_FIXTURE.search(path.read_text())
+    )
+
+
+def _work_unit(nodeid: str) -> str:
+    """A test file with a module-scoped fixture, or a shared folder, is one unit; else the test."""
+    path = nodeid.split("::")[0]
+    for folder in _SHARED_FOLDERS:
+        if path.startswith(folder):
+            return folder
+    return path if path in _files_with_module_fixtures() else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the test extra)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with a file that has a module-scoped fixture kept on one worker.
+
+    Spread test by test, a module's tests alternate between the two workers, so each built the
+    module's fixtures (a reference run of every compat program: 73 CPU-s; megatron-core runs;
+    datasets): twice the work. (``xdist_group`` marks would say the same, but xdist 3.8 writes
+    the group into ``item._nodeid``, which pytest 9 no longer reads: they have no effect here.)
+    Units are handed out largest first, so the single tests still balance the end of the run.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SharedFixtureScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return _work_unit(nodeid) if scope == nodeid else scope
+
+    return SharedFixtureScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
