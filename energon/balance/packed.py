@@ -32,7 +32,9 @@ class BalancedBatch(Sample):
     samples: list  # the encoded members, pack by pack (their images, videos, ...)
     labels: torch.Tensor | None = None  # [P, max_length] when the members have labels
     rank_cost: float = 0.0  # this rank's estimated cost of the step
-    step_costs: list | None = None  # every rank's estimated cost of the step (same on all ranks)
+    # every rank's estimated cost of the step (same on all ranks): a list, or read from a plan
+    # store when used (energon.balance.store.StepCosts, equal to the list)
+    step_costs: Sequence[float] | None = None
     # this rank's over-long samples of the step, as Balance.over_length handled them
     truncated: int = 0
     split: int = 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from energon.balance.store import Key, PlanStore, StoredWindow, StreamSnapshot, snapshots_digest
@@ -42,7 +42,7 @@ class PlannedWindow(Protocol):
         """(position, member, pointer key) of each sample ``rank`` gets in ``step``."""
         ...
 
-    def rank_costs(self, step: int) -> list[float]:
+    def rank_costs(self, step: int) -> Sequence[float]:
         """Every rank's planned cost of ``step``."""
         ...
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from energon.atomic import atomic_write_bytes
 from energon.errors import PlanStoreError
+from energon.pipeline.snapshot import PackedSnapshot
 
 Key = tuple  # a pointer key (kind, source, index): energon.pipeline.keys
 StreamSnapshot = dict[str, Any]  # a stream's plain snapshot: energon.pipeline.snapshot
@@ -174,8 +175,8 @@ class StoredWindow:
         self._kinds: list[str] = self.header["kinds"]
         blobs = (data, self.header["blobs_at"], self._arrays["snapshot_offsets"])
         streams = self.header["streams"]
-        self.start = StoredSnapshots(blobs, streams, 0)
-        self.end = StoredSnapshots(blobs, streams, streams)
+        self.start = StoredSnapshots(blobs, streams, 0, path)
+        self.end = StoredSnapshots(blobs, streams, streams, path)
 
     def share(self, step: int, rank: int) -> list[tuple[int, int, Key]]:
         """(position, member, pointer key) of each sample of ``rank``'s share of ``step``."""
@@ -185,17 +186,57 @@ class StoredWindow:
         kinds = self._kinds
         return [(p, m, (kinds[k], s, i)) for p, m, k, s, i in rows]
 
-    def rank_costs(self, step: int) -> list[float]:
-        return self._arrays["rank_costs"][step * self.ranks : (step + 1) * self.ranks].tolist()
+    def rank_costs(self, step: int) -> StepCosts:
+        return StepCosts(self._arrays["rank_costs"][step * self.ranks : (step + 1) * self.ranks])
+
+
+class StepCosts(Sequence[float]):
+    """Every rank's planned cost of a step, read from the stored window only when used: a rank
+    needs its own cost per step, while the list of all ``ranks`` costs (``BalancedBatch.step_costs``)
+    is read only by whoever looks at it. Compares equal to a list of the same floats."""
+
+    __slots__ = ("_costs",)
+
+    def __init__(self, costs: np.ndarray | Sequence[float]) -> None:
+        self._costs = np.asarray(costs, dtype="<f8")
+
+    def __len__(self) -> int:
+        return len(self._costs)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return self._costs[index].tolist()
+        return float(self._costs[index])
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._costs.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (StepCosts, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+    def __reduce__(self) -> tuple:
+        return StepCosts, (self._costs.copy(),)  # a copy: the stored window is not sent
 
 
 class StoredSnapshots(Mapping[int, StreamSnapshot]):
     """The streams' snapshots of a stored window, each decoded on first use."""
 
-    def __init__(self, blobs: tuple[mmap.mmap, int, np.ndarray], streams: int, skip: int):
+    def __init__(
+        self, blobs: tuple[mmap.mmap, int, np.ndarray], streams: int, skip: int, path: Path
+    ):
         self._data, self._base, self._offsets = blobs
         self._streams, self._skip = streams, skip
         self._decoded: dict[int, StreamSnapshot] = {}
+        self.path = path
+
+    def packed(self) -> PackedStreams:
+        """These snapshots as the loader carries them (packed), without reading any."""
+        return PackedStreams(self.path, self._skip > 0, self._streams, self)
 
     def __getitem__(self, stream: int) -> StreamSnapshot:
         snapshot = self._decoded.get(stream)
@@ -216,6 +257,48 @@ class StoredSnapshots(Mapping[int, StreamSnapshot]):
 
     def __len__(self) -> int:
         return self._streams
+
+
+class PackedStreams(Mapping[int, PackedSnapshot]):
+    """Every stream's snapshot at a stored window's start or end as loader items carry them
+    (:class:`~energon.pipeline.snapshot.PackedSnapshot`, decoded only when a state is saved).
+    Pickled as the file's path and the half, not the bytes: a published window never changes,
+    so the process that reads a snapshot maps the file itself, when it first reads one."""
+
+    def __init__(
+        self, path: Path, end: bool, streams: int, snapshots: StoredSnapshots | None = None
+    ) -> None:
+        self.path, self.end, self._streams = path, end, streams
+        self._snapshots = snapshots
+
+    def __getitem__(self, stream: int) -> PackedSnapshot:
+        return PackedSnapshot(self._stored().blob(stream), None)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self._streams))
+
+    def __len__(self) -> int:
+        return self._streams
+
+    def __contains__(self, stream: object) -> bool:
+        return isinstance(stream, int) and 0 <= stream < self._streams
+
+    def __reduce__(self) -> tuple:
+        return PackedStreams, (self.path, self.end, self._streams)
+
+    def _stored(self) -> StoredSnapshots:
+        if self._snapshots is None:
+            try:
+                with open(self.path, "rb") as f:
+                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError as e:
+                raise PlanStoreError(
+                    f"balance plan store: {self.path} holds the streams' snapshots of a step "
+                    f"this loader delivered and cannot be read now ({e}); was it removed?"
+                ) from e
+            window = StoredWindow(self.path, data)
+            self._snapshots = window.end if self.end else window.start
+        return self._snapshots
 
 
 def _member_records(

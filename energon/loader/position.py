@@ -11,7 +11,7 @@ global position ``origin + rank + k * world_size``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from energon.balance.tail import TAIL_FIELD
@@ -19,7 +19,7 @@ from energon.loader.recovery import LostSample
 from energon.loader.savable_dataset import ResumePoint
 from energon.loader.workers.results import with_lost
 from energon.pipeline.executor import ItemMeta
-from energon.pipeline.snapshot import PackedSnapshot, StreamSnapshot
+from energon.pipeline.snapshot import PackedSnapshot, StreamSnapshot, unpacked
 from energon.state import stream_snapshots
 
 
@@ -40,6 +40,12 @@ class LoaderPosition:
     def snapshots(self) -> dict[int, StreamSnapshot]:
         """The latest snapshot of every stream this pass. Those that came packed from workers
         (:class:`PackedSnapshot`) are unpacked here, when first read: most never are."""
+        window = self._window
+        if window is not None:  # every stream, under what was kept after it
+            self._window = None
+            for stream in window:
+                if stream not in self._packed and stream not in self._plain:
+                    self._plain[stream] = unpacked(window[stream])
         packed = self._packed
         if packed:
             for stream, snap in packed.items():
@@ -51,6 +57,10 @@ class LoaderPosition:
     def snapshots(self, snapshots: dict[int, StreamSnapshot]) -> None:
         self._plain = snapshots
         self._packed: dict[int, PackedSnapshot] = {}
+        # a balanced window's snapshots of every stream (ItemMeta.window_streams), kept whole:
+        # what ``_plain`` / ``_packed`` hold was kept after it and wins
+        self._window: Mapping[int, StreamSnapshot | PackedSnapshot] | None = None
+        self._window_seen: object = None  # the last one taken (``_window`` is read once)
 
     def all_snapshots(self) -> dict[int, StreamSnapshot]:
         """The snapshots, as a function (for readers that need them only now and then)."""
@@ -66,12 +76,24 @@ class LoaderPosition:
 
     def record(self, meta: ItemMeta, rank: int, world_size: int) -> None:
         """The item of ``meta`` was taken: its stream's snapshot and the count move on."""
-        self.keep(meta.stream, meta.snapshot)
-        if meta.others:  # a balanced step advanced several streams (some may come packed)
+        window = meta.window_streams  # a balanced step: every stream (some may come packed)
+        if window is not None and window is not self._window_seen:
+            self._take_window(window)
+        if meta.others:
             for stream, snap in meta.others.items():
                 self.keep(stream, snap)
+        self.keep(meta.stream, meta.snapshot)
         self.consumed = (meta.position - self.origin - rank) // world_size + 1
         self.pass_offset += 1
+
+    def _take_window(self, window: Mapping[int, StreamSnapshot | PackedSnapshot]) -> None:
+        """Every stream moved to ``window`` (a balanced window's start or end): kept as one
+        mapping, read only when a state is saved; what was kept before of its streams is older."""
+        self._window = self._window_seen = window
+        if self._plain:
+            self._plain = {s: snap for s, snap in self._plain.items() if s not in window}
+        if self._packed:
+            self._packed = {s: snap for s, snap in self._packed.items() if s not in window}
 
     def next_position(self, rank: int, world_size: int) -> int:
         """The global micro-batch position this rank yields next."""

@@ -227,7 +227,7 @@ class BalancedExecutor:
                 )
         self._current: PlannedWindow | None = None
         self._current_at: int | None = None  # the current window's first position (None: tail)
-        self._packed: list[tuple[Mapping[int, StreamSnapshot], dict]] = []  # see _with_errors
+        self._shared: list[tuple[Mapping[int, StreamSnapshot], Mapping]] = []  # _window_streams
         self.plans = plan_source(self.balance, spec, layout.world_size, end)
         self.position = -1
         self.streams: dict[int, PointerBatches] = {}
@@ -293,37 +293,45 @@ class BalancedExecutor:
 
     def _item_meta(self, window: PlannedWindow, inner: int, own: int) -> ItemMeta:
         """The snapshots from which a restore recomputes the window of the step after ``inner``:
-        the window's start, or its end after its last step."""
+        the window's start, or its end after its last step. Every stream's snapshot there is one
+        mapping shared by the window's items (``window_streams``: O(1) per step, whatever the
+        number of streams); only the streams this rank keeps an error account of (the few it
+        loads for) get a snapshot of their own in each item."""
         pointers = window.end if inner == window.steps - 1 else window.start
-        snapshots = self._with_errors(pointers)
+        shared = self._window_streams(pointers)
         own_stream = own % self.spec.num_streams
-        others = {s: snap for s, snap in snapshots.items() if s != own_stream}
+        accounted = {
+            s: self.failures.with_errors(s, pointers[s])
+            for s in self.failures.streams()
+            if s in shared
+        }
+        snapshot = accounted.pop(own_stream, None) or shared[own_stream]
         return ItemMeta(
             own,
             own_stream,
-            snapshots[own_stream],
+            snapshot,
             worker=self.layout.worker,
-            others=others or None,
+            others=accounted or None,
+            window_streams=shared,
         )
 
-    def _with_errors(
+    def _window_streams(
         self, pointers: Mapping[int, StreamSnapshot]
-    ) -> dict[int, StreamSnapshot | PackedSnapshot]:
-        """Every stream's snapshot with this rank's error accounts. Snapshots read from a plan
-        store (:class:`~energon.balance.store.StoredSnapshots`) stay packed where the stream has
-        no account: the loader decodes them only when a state is saved."""
-        blob = getattr(pointers, "blob", None)
-        if blob is None:
-            return {s: self.failures.with_errors(s, snap) for s, snap in pointers.items()}
-        cached = next((packed for of, packed in self._packed if of is pointers), None)
-        if cached is None:
-            cached = {s: PackedSnapshot(blob(s), None) for s in pointers}
-            self._packed = [(pointers, cached), *self._packed[:1]]  # a window's start and end
-        snapshots: dict[int, StreamSnapshot | PackedSnapshot] = dict(cached)
-        for stream_id in self.failures.streams():
-            if stream_id in snapshots:
-                snapshots[stream_id] = self.failures.with_errors(stream_id, pointers[stream_id])
-        return snapshots
+    ) -> Mapping[int, StreamSnapshot | PackedSnapshot]:
+        """Every stream's snapshot of ``pointers`` (a window's start or end), made once per
+        window. Snapshots read from a plan store
+        (:class:`~energon.balance.store.StoredSnapshots`) stay in the file, packed: O(1) here,
+        pickled as the file's path, decoded only when a state is saved."""
+        cached = next((shared for of, shared in self._shared if of is pointers), None)
+        if cached is not None:
+            return cached
+        packed = getattr(pointers, "packed", None)
+        if packed is None:  # planned here: as costly as the planning, once per window
+            cached = {s: self.failures.with_errors(s, snap) for s, snap in pointers.items()}
+        else:
+            cached = packed()
+        self._shared = [(pointers, cached), *self._shared[:1]]  # a window's start and end
+        return cached
 
     def _window(self, index: int) -> PlannedWindow:
         """Window ``index`` (global steps ``index * window ...`` from the origin, after a tail),

@@ -20,7 +20,7 @@ count, the default): a shared stream's final snapshot could overtake another exe
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from energon import debug_log
@@ -55,6 +55,9 @@ class ItemMeta:
     others: dict[int, StreamSnapshot | PackedSnapshot] | None = None
     # the value holds something to page-lock (with CUDA; see energon.loader.workers.messages.Group)
     pin: bool = False
+    # every stream's snapshot at a balanced window's start or end: one mapping shared by the
+    # window's items (pickled once per group, recorded once); ``others`` and ``snapshot`` win
+    window_streams: Mapping[int, StreamSnapshot | PackedSnapshot] | None = None
 
     def __reduce__(self) -> tuple:
         # positional arguments: smaller and faster to pickle than the slots' name -> value mapping;
@@ -73,6 +76,7 @@ class ItemMeta:
             self.ended,
             self.others,
             self.pin,
+            self.window_streams,
         )
 
 

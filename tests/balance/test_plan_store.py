@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import warnings
 
 import pytest
@@ -154,3 +155,38 @@ def _gloo_rank(rank, world_size, path, store):
 def test_real_ranks_share_plans(vlm, tmp_path):  # noqa: F811
     results = run_ranks(2, _gloo_rank, str(vlm), tmp_path)
     assert results[0] == results[1] and len(results[0]) == 3
+
+
+def test_stored_snapshots_travel_as_the_files_path_whatever_the_streams(tmp_path):
+    """The streams' snapshots that every item of a stored window carries (ItemMeta.window_streams)
+    pickle to the file's path, not to the streams' bytes (a step's bookkeeping stays O(1) at
+    thousands of streams), and read back the stored snapshots; a loader position that keeps them
+    whole gives the snapshots it would have kept stream by stream, newer ones winning."""
+    from energon.loader.position import LoaderPosition
+    from energon.pipeline.executor import ItemMeta
+    from energon.pipeline.snapshot import PackedSnapshot
+
+    sizes = {}
+    for streams in (3, 300):
+        store = PlanStore(tmp_path, {"streams": streams}, 2, None)
+        start = {s: {"emitted": s, "stages": [{"n": s}]} for s in range(streams)}
+        end = {s: {"emitted": s + 1, "stages": [{"n": -s}]} for s in range(streams)}
+        store.write(0, ["webdataset"], [[[], []]], [[0.0, 0.0]], start, end)
+        packed = store.read(0).end.packed()
+        sizes[streams] = len(pickle.dumps(packed))
+        again = pickle.loads(pickle.dumps(packed))
+        assert len(again) == streams and 1 in again and streams not in again
+        assert {s: again[s].unpack() for s in again} == end
+    assert sizes[300] < sizes[3] + 8 < 400  # the path and a count: not 300 snapshots
+
+    newer = {"emitted": 9, "stages": [{"n": 9}]}
+    position = LoaderPosition()
+    position.restore({"origin": 0, "consumed": 0, "pass_offset": 0, "streams": [[0, start[0]]]})
+    metas = []  # the steps of one window, sent together: one mapping; own streams 0, 1, 0
+    for step in range(3):
+        meta = ItemMeta(step, step % 2, PackedSnapshot.pack(newer) if step == 1 else end[0])
+        meta.window_streams = again
+        metas.append(meta)
+    for meta in pickle.loads(pickle.dumps(metas)):
+        position.record(meta, 0, 1)
+    assert position.snapshots == {**end, 1: newer}

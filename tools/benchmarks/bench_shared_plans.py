@@ -13,10 +13,11 @@ For each simulated rank count ``R`` (one rank's executor, 0 workers, the VLM mix
   its share and the step's costs (``StoredWindow.share`` / ``rank_costs``), measured on the last
   rank of the window just published.
 
-The per-step **state bookkeeping** (``BalancedExecutor._item_meta``: the snapshots of every
-logical stream that each item carries so that a state can be saved at any step; in the shared
-case they stay packed as read from the store) is not planning; it is printed in its own columns,
-as it grows with the number of streams in both cases. CPU time (``time.process_time``), the load average printed.
+The per-step **state bookkeeping** (the snapshots of every logical stream that a rank's items
+carry so that a state can be saved at any step: made by ``BalancedExecutor._item_meta``, sent
+from a worker (pickled) and kept by ``LoaderPosition.record``) is not planning; it is printed in
+its own columns. Every stream's snapshots are one mapping per window's start or end, shared by
+its items; read from a store they stay in the file (pickled as its path) until a state is saved. CPU time (``time.process_time``), the load average printed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import pickle
 import tempfile
 import time
 
@@ -32,6 +34,7 @@ from bench_balance import dataset_root
 from energon import WorkerConfig, get_train_dataset
 from energon.balance import Balance
 from energon.demo.vlm import VlmTaskEncoder
+from energon.loader.position import LoaderPosition
 
 MAX_LENGTH = 16384
 WINDOW = 8
@@ -56,6 +59,17 @@ def cpu(fn):
     return time.process_time() - start, result
 
 
+def bookkeeping(executor, window, ranks: int) -> None:
+    """A window's steps as a rank's loader keeps them: each item's snapshots made
+    (``_item_meta``), sent from a loader worker (pickled and unpickled, one item a message) and
+    recorded by the main process (``LoaderPosition.record``)."""
+    position = LoaderPosition()
+    rank = executor.layout.rank
+    for step in range(WINDOW):
+        meta = executor._item_meta(window, step, step * ranks + rank)
+        position.record(pickle.loads(pickle.dumps(meta)), rank, ranks)
+
+
 def planned(path: str, ranks: int, batch: int, store: str) -> dict:
     """Rank 0 plans a window (after a warm one) and publishes it: CPU seconds, and what the
     window's first and last ranks get (to check the reads)."""
@@ -63,7 +77,7 @@ def planned(path: str, ranks: int, batch: int, store: str) -> dict:
     planner.plan_window(0)  # warm: opens the index, builds the streams
     plan_s, window = cpu(lambda: planner.plan_window(1))
     publish_s, _ = cpu(lambda: planner.plans.publish(window))
-    items_s, _ = cpu(lambda: [planner._item_meta(window, s, s * ranks) for s in range(WINDOW)])
+    items_s, _ = cpu(lambda: bookkeeping(planner, window, ranks))
     return {
         "plan": plan_s,
         "publish": publish_s,
@@ -97,7 +111,7 @@ def measure(path: str, ranks: int, batch: int, reads: int) -> dict[str, float]:
         (stored.share(s, r), stored.rank_costs(s)) for s in range(WINDOW) for r in (0, ranks - 1)
     ]
     assert read == plan["shares"], "the stored window differs from the planned one"
-    items_s, _ = cpu(lambda: [reader._item_meta(stored, s, s * ranks) for s in range(WINDOW)])
+    items_s, _ = cpu(lambda: bookkeeping(reader, stored, ranks))
     return {
         "local": plan["plan"] / WINDOW,
         "share": (plan["plan"] + plan["publish"]) / (ranks * WINDOW),

@@ -77,6 +77,8 @@ class WorkerResults:
         self._turn = 0
         # per worker: the latest snapshot of each stream it delivered, and its last position
         self._delivered: list[dict[int, Any]] = [{} for _ in range(workers)]
+        # per worker: the last ItemMeta.window_streams (every stream; _delivered holds what followed)
+        self._window_seen: list[Any] = [None] * workers
         self._last_position: list[int | None] = [None] * workers
         self._stalled: dict[int, str] = {}  # worker -> why the stall check stopped it
         for worker in range(workers):
@@ -151,9 +153,13 @@ class WorkerResults:
             if isinstance(item, ExceptionWrapper):
                 continue
             meta = item[1]
-            delivered[meta.stream] = meta.snapshot
+            window = meta.window_streams
+            if window is not None and window is not self._window_seen[worker]:
+                delivered.clear()  # every stream moved to the window (read only on a restart)
+                self._window_seen[worker] = window
             if meta.others:
                 delivered.update(meta.others)
+            delivered[meta.stream] = meta.snapshot
             if not meta.ended:
                 self._last_position[worker] = meta.position
 
@@ -211,6 +217,9 @@ class WorkerResults:
         """Where the replacement of ``worker`` starts: the pass's resume point with the streams
         the worker delivered, at the worker's next position."""
         snapshots = dict(self.resume.snapshots)
+        window = self._window_seen[worker]  # a balanced window's streams, under what followed
+        if window is not None:
+            snapshots.update({s: unpacked(window[s]) for s in window})
         snapshots.update({s: unpacked(snap) for s, snap in self._delivered[worker].items()})
         base = self.resume.base
         last = self._last_position[worker]
@@ -228,9 +237,12 @@ class WorkerResults:
             value, meta = item
             if meta.stream == lost.stream:
                 meta = dataclasses.replace(meta, snapshot=with_lost(meta.snapshot, lost))
-            if meta.others and lost.stream in meta.others:
-                others = dict(meta.others)
-                others[lost.stream] = with_lost(others[lost.stream], lost)
+            carried = (meta.others or {}).get(lost.stream)
+            if carried is None and meta.stream != lost.stream and meta.window_streams:
+                carried = meta.window_streams.get(lost.stream)
+            if carried is not None:
+                others = dict(meta.others or {})
+                others[lost.stream] = with_lost(carried, lost)
                 meta = dataclasses.replace(meta, others=others)
             self._pending[worker][i] = (value, meta)
 
