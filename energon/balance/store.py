@@ -38,7 +38,6 @@ import numpy as np
 
 from energon.atomic import atomic_write_bytes
 from energon.errors import PlanStoreError
-from energon.pipeline.snapshot import PackedSnapshot
 
 Key = tuple  # a pointer key (kind, source, index): energon.pipeline.keys
 StreamSnapshot = dict[str, Any]  # a stream's plain snapshot: energon.pipeline.snapshot
@@ -233,10 +232,7 @@ class StoredSnapshots(Mapping[int, StreamSnapshot]):
         self._streams, self._skip = streams, skip
         self._decoded: dict[int, StreamSnapshot] = {}
         self.path = path
-
-    def packed(self) -> PackedStreams:
-        """These snapshots as the loader carries them (packed), without reading any."""
-        return PackedStreams(self.path, self._skip > 0, self._streams, self)
+        self.at_end = skip > 0  # the window's end snapshots (else its start)
 
     def __getitem__(self, stream: int) -> StreamSnapshot:
         snapshot = self._decoded.get(stream)
@@ -257,48 +253,6 @@ class StoredSnapshots(Mapping[int, StreamSnapshot]):
 
     def __len__(self) -> int:
         return self._streams
-
-
-class PackedStreams(Mapping[int, PackedSnapshot]):
-    """Every stream's snapshot at a stored window's start or end as loader items carry them
-    (:class:`~energon.pipeline.snapshot.PackedSnapshot`, decoded only when a state is saved).
-    Pickled as the file's path and the half, not the bytes: a published window never changes,
-    so the process that reads a snapshot maps the file itself, when it first reads one."""
-
-    def __init__(
-        self, path: Path, end: bool, streams: int, snapshots: StoredSnapshots | None = None
-    ) -> None:
-        self.path, self.end, self._streams = path, end, streams
-        self._snapshots = snapshots
-
-    def __getitem__(self, stream: int) -> PackedSnapshot:
-        return PackedSnapshot(self._stored().blob(stream), None)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self._streams))
-
-    def __len__(self) -> int:
-        return self._streams
-
-    def __contains__(self, stream: object) -> bool:
-        return isinstance(stream, int) and 0 <= stream < self._streams
-
-    def __reduce__(self) -> tuple:
-        return PackedStreams, (self.path, self.end, self._streams)
-
-    def _stored(self) -> StoredSnapshots:
-        if self._snapshots is None:
-            try:
-                with open(self.path, "rb") as f:
-                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except OSError as e:
-                raise PlanStoreError(
-                    f"balance plan store: {self.path} holds the streams' snapshots of a step "
-                    f"this loader delivered and cannot be read now ({e}); was it removed?"
-                ) from e
-            window = StoredWindow(self.path, data)
-            self._snapshots = window.end if self.end else window.start
-        return self._snapshots
 
 
 def _member_records(

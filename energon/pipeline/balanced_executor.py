@@ -32,6 +32,7 @@ from energon.balance.assign import compose_steps
 from energon.balance.cost import MISSING_FIELD_ERRORS, cost_failure, dataset_name
 from energon.balance.packed import layout_batch, pack_balanced
 from energon.balance.plans import PlannedWindow, Window, WindowAt, plan_source
+from energon.balance.store import StoredSnapshots
 from energon.balance.table import CostTable
 from energon.balance.tail import compose_tail, layers_of, tail_end, tail_steps
 from energon.errors import (
@@ -59,6 +60,7 @@ from energon.pipeline.snapshot import (
 from energon.pipeline.spec import PipelineSpec
 from energon.pipeline.stage import Value
 from energon.pipeline.stages import LoadStage, call_hook, working_on
+from energon.pipeline.stored_streams import packed_streams
 from energon.pipeline.stream import cook_function
 from energon.samples import padding
 from energon.source.meta import SampleMeta
@@ -325,11 +327,10 @@ class BalancedExecutor:
         cached = next((shared for of, shared in self._shared if of is pointers), None)
         if cached is not None:
             return cached
-        packed = getattr(pointers, "packed", None)
-        if packed is None:  # planned here: as costly as the planning, once per window
+        if isinstance(pointers, StoredSnapshots):
+            cached = packed_streams(pointers)
+        else:  # planned here: as costly as the planning, once per window
             cached = {s: self.failures.with_errors(s, snap) for s, snap in pointers.items()}
-        else:
-            cached = packed()
         self._shared = [(pointers, cached), *self._shared[:1]]  # a window's start and end
         return cached
 
