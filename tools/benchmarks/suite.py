@@ -469,8 +469,17 @@ WORKLOADS: tuple[Workload, ...] = (
         "(pointer simulation, costs, composition) of the VLM mix per rank and step: planned by "
         "every rank (today's default) against a shared plan store (`Balance(plan_store=DIR)`: "
         "each window planned once by one rank; a rank's share of planning and publishing plus "
-        "reading its slice), at 8 to 4,096 simulated ranks in the same run; the state "
-        "bookkeeping per step (every stream's snapshot with each item) in its own column.",
+        "reading its slice), at 8 to 4,096 simulated ranks in the same run, CPU, best of 3 "
+        "windows planned and 20 reads; the state bookkeeping per step (every stream's snapshot "
+        "with each item: made, pickled as from a worker, recorded by the loader) in its own "
+        "column. Measured on a quiet machine (2026-11-27, 16-core H200 host (CPU only used), "
+        "load 1.5-1.8, one run, commit db0731e, before each window's streams travelled as one "
+        "mapping and the step costs were read lazily): shared 0.223 / 0.171 / 0.233 / 0.248 / "
+        "0.362 ms per step at 8 / 64 / 512 / 1,024 / 4,096 ranks (1.63x), of which reading its "
+        "slice 0.013 / 0.014 / 0.025 / 0.029 / 0.092 ms and the planning share 0.210 / 0.157 / "
+        "0.208 / 0.219 / 0.270 ms; local 0.97 / 6.86 / 82.64 / 170.56 / 933.17 ms; state "
+        "bookkeeping (made only) local / shared 0.02 / 0.02, 0.07 / 0.08, 0.59 / 0.54, "
+        "1.44 / 1.11, 6.10 / 5.72 ms.",
         (
             _step(
                 "bench_compose_ranks.py",
