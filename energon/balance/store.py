@@ -130,11 +130,9 @@ class PlanStore:
     def read(self, first: int) -> StoredWindow | None:
         """The window starting at global position ``first``, or None while none is published."""
         try:
-            with open(self.path(first), "rb") as f:
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            window = open_window(self.path(first))
         except FileNotFoundError:
             return None
-        window = StoredWindow(self.path(first), data)
         if window.header["digest"] != self.digest or window.header["first"] != first:
             raise PlanStoreError(
                 f"balance plan store: {self.path(first)} holds window "
@@ -149,6 +147,12 @@ class PlanStore:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(run_file, json.dumps(self.run, indent=1, default=str).encode())
+
+
+def open_window(path: Path) -> StoredWindow:
+    """The window published at ``path``, memory-mapped (FileNotFoundError while there is none)."""
+    with open(path, "rb") as f:
+        return StoredWindow(path, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
 class StoredWindow:

@@ -10,11 +10,10 @@ only when a state is saved.
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from energon.balance.store import StoredSnapshots, StoredWindow
+from energon.balance.store import StoredSnapshots, open_window
 from energon.errors import PlanStoreError
 from energon.pipeline.snapshot import PackedSnapshot
 
@@ -54,13 +53,11 @@ class PackedStreams(Mapping[int, PackedSnapshot]):
     def _stored(self) -> StoredSnapshots:
         if self._snapshots is None:
             try:
-                with open(self.path, "rb") as f:
-                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                window = open_window(Path(self.path))
             except OSError as e:
                 raise PlanStoreError(
                     f"balance plan store: {self.path} holds the streams' snapshots of a step "
                     f"this loader delivered and cannot be read now ({e}); was it removed?"
                 ) from e
-            window = StoredWindow(Path(self.path), data)
             self._snapshots = window.end if self.end else window.start
         return self._snapshots
