@@ -44,39 +44,45 @@ def vlm(tmp_path_factory) -> Path:
     return root
 
 
-def loaders(
+def rank_loader(
     path,
+    rank,
     world_size,
     num_workers=0,
     *,
     balance=None,
-    num_streams=4,
     error_handler=None,
     task_encoder=None,
+    shuffle_buffer_size=8,
     **kw,
 ):
-    out = []
-    shuffle = kw.pop("shuffle_buffer_size", 8)
-    for rank in range(world_size):
-        wc = WorkerConfig(
-            rank=rank,
-            world_size=world_size,
-            num_workers=num_workers,
-            global_error_handler=error_handler,
-        )
-        ds = get_train_dataset(
-            str(path),
-            worker_config=wc,
-            batch_size=BATCH,
-            shuffle_buffer_size=shuffle,
-            max_samples_per_sequence=10,
-            num_streams=num_streams,
-            task_encoder=task_encoder or VlmTaskEncoder(),
-            balance=balance or Balance(max_length=4096, window=4),
-            **kw,
-        )
-        out.append(get_savable_loader(ds))
-    return out
+    """One rank's savable loader of ``path``, balanced (``Balance(max_length=4096, window=4)``
+    unless ``balance``) with the VLM encoder unless ``task_encoder``."""
+    wc = WorkerConfig(
+        rank=rank,
+        world_size=world_size,
+        num_workers=num_workers,
+        global_error_handler=error_handler,
+    )
+    ds = get_train_dataset(
+        str(path),
+        worker_config=wc,
+        batch_size=BATCH,
+        shuffle_buffer_size=shuffle_buffer_size,
+        max_samples_per_sequence=10,
+        task_encoder=task_encoder or VlmTaskEncoder(),
+        balance=balance or Balance(max_length=4096, window=4),
+        **kw,
+    )
+    return get_savable_loader(ds)
+
+
+def loaders(path, world_size, num_workers=0, *, num_streams=4, **kw):
+    """Every rank's loader (:func:`rank_loader`), in rank order."""
+    return [
+        rank_loader(path, rank, world_size, num_workers, num_streams=num_streams, **kw)
+        for rank in range(world_size)
+    ]
 
 
 def keys_of(batch) -> list[str]:
@@ -647,19 +653,7 @@ def test_packing_is_refused(vlm):
 def _gloo_rank(rank, world_size, path):
     import torch.distributed as dist
 
-    (loader,) = [
-        get_savable_loader(
-            get_train_dataset(
-                path,
-                worker_config=WorkerConfig(rank=rank, world_size=world_size, num_workers=2),
-                batch_size=BATCH,
-                shuffle_buffer_size=8,
-                max_samples_per_sequence=10,
-                task_encoder=VlmTaskEncoder(),
-                balance=Balance(max_length=4096, window=4),
-            )
-        )
-    ]
+    loader = rank_loader(path, rank, world_size, num_workers=2)
     out = []
     it = iter(loader)
     for _ in range(4):

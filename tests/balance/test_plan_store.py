@@ -12,13 +12,12 @@ import warnings
 
 import pytest
 
-from energon import PlanStoreError, WorkerConfig, get_savable_loader, get_train_dataset
+from energon import PlanStoreError
 from energon.balance import Balance, publish_plans
 from energon.balance.assign import compose_steps
 from energon.balance.store import PlanStore
-from energon.demo.vlm import VlmTaskEncoder
 from tests.balance.plan_cases import CASES, case_costs, case_name
-from tests.balance.test_balance import BATCH, keys_of, loaders, vlm  # noqa: F401 (fixture)
+from tests.balance.test_balance import keys_of, loaders, rank_loader, vlm  # noqa: F401 (fixture)
 from tests.balance.test_plan_identical import DIGESTS
 from tests.helpers.distributed import run_ranks
 
@@ -128,17 +127,7 @@ def _gloo_rank(rank, world_size, path, store):
 
     def loader(shared):
         balance = _balance(store) if shared else Balance(max_length=4096, window=4)
-        return get_savable_loader(
-            get_train_dataset(
-                path,
-                worker_config=WorkerConfig(rank=rank, world_size=world_size, num_workers=0),
-                batch_size=BATCH,
-                shuffle_buffer_size=8,
-                max_samples_per_sequence=10,
-                task_encoder=VlmTaskEncoder(),
-                balance=balance,
-            )
-        )
+        return rank_loader(path, rank, world_size, balance=balance)
 
     runs = []
     for shared in (False, True):
