@@ -2,7 +2,9 @@
 
 The benchmarks compare the loader against raw limits measured on the very same bytes, so the
 workloads are generated once into a cache directory and reused by every benchmark and run.
-Nothing here needs more than the standard library, numpy/Pillow (via energon.demo) and /proc.
+Nothing here needs more than the standard library, numpy/Pillow (via energon.demo) and /proc;
+energon.demo is imported only when a workload is generated, so that the /proc helpers stay cheap
+to import (bench_timed.py uses them in the processes it times).
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ from types import TracebackType
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
-
-from energon.demo import write_captioning_shards, write_text_shards  # noqa: E402
 
 DEFAULT_ROOT = "bench_data"
 MIB = 1024 * 1024
@@ -87,6 +87,8 @@ class Workload:
 
 
 def _generate(spec: WorkloadSpec, path: str, progress: bool) -> list[str]:
+    from energon.demo import write_captioning_shards, write_text_shards
+
     if spec.kind == "captioning":
         writer = write_captioning_shards
     elif spec.kind == "text":

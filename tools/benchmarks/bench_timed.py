@@ -32,6 +32,8 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
+from bench_common import process_tree  # noqa: E402  (stdlib only: energon.demo loads lazily)
+
 RESULT_PREFIX = "BENCH_TIMED_RESULT "
 BATCH_SIZE = 32
 DATASET_YAML = {
@@ -69,30 +71,6 @@ def make_dataset(kind: str, path: str, samples: int, shards: int, processes: int
 # -- CPU accounting --------------------------------------------------------------------------------
 
 
-def _children(parent: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as file:
-                fields = file.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent:
-            out.append(int(entry))
-    return out
-
-
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        children = _children(todo.pop())
-        found += children
-        todo += children
-    return found
-
-
 def process_cpu_ns(pid: int) -> int:
     """CPU time (ns) of all live threads of ``pid`` so far (0 if it is gone)."""
     total = 0
@@ -111,7 +89,7 @@ def process_cpu_ns(pid: int) -> int:
 
 def cpu_snapshot() -> tuple[int, dict[int, int]]:
     """(this process's CPU ns, {descendant pid: CPU ns})."""
-    return process_cpu_ns(os.getpid()), {p: process_cpu_ns(p) for p in _descendants(os.getpid())}
+    return process_cpu_ns(os.getpid()), {p: process_cpu_ns(p) for p in process_tree()[1:]}
 
 
 # -- one timed run ---------------------------------------------------------------------------------
