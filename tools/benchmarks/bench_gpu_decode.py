@@ -41,9 +41,8 @@ from bench_timed import (  # noqa: E402
     BATCH_SIZE,
     print_result,
     record,
-    run_child,
+    run_child_in_time,
     stamp,
-    time_left,
     timed_run,
 )
 
@@ -119,12 +118,8 @@ def throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
         for mode in args.modes.split(","):
             spec = {"mode": mode, "workers": workers, "path": args.dataset}
             spec |= {"seconds": args.seconds, "warm": args.warm}
-            needed = args.seconds + args.warm + START_COST_SECONDS
-            left = time_left(args.deadline)
-            if left < needed:
-                row = {**spec, "error": f"skipped: {left:.0f} s left, a run needs ~{needed:.0f}"}
-            else:
-                row = run_child(os.path.abspath(__file__), spec, timeout=min(left, 4 * needed))
+            script = os.path.abspath(__file__)
+            row = run_child_in_time(script, spec, args.deadline, START_COST_SECONDS)
             rows.append(row)
             stamp(f"{mode} {workers} workers: {row.get('error') or _brief(row)}")
             record(args.json, "gpu_decode_throughput", rows)

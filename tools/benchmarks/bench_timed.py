@@ -170,6 +170,22 @@ def run_child(
     return {**spec, "error": f"exit {child.returncode}: " + " | ".join(tail)}
 
 
+def run_child_in_time(
+    script: str,
+    spec: dict[str, Any],
+    deadline: float | None,
+    start_cost: float,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """:func:`run_child` if the time left before ``deadline`` covers the run (``spec``'s warm and
+    timed seconds plus ``start_cost``), stopped at 4x that; else a row saying it was skipped."""
+    needed = spec["seconds"] + spec["warm"] + start_cost
+    left = time_left(deadline)
+    if left < needed:
+        return {**spec, "error": f"skipped: {left:.0f} s left, a run needs ~{needed:.0f}"}
+    return run_child(script, spec, timeout=min(left, 4 * needed), env=env)
+
+
 def print_result(result: dict[str, Any]) -> None:
     """What a child prints for :func:`run_child`."""
     print(RESULT_PREFIX + json.dumps(result), flush=True)

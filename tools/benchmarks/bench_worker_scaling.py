@@ -33,9 +33,8 @@ from bench_timed import (  # noqa: E402
     make_dataset,
     print_result,
     record,
-    run_child,
+    run_child_in_time,
     stamp,
-    time_left,
     timed_run,
 )
 
@@ -78,14 +77,9 @@ def run_workload(args: argparse.Namespace, kind: str, path: str) -> list[dict[st
     for workers in [int(w) for w in args.workers.split(",")]:
         spec = {"kind": kind, "path": path, "workers": workers}
         spec |= {"seconds": args.seconds, "warm": args.warm}
-        needed = args.seconds + args.warm + START_COST_SECONDS
-        left = time_left(args.deadline)
-        if left < needed:
-            rows.append({**spec, "error": f"skipped: {left:.0f} s left, a run needs ~{needed:.0f}"})
-        else:
-            env = {"CUDA_VISIBLE_DEVICES": ""} if args.hide_gpu else None
-            script = os.path.abspath(__file__)
-            rows.append(run_child(script, spec, timeout=min(left, 4 * needed), env=env))
+        env = {"CUDA_VISIBLE_DEVICES": ""} if args.hide_gpu else None
+        script = os.path.abspath(__file__)
+        rows.append(run_child_in_time(script, spec, args.deadline, START_COST_SECONDS, env))
         stamp(f"{kind} {workers} workers: {_brief(rows[-1])}")
         section = f"scaling_{kind}" + ("_gpu_hidden" if args.hide_gpu else "")
         record(args.json, section, with_scaling(rows))
