@@ -30,9 +30,6 @@ class DatasetKind(abc.ABC):
     saved by the reference's per-dataset state protocol. ``dataset`` is always a
     :class:`~energon.loader.savable_dataset.SavableDataset` of this kind."""
 
-    #: Whether datasets of this kind yield their items from their own ``__iter__``.
-    hand_written: bool = False
-
     # -- copies and sizes -------------------------------------------------------------------------
     @abc.abstractmethod
     def copy_fields(self, dataset: Any, clone: Any, memo: dict[int, Any]) -> None:

@@ -139,8 +139,6 @@ class HandWrittenKind(DatasetKind):
     ``_savable_fields``: sizes come from its ``len_worker``, a logical stream is one of its workers
     (:class:`IteratorStage`), and its items cannot be regenerated from their keys."""
 
-    hand_written = True
-
     # -- copies and sizes -------------------------------------------------------------------------
     def copy_fields(self, dataset: Any, clone: Any, memo: dict[int, Any]) -> None:
         """Every field but the spec and the worker config (which nothing changes): each stream's

@@ -78,11 +78,6 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
         self.journal_keys = False  # items carry their restore keys (a loader keeps a journal)
         self._direct: dict[str, Any] | None = None  # where __iter__ has got to (save_state)
 
-    @property
-    def hand_written(self) -> bool:
-        """Whether this dataset yields its items from its own ``__iter__``."""
-        return self.dataset_kind.hand_written
-
     def __deepcopy__(self, memo: dict[int, Any]) -> SavableDataset:
         """A copy that shares what its kind says nothing changes (a planned dataset's spec); a
         hand-written one's copy has its own fields, as each of the reference's workers has."""
