@@ -433,8 +433,8 @@ def _index_shards(
         merge = IndexMerge(root, work, shards, folder)
         staging.sqlite_tmp = merge.path
     try:
-        for chunk in sorted(summaries):  # finished by an earlier run
-            if merge is not None:
+        if merge is not None:
+            for chunk in sorted(summaries):  # finished by an earlier run
                 merge.chunk_finished(chunk)
         done = len(shards) - sum(len(t.shards) for t in pending)
         for summary in _run_chunks(pending, scan, len(shards), done):
