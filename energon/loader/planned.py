@@ -10,7 +10,6 @@ the reference's per-dataset state protocol (:mod:`energon.loader.direct_iteratio
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,12 +41,7 @@ class PlannedKind(DatasetKind):
             return sum(spec.stream_val_batches(s) for s in range(spec.num_streams))
         if not spec.training:
             return spec.num_streams * spec.val_batches_per_stream()
-        counts = spec.stream_sample_counts()
-        if spec.batch_size is None:
-            return sum(counts)
-        if spec.batch_drop_last:
-            return sum(c // spec.batch_size for c in counts)
-        return sum(math.ceil(c / spec.batch_size) for c in counts)
+        return sum(spec.batches_of(c) for c in spec.stream_sample_counts())
 
     def len_rank(self, dataset: Any) -> int:
         return dataset.len_ranks([dataset.worker_config.rank])[0]
@@ -84,12 +78,7 @@ class PlannedKind(DatasetKind):
         spec = _with_streams(dataset.spec, num_streams)
         if not spec.training:
             return spec.stream_val_batches(stream)
-        count = spec.stream_sample_count(stream)
-        if spec.batch_size is None:
-            return count
-        if spec.batch_drop_last:
-            return count // spec.batch_size
-        return math.ceil(count / spec.batch_size)
+        return spec.batches_of(spec.stream_sample_count(stream))
 
     def leaf_stage(self, dataset: Any, stream: int, num_streams: int, seed: int) -> Stage:
         spec = _with_streams(dataset.spec, num_streams)

@@ -177,14 +177,7 @@ class SavableDataset(torch.utils.data.IterableDataset, Savable):
             return None
         if spec.repeat or spec.mode == "weight":
             return None
-        counts = spec.stream_sample_counts()
-        per_stream = [
-            c
-            if spec.batch_size is None
-            else (c // spec.batch_size if spec.batch_drop_last else -(-c // spec.batch_size))
-            for c in counts
-        ]
-        return spec.num_streams * max(per_stream)
+        return spec.num_streams * max(spec.batches_of(c) for c in spec.stream_sample_counts())
 
     def build_stream(self, stream_id: int) -> Stream:
         """The stage chain of one logical stream (datasets composed otherwise override this)."""

@@ -7,7 +7,6 @@ import functools
 import hashlib
 import inspect
 import json
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -192,26 +191,27 @@ class PipelineSpec:
             for length, rotation, _, _ in self._count_terms()
         )
 
+    def batches_of(self, samples: int) -> int:
+        """Items a stream of ``samples`` samples emits: one per sample unbatched, else its
+        batches (a last partial one dropped with ``batch_drop_last``)."""
+        if self.batch_size is None:
+            return samples
+        if self.batch_drop_last:
+            return samples // self.batch_size
+        return -(-samples // self.batch_size)
+
     def stream_val_batches(self, stream: int) -> int:
         """Items stream ``stream`` emits in a validation pass: the common count when ranks must be
         even, else its own natural count (a single rank needs no padding)."""
         if self.even_ranks:
             return self.val_batches_per_stream()
-        n = self.stream_sample_count(stream)
-        if self.batch_size is None:
-            return n
-        return n // self.batch_size if self.batch_drop_last else math.ceil(n / self.batch_size)
+        return self.batches_of(self.stream_sample_count(stream))
 
     def val_batches_per_stream(self) -> int:
         """Every stream emits at most this many items in a validation pass whose counts follow
         from the samples (the positions of streams with fewer are filled when ranks must be
         even). With ``batch_drop_last`` only each stream's last partial batch is dropped."""
-        counts = self.stream_sample_counts()
-        if self.batch_size is None:
-            return max(counts)
-        if self.batch_drop_last:
-            return max(counts) // self.batch_size
-        return math.ceil(max(counts) / self.batch_size)
+        return self.batches_of(max(self.stream_sample_counts()))
 
     def fingerprint(self) -> dict[str, Any]:
         """What must be equal for a saved state to mean the same thing in this pipeline."""

@@ -215,14 +215,6 @@ def train_figures(
     }
 
 
-def _items(samples: int, spec: PipelineSpec) -> int:
-    if spec.batch_size is None:
-        return samples
-    if spec.batch_drop_last:
-        return samples // spec.batch_size
-    return math.ceil(samples / spec.batch_size)
-
-
 def stream_epoch(
     sim: PipelineSpec,
     stream_id: int,
@@ -236,7 +228,7 @@ def stream_epoch(
     ``[a, b)`` its reader of each source reads go to ``ranges``."""
     stream = SimulatedStream(sim, stream_id)
     readers = stream.stream.stages[0].readers  # type: ignore[attr-defined]
-    items = _items(samples, sim)
+    items = sim.batches_of(samples)
     figures = {
         "stream": stream_id,
         "samples": samples,
