@@ -9,8 +9,8 @@ $(BIN)/energon: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch first, so nothing pulls CUDA wheels.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-cache-dir torch==2.13.0
+	$(BIN)/pip install -q --no-cache-dir -e '.[test]'
 	touch $(BIN)/energon
 
 install: $(BIN)/energon

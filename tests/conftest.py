@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,19 @@ def _work_unit(nodeid: str) -> str:
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the test extra)
+def pytest_report_header(config) -> str:
+    """Free disk where the side venvs and the test folders go: the suite needs several GB (the
+    side venvs, about 5 GB after sharing files), and a full disk shows up as scattered errors."""
+    places = {
+        "repository": Path(__file__).resolve().parents[1],
+        "temp": Path(tempfile.gettempdir()),
+    }
+    free = ", ".join(
+        f"{name} {shutil.disk_usage(p).free / 2**30:.1f} GiB" for name, p in places.items()
+    )
+    return f"free disk: {free}"
+
+
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` with a file that has a module-scoped fixture kept on one worker.
 

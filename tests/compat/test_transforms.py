@@ -32,7 +32,7 @@ TV_PIP_STEPS = (("torch==2.14.1", "torchvision==0.29.1"),)
 def tv_python() -> str:
     if os.environ.get("ENERGON_SKIP_COMPAT"):
         pytest.skip("ENERGON_SKIP_COMPAT is set")
-    reason = ensure_venv(TV_VENV, TV_PIP_STEPS, TV_READY)
+    reason = ensure_venv(TV_VENV, TV_PIP_STEPS, TV_READY, needs_gib=5.5)
     if reason is not None:
         print(f"skipping the torchvision comparison: {reason}")
         pytest.skip(f"cannot create the torchvision side venv: {reason}")

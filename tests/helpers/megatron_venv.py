@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.side_venv import disk_shortfall, pip_install, run_steps, share_identical_files
 
 # energon itself is not installed there (examples run with PYTHONPATH=<repo>); numpy comes with mcore
 ENERGON_DEPS = ["pyyaml", "pillow", "click", "tqdm", "braceexpand"]
@@ -41,6 +42,7 @@ class McoreVenv:
     base_steps: tuple[tuple[str, ...], ...]  # pip install arguments, in order
     base_marker: str  # torch + megatron-core installed
     marker: str  # ... plus energon's own pure-python deps
+    needs_gib: float  # on disk, after sharing identical files with the other venvs
 
     @property
     def python(self) -> Path:
@@ -48,17 +50,20 @@ class McoreVenv:
 
     def create(self) -> str | None:
         """Build (or complete) the venv; returns a reason string on failure."""
-        steps: list[list[str]] = []
         if not (self.directory / self.base_marker).is_file():
-            steps.append([sys.executable, "-m", "venv", "--clear", str(self.directory)])
-            steps += [[str(self.python), "-m", "pip", "install", "-q", *a] for a in self.base_steps]
-        steps.append([str(self.python), "-m", "pip", "install", "-q", *ENERGON_DEPS])
-        for i, step in enumerate(steps):
-            proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)
-            if proc.returncode != 0:
-                return f"{' '.join(step[:6])} failed: {proc.stderr.strip()[-500:]}"
-            if i == len(steps) - 2:
-                (self.directory / self.base_marker).write_text("ok\n")
+            shortfall = disk_shortfall(self.directory.parent, self.needs_gib)
+            if shortfall is not None:
+                return shortfall
+            steps = [[sys.executable, "-m", "venv", "--clear", str(self.directory)]]
+            steps += [pip_install(self.python, args) for args in self.base_steps]
+            reason = run_steps(steps)
+            if reason is not None:
+                return reason
+            share_identical_files(self.directory)
+            (self.directory / self.base_marker).write_text("ok\n")
+        reason = run_steps([pip_install(self.python, ENERGON_DEPS)])
+        if reason is not None:
+            return reason
         (self.directory / self.marker).write_text("ok\n")
         return None
 
@@ -70,18 +75,21 @@ MCORE_VENVS = {
         base_steps=(("torch==2.13.0",), ("megatron-core==0.16.1", "psutil")),
         base_marker=".energon-mcore-ready",
         marker=".energon-mcore-ready-2",
+        needs_gib=1.0,
     ),
     "0.19": McoreVenv(
         version="0.19",
         directory=REPO_ROOT / ".cache" / "mcore019-venv",
         base_steps=(
             # CPU torch first; numpy installed here, so that the next step (which ignores
-            # Requires-Python) keeps it rather than building a 3.12-only release from source
-            ("torch==2.13.0", "numpy<2.4", "psutil", "triton"),
+            # Requires-Python) keeps it rather than building a 3.12-only release from source;
+            # triton as in the torchvision venv (torch 2.14.1 pins ~=3.8.0), so its 0.9 GB is shared
+            ("torch==2.13.0", "numpy<2.4", "psutil", "triton~=3.8.0"),
             ("--ignore-requires-python", "megatron-core>=0.19,<0.20"),
         ),
         base_marker=".energon-mcore-ready",
         marker=".energon-mcore-ready-2",
+        needs_gib=1.5,
     ),
 }
 MCORE_VENV = MCORE_VENVS["0.16.1"].directory

@@ -39,7 +39,7 @@ def ref_python() -> str:
     """The reference venv's python (created on first use)."""
     if os.environ.get("ENERGON_SKIP_COMPAT"):
         pytest.skip("ENERGON_SKIP_COMPAT is set")
-    reason = ensure_venv(REF_VENV, REF_PIP_STEPS, REF_READY)
+    reason = ensure_venv(REF_VENV, REF_PIP_STEPS, REF_READY, needs_gib=1.0)
     if reason is not None:
         print(f"skipping reference compatibility tests: {reason}")
         pytest.skip(f"cannot create the reference venv: {reason}")

@@ -1,0 +1,43 @@
+"""The side venvs' disk sharing: a file equal to its twin at the same place in another venv becomes
+a hard link to it; a different file, or one with no twin, is left alone."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests.helpers.side_venv import SUITE_HEADROOM_GIB, disk_shortfall, share_identical_files
+
+
+def _site(venv: Path) -> Path:
+    path = (
+        venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    )
+    path.mkdir(parents=True)
+    return path
+
+
+def test_identical_files_become_one_and_others_stay(tmp_path):
+    older, newer = _site(tmp_path / "older-venv"), _site(tmp_path / "newer-venv")
+    for site, tail in ((older, b"A"), (newer, b"B")):
+        (site / "torch").mkdir()
+        (site / "torch" / "lib.so").write_bytes(b"x" * 5000)
+        (site / "torch" / "version.py").write_bytes(b"v" * 99 + tail)  # same size, other bytes
+    (newer / "only_here.py").write_bytes(b"mine")
+
+    freed = share_identical_files(tmp_path / "newer-venv")
+
+    assert freed == 5000
+    assert (newer / "torch" / "lib.so").stat().st_ino == (older / "torch" / "lib.so").stat().st_ino
+    assert (newer / "torch" / "lib.so").read_bytes() == b"x" * 5000
+    assert (newer / "torch" / "version.py").read_bytes().endswith(b"B")
+    assert (newer / "torch" / "version.py").stat().st_nlink == 1
+    assert (newer / "only_here.py").read_bytes() == b"mine"
+    assert share_identical_files(tmp_path / "newer-venv") == 0  # already shared: nothing more
+    assert not list(newer.rglob("*.energon-link"))
+
+
+def test_a_short_disk_is_a_reason_not_an_attempt(tmp_path):
+    assert disk_shortfall(tmp_path, -SUITE_HEADROOM_GIB) is None  # nothing wanted: always fits
+    reason = disk_shortfall(tmp_path, 10**9)
+    assert reason is not None and "GiB free" in reason and str(tmp_path) in reason
