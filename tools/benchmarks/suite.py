@@ -351,7 +351,17 @@ WORKLOADS: tuple[Workload, ...] = (
         "2 / 4 / 8 workers (first run), 0.857 at 8 and 0.721 at 14 workers (138,890 samples/s; "
         "second run, 1 / 8 / 14 workers): the goal is not met for text; at 14 workers the main "
         "process keeps 0.99 of a core busy (0.0071 CPU-ms per sample: a ceiling near 140,000 "
-        "samples/s), so the main process is the limit there.",
+        "samples/s), so the main process is the limit there. **Text re-run after 7eeeb71** "
+        "(2026-11-28 00:58-00:59 UTC, same H200, load 1.3-1.8, main at 0bacd47, two runs back to "
+        "back of `bench_worker_scaling.py --dataset text=/tmp/t --workers 1,8,14 --seconds 2.5 "
+        "--warm 1.0` on 120,000 text samples from `bench_timed.py --make text`): at 14 workers "
+        "109,608 and 141,951 samples/s; main CPU per sample 0.0051-0.0059 ms (was 0.0071) and the "
+        "main process 0.64-0.73 of a core busy (was 0.99), so it is no longer saturated; vs linear "
+        "0.37 / 0.76 at 14 and 0.53 / 0.90 at 8 workers, against a 1-worker rate that itself "
+        "moved from 21,281 to 13,290 samples/s between the runs: still under 0.8 at 14 workers. "
+        "The CUDA pixel test (tests/decode/test_device_decode.py, rewritten to compare with "
+        "simple upsampling) and tests/loader/test_pinning.py pass on the H200 (13 passed, 1 "
+        "skipped: the no-CUDA error check).",
     ),
     Workload(
         "arena",
