@@ -16,6 +16,8 @@ How a window is composed (:func:`compose_steps`):
 3. *Fill.* The light samples, heaviest first, go to the bin with the most room below its step's
    target. A light sample ends every bin within its own size of the target. The ``steps x
    ranks`` lightest samples come last, one per bin, so that no rank of a step goes empty.
+   (Placed in rounds over all bins, the choices of a heap at a cost per sample that hardly
+   grows with the bins: :mod:`energon.balance.placement`.)
 4. *Level each step.* Moves and swaps between a step's heaviest rank and its other ranks close
    the remaining gaps (until none narrows one).
 5. *Repair.* A step still above the tolerance takes light samples that other steps can spare
@@ -30,12 +32,14 @@ tolerance is kept, else the best one.
 from __future__ import annotations
 
 import bisect
-import heapq
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Sequence
 
 import numpy as np
 
 from energon.balance.bound import TOLERANCE
+from energon.balance.placement import line_up, place_heaviest_first
+from energon.balance.swaps import Exchanged, SwapIndex
 
 LEVELED = 1.001  # a step this even is not leveled further (costs are estimates anyway)
 # a step's total kept across exchanges is off by rounding only (far below this, relatively);
@@ -58,14 +62,14 @@ def compose_steps(costs: Sequence[float], num_ranks: int, num_steps: int) -> lis
             f"sample costs must be finite and >= 0; cost {bad} is {float(values[bad])!r}"
         )
     floats = values.tolist()
-    order = sorted(range(len(floats)), key=lambda i: (-floats[i], i))
+    order = np.argsort(-values, kind="stable")  # heaviest first, ties by position
     best: Composition | None = None
     best_score: tuple[float, float] | None = None
     total = float(sum(floats))
     mean_share = total / (num_ranks * num_steps)
     thresholds = [fraction * mean_share for fraction in LIGHT_FRACTIONS]
     for light in thresholds:
-        composition = Composition.build(values, order, num_ranks, num_steps, light)
+        composition = Composition.build(values, floats, order, num_ranks, num_steps, light)
         score = composition.score()
         if best_score is None or score < best_score:
             best, best_score = composition, score
@@ -88,93 +92,84 @@ def straggler_ratio(rank_costs: Sequence[float]) -> float:
     return max(rank_costs) / mean if mean > 0 else 1.0
 
 
+def place_skeleton(
+    values: np.ndarray, heavy: np.ndarray, bins: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The heavy samples, heaviest first, each to the lightest bin; then the bins renumbered
+    by load (heaviest first, ties by bin), the order in which they are dealt to the steps.
+    Returns the bins' loads (renumbered) and each heavy sample's bin."""
+    loads = np.zeros(bins)
+    first = min(bins, len(heavy))
+    loads[:first] = values[heavy[:first]]  # one each (a zero cost would take two)
+    rest = place_heaviest_first(loads, np.zeros(bins), values[heavy[first:]])
+    ordered = np.argsort(-loads, kind="stable")
+    number = np.empty(bins, dtype=np.int64)
+    number[ordered] = np.arange(bins)
+    return loads[ordered], number[np.concatenate([np.arange(first), rest])]
+
+
+def group_by_bin(samples: np.ndarray, bin_of: np.ndarray, bins: int) -> list[list[int]]:
+    """Each bin's ``samples`` (``bin_of`` gives each one's bin) in their order in ``samples``."""
+    by_bin = np.argsort(bin_of, kind="stable")
+    return split_by_bin(samples[by_bin], np.bincount(bin_of, minlength=bins).tolist())
+
+
+def split_by_bin(samples: np.ndarray, sizes: list[int]) -> list[list[int]]:
+    """``samples`` grouped by bin (bin 0's first), cut into lists of ``sizes``."""
+    flat = samples.tolist()
+    ends = list(itertools.accumulate(sizes))
+    return [flat[end - size : end] for size, end in zip(sizes, ends)]
+
+
 class Composition:
     """A window's samples in ``steps x ranks`` bins (bin ``b`` is rank ``b % ranks`` of step
     ``b // ranks``), with each bin's load."""
 
-    def __init__(self, values: np.ndarray, num_ranks: int, num_steps: int) -> None:
+    def __init__(
+        self,
+        values: np.ndarray,
+        floats: list[float],
+        num_ranks: int,
+        num_steps: int,
+        members: list[list[int]],
+        loads: list[float],
+    ) -> None:
         self.values = values
-        self.floats: list[float] = values.tolist()  # read without numpy's per-item cost
+        self.floats = floats  # ``values``, read without numpy's per-item cost
         self.num_ranks = num_ranks
         self.num_steps = num_steps
-        self.members: list[list[int]] = [[] for _ in range(num_ranks * num_steps)]
-        self.loads = [0.0] * (num_ranks * num_steps)
+        self.members = members
+        self.loads = loads
 
     @classmethod
     def build(
         cls,
         values: np.ndarray,
-        order: list[int],
+        floats: list[float],
+        order: np.ndarray,
         num_ranks: int,
         num_steps: int,
         light: float,
     ) -> Composition:
         """Skeleton, levels, fill and levelled steps for one light threshold (``order``: the
         samples heaviest first)."""
-        out = cls(values, num_ranks, num_steps)
-        floats = out.floats
         bins = num_ranks * num_steps
-        total = float(sum(floats))
         # the `bins` lightest samples finish the bins, one each, so that no rank goes empty;
         # with no more samples than bins, each gets a bin of its own in the skeleton
         finishers = bins if len(order) > bins else 0
         rest = len(order) - finishers
-        heavy = sum(1 for i in order[:rest] if floats[i] > light) if finishers else rest
-        out.place_skeleton(order[:heavy])
-        levels = step_levels(out.step_tops(), total, num_ranks)
-        out.fill(order[heavy:rest], levels)
-        out.finish(order[rest:], levels)
+        heavy = int(np.count_nonzero(values[order[:rest]] > light)) if finishers else rest
+        loads, skeleton = place_skeleton(values, order[:heavy], bins)
+        levels = step_levels(loads[::num_ranks].tolist(), float(sum(floats)), num_ranks)
+        level_of = np.repeat(np.array(levels, dtype=np.float64), num_ranks)
+        filled = place_heaviest_first(loads, level_of, values[order[heavy:rest]])
+        finished = line_up(loads - level_of, finishers)
+        loads[finished] += values[order[rest:]]
+        members = group_by_bin(order, np.concatenate([skeleton, filled, finished]), bins)
+        out = cls(values, floats, num_ranks, num_steps, members, loads.tolist())
         for step in range(num_steps):
             out.level_step(step)
         return out
-
-    def place_skeleton(self, heavy: list[int]) -> None:
-        """The heavy samples, heaviest first, each to the lightest bin; then the bins sorted by
-        load (heaviest first) and dealt to the steps in that order."""
-        floats = self.floats
-        members, loads = self.members, self.loads
-        first = min(len(loads), len(heavy))
-        for b, i in enumerate(heavy[:first]):  # one each (a zero cost would take two)
-            members[b].append(i)
-            loads[b] = floats[i]
-        heap = [(loads[b], b) for b in range(len(loads))]
-        heapq.heapify(heap)
-        for i in heavy[first:]:
-            load, b = heapq.heappop(heap)
-            members[b].append(i)
-            loads[b] = load + floats[i]
-            heapq.heappush(heap, (loads[b], b))
-        ordered = sorted(range(len(loads)), key=lambda b: (-loads[b], b))
-        self.members = [members[b] for b in ordered]
-        self.loads = [loads[b] for b in ordered]
-
-    def step_tops(self) -> list[float]:
-        """Each step's heaviest bin (the first of its bins after the skeleton)."""
-        return [self.loads[s * self.num_ranks] for s in range(self.num_steps)]
-
-    def fill(self, light: list[int], levels: list[float]) -> None:
-        """``light`` (heaviest first), each to the bin with the most room below its level."""
-        floats, members, loads = self.floats, self.members, self.loads
-        ranks = self.num_ranks
-        heap = [(loads[b] - levels[b // ranks], b) for b in range(len(loads))]
-        heapq.heapify(heap)
-        for i in light:
-            _, b = heapq.heappop(heap)
-            members[b].append(i)
-            loads[b] += floats[i]
-            heapq.heappush(heap, (loads[b] - levels[b // ranks], b))
-
-    def finish(self, finishers: list[int], levels: list[float]) -> None:
-        """``finishers`` (heaviest first, one per bin), each to the bin with the most room
-        below its level among those without one yet."""
-        floats, members, loads = self.floats, self.members, self.loads
-        ranks = self.num_ranks
-        heap = [(loads[b] - levels[b // ranks], b) for b in range(len(loads))]
-        heapq.heapify(heap)
-        for i in finishers:
-            _, b = heapq.heappop(heap)
-            members[b].append(i)
-            loads[b] += floats[i]
 
     def step_bins(self, step: int) -> range:
         return range(step * self.num_ranks, (step + 1) * self.num_ranks)
@@ -200,33 +195,37 @@ class Composition:
         bins = self.step_bins(step)
         ranked = sorted((loads[b], b) for b in bins)  # lightest first, ties by bin
         total = sum([loads[b] for b in bins])  # exchanges move work, so only rounding moves it
-        index = SwapIndex(self, step)
+        index = SwapIndex(self.values, self.members, loads, bins)  # built when first asked
         while len(ranked) > 1 and self.above_leveled(step, ranked[-1][0], total):
             top = ranked[-1][0]
             heavy = ranked[bisect.bisect_left(ranked, (top,))][1]  # the first bin of that load
-            light = self.first_taker(heavy, ranked, index)
-            if light is None:
+            taken = self.first_taker(heavy, ranked, index)
+            if taken is None:
                 return
+            before, light, moved = taken
             resort(ranked, heavy, top, loads[heavy])
-            resort(ranked, light[1], light[0], loads[light[1]])
-            index.moved(self, heavy, light[1])
+            resort(ranked, light, before, loads[light])
+            index.moved(heavy, light, moved)
 
     def first_taker(
         self, heavy: int, ranked: list[tuple[float, int]], index: SwapIndex
-    ) -> tuple[float, int] | None:
-        """The lightest ``(load, bin)`` of ``ranked`` that took an exchange from ``heavy``
-        (None when none does). Moves fit the lightest rank best (the widest gap), so after it
-        only ranks with a sample a swap could take are tried."""
+    ) -> tuple[float, int, Exchanged] | None:
+        """The lightest ``(load, bin)`` of ``ranked`` that took an exchange from ``heavy``, and
+        the samples exchanged (None when none does). Moves fit the lightest rank best (the
+        widest gap), so after it only ranks with a sample a swap could take are tried."""
         loads, floats = self.loads, self.floats
         lightest = ranked[0] if ranked[0][1] != heavy else ranked[1]
-        if self.exchange(heavy, lightest[1]):
-            return lightest
+        moved = self.exchange(heavy, lightest[1])
+        if moved is not None:
+            return lightest[0], lightest[1], moved
         gap = loads[heavy] - lightest[0]
         skip = (heavy, lightest[1])
-        for light in index.bins_below([floats[i] for i in self.members[heavy]], gap, skip):
+        costs = [floats[i] for i in self.members[heavy]]
+        for light in index.bins_below(costs, gap, skip, ranked):
             before = loads[light]
-            if self.exchange(heavy, light):
-                return before, light
+            moved = self.exchange(heavy, light)
+            if moved is not None:
+                return before, light, moved
         return None
 
     def above_leveled(self, step: int, top: float, total: float) -> bool:
@@ -241,14 +240,14 @@ class Composition:
                 return False
         return self.ratio(step) > LEVELED
 
-    def exchange(self, heavy: int, light: int) -> bool:
+    def exchange(self, heavy: int, light: int) -> Exchanged | None:
         """The move (one sample from ``heavy`` to ``light``) or swap that narrows the two bins'
-        gap the most (moves ``gap / 2`` most nearly); False when none narrows it."""
+        gap the most (moves ``gap / 2`` most nearly); None when none narrows it."""
         loads, members, floats = self.loads, self.members, self.floats
         gap = loads[heavy] - loads[light]
         eps = gap_epsilon(loads[heavy])
         if gap <= eps:
-            return False
+            return None
         theirs = sorted((floats[j], j) for j in members[light])
         values = [v for v, _ in theirs]
         best: tuple[float, int, int] | None = None  # (badness, position in heavy, sample back)
@@ -262,7 +261,7 @@ class Composition:
                     candidate = (abs(a - values[n] - gap / 2), k, theirs[n][1])
                     best = min(best or candidate, candidate)
         if best is None:
-            return False
+            return None
         _, k, back = best
         item = members[heavy].pop(k)
         members[light].append(item)
@@ -273,7 +272,7 @@ class Composition:
             moved -= floats[back]
         loads[heavy] -= moved
         loads[light] += moved
-        return True
+        return item, back
 
     def repair(self) -> None:
         """Steps above the tolerance, worst first, take spare samples of other steps, until
@@ -330,63 +329,13 @@ class Composition:
         return True
 
     def shares(self) -> list[list[list[int]]]:
+        """``[step][rank]`` -> the bin's samples, ascending."""
+        sizes = [len(m) for m in self.members]
+        samples = np.fromiter(itertools.chain.from_iterable(self.members), np.int64, sum(sizes))
+        bins = np.repeat(np.arange(len(sizes)), sizes)
+        by_bin = split_by_bin(samples[np.lexsort((samples, bins))], sizes)
         ranks = self.num_ranks
-        return [
-            [sorted(self.members[s * ranks + r]) for r in range(ranks)]
-            for s in range(self.num_steps)
-        ]
-
-
-class SwapIndex:
-    """The samples of one step sorted by cost, with the bin each is in. A swap takes a sample
-    ``a`` of the heavy bin for a sample ``v`` of a lighter one with ``0 < a - v < gap``, so only
-    the bins holding a sample within ``gap`` below one of the heavy bin's are worth trying.
-    Arrays, so that a query costs the samples it finds, not a Python loop over them."""
-
-    def __init__(self, composition: Composition, step: int) -> None:
-        members = composition.members
-        bins = composition.step_bins(step)
-        self.first = bins.start
-        self.loads = np.array([composition.loads[b] for b in bins])
-        ids = np.array([i for b in bins for i in members[b]], dtype=np.int64)
-        holders = np.repeat(np.arange(len(bins)), [len(members[b]) for b in bins])
-        order = np.argsort(composition.values[ids], kind="stable")
-        self.values = composition.values[ids][order]
-        self.holders = holders[order]  # the bin (from the step's first) of each sorted sample
-        self.slot = dict(zip(ids[order].tolist(), range(len(order))))  # sample -> sorted place
-
-    def moved(self, composition: Composition, *bins: int) -> None:
-        """The samples and loads of ``bins`` changed (an exchange between them)."""
-        for b in bins:
-            self.loads[b - self.first] = composition.loads[b]
-            for i in composition.members[b]:
-                self.holders[self.slot[i]] = b - self.first
-
-    def bins_below(self, costs: list[float], gap: float, skip: tuple[int, ...]) -> Iterator[int]:
-        """The bins but ``skip`` holding a sample ``v`` with ``a - gap <= v <= a`` for a cost
-        ``a`` of ``costs``, widened by far more than rounding, by ``(load, bin)`` (a superset
-        is safe: the caller tries them in turn; a bin left out is one no swap can narrow). The
-        first costs one pass over the samples found; the rest, rarely needed, a sort."""
-        tops = np.asarray(costs, dtype=np.float64)
-        low = np.searchsorted(self.values, tops - gap - 1e-9 * (np.abs(tops) + gap), "left")
-        high = np.searchsorted(self.values, tops, "right")
-        ranges = [np.arange(lo, hi) for lo, hi in zip(low.tolist(), high.tolist()) if hi > lo]
-        if not ranges:
-            return
-        holders = self.holders[np.concatenate(ranges)]
-        keep = np.ones(len(holders), dtype=bool)
-        for b in skip:
-            keep &= holders != b - self.first
-        holders = holders[keep]
-        if not len(holders):
-            return
-        loads = self.loads[holders]
-        first = int(holders[loads == loads.min()].min())
-        yield first + self.first
-        found = np.unique(holders)
-        for b in found[np.lexsort((found, self.loads[found]))].tolist():
-            if b != first:
-                yield b + self.first
+        return [by_bin[s * ranks : (s + 1) * ranks] for s in range(self.num_steps)]
 
 
 def resort(ranked: list[tuple[float, int]], b: int, before: float, after: float) -> None:

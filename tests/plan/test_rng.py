@@ -25,6 +25,20 @@ def test_stable_seed_is_blake2b_of_the_json_parts():
         assert stable_seed(*parts) == int.from_bytes(digest, "little")
 
 
+@FAST
+@given(
+    st.lists(
+        st.one_of(st.integers(), st.text(), st.booleans(), st.floats(allow_nan=False)),
+        max_size=5,
+    )
+)
+def test_stable_seed_of_plain_parts_is_the_json_one(parts):
+    """Ints and strings are written without ``json.dumps`` (a fast path): the same text."""
+    text = json.dumps(parts, separators=(",", ":"), sort_keys=True, default=str)
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    assert stable_seed(*parts) == int.from_bytes(digest, "little")
+
+
 def test_pinned_values_never_change():
     """Saved states and data orders depend on these: changing them changes every order."""
     assert stable_seed(0, "reader", 1, 2) == 7503824106837549688

@@ -103,7 +103,12 @@ def planned(path: str, ranks: int, batch: int, store: str, plans: int) -> dict:
 
 def measure(path: str, ranks: int, batch: int, reads: int, plans: int) -> dict[str, float]:
     """CPU seconds per step of one rank count's parts (see the module's docstring)."""
-    store = tempfile.mkdtemp(prefix="energon-plans-")
+    with tempfile.TemporaryDirectory(prefix="energon-plans-") as store:
+        return measure_in(path, ranks, batch, reads, plans, store)
+
+
+def measure_in(path: str, ranks: int, batch: int, reads: int, plans: int, store: str):
+    """:func:`measure` with the plan store ``store``."""
     plan = planned(path, ranks, batch, store, plans)
     gc.collect()  # a reading rank holds no planned window (its collector scans less)
     reader = executor(path, ranks, ranks - 1, batch, store)
