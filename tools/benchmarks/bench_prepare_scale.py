@@ -4,8 +4,11 @@ Tiny samples (one 8-byte ``.txt`` member each, 10,000 per shard) at 1M, 10M and 
 prepared with 1 and 2 worker processes, with the per-sample tables (``index.sqlite``) and
 without (``--no-sample-tables``). Each run is a fresh process (imports not timed); this script
 samples its process tree's memory (RSS of the main process; PSS of main + workers, the fair sum
-of forked workers) every 0.5 s, and the run reports its wall time and the CPU time of all its
-processes. ``samples per CPU-second`` is samples / that CPU time: what one core does.
+of forked workers) every 0.5 s, and the run reports its wall time, the CPU time of all its
+processes, the high-water RSS of the main process and of the largest worker (getrusage, which
+no sampling interval can miss), the size of ``index.sqlite`` and the peak disk use (how far the
+disk's free space went down: other writers on a shared disk count too). ``samples per
+CPU-second`` is samples / that CPU time: what one core does.
 
 How the data is made: shards are written by a numpy template (one header layout, the shard
 number and checksum patched in). Up to ``--max-real`` samples every shard is a real file; above
@@ -94,7 +97,7 @@ def make_set(root: str, samples: int, max_real: int) -> tuple[str, bool]:
 
 CHILD = textwrap.dedent(
     """
-    import json, os, sys, time
+    import json, os, resource, sys, time
     root, workers, tables, unique_keys = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
     from energon.prepare import scan as prepare_scan
     from energon.prepare.dataset import prepare_dataset
@@ -114,7 +117,12 @@ CHILD = textwrap.dedent(
     t1, c1 = time.perf_counter(), os.times()
     cpu = sum(getattr(c1, f) - getattr(c0, f)
               for f in ("user", "system", "children_user", "children_system"))
-    print(json.dumps({"samples": r.total_samples, "wall": t1 - t0, "cpu": cpu}))
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    workers_max = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # largest worker
+    index = os.path.join(root, ".nv-meta", "index.sqlite")
+    size = os.path.getsize(index) if os.path.exists(index) else 0
+    print(json.dumps({"samples": r.total_samples, "wall": t1 - t0, "cpu": cpu, "maxrss_main": own,
+                      "maxrss_worker": workers_max, "index_bytes": size}))
     """
 )
 
@@ -140,8 +148,10 @@ def measure(folder: str, workers: int, tables: bool, linked: bool) -> dict:
     )
     peak_rss = peak_pss = 0
     last_pss = 0.0
+    free_before = min_free = _free_bytes(folder)
     while proc.poll() is None:
         now = time.monotonic()
+        min_free = min(min_free, _free_bytes(folder))
         try:
             snap = sample_memory(proc.pid, with_pss=now - last_pss >= 2.0)
         except (FileNotFoundError, ProcessLookupError, IndexError):
@@ -155,7 +165,13 @@ def measure(folder: str, workers: int, tables: bool, linked: bool) -> dict:
         raise RuntimeError(f"prepare failed:\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
     result.update(peak_rss_main=peak_rss, peak_pss_total=peak_pss, load=os.getloadavg()[0])
+    result["peak_disk"] = free_before - min_free  # also counts other writers on a shared disk
     return result
+
+
+def _free_bytes(folder: str) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
 
 
 def main() -> None:
@@ -182,8 +198,11 @@ def main() -> None:
                         f"{r['wall']:.1f}",
                         f"{r['cpu']:.1f}",
                         f"{samples / r['cpu']:,.0f}",
-                        f"{r['peak_rss_main'] / 2**20:.0f}",
+                        f"{r['maxrss_main'] / 2**20:.0f}",
+                        f"{r['maxrss_worker'] / 2**20:.0f}" if workers > 1 else "",
                         f"{r['peak_pss_total'] / 2**20:.0f}",
+                        f"{r['index_bytes'] / 2**20:,.0f}",
+                        f"{r['peak_disk'] / 2**20:,.0f}",
                         f"{r['load']:.1f}",
                     ]
                 )
@@ -200,7 +219,10 @@ def main() -> None:
             "CPU s",
             "samples per CPU-second",
             "peak RSS main MiB",
+            "peak RSS worker MiB",
             "peak PSS all MiB",
+            "index.sqlite MiB",
+            "peak disk MiB",
             "load at end",
         ],
         rows,

@@ -441,8 +441,11 @@ WORKLOADS: tuple[Workload, ...] = (
         "shard), a fresh process per run (imports not timed), with 1 and 2 worker processes, "
         "with the per-sample tables (`index.sqlite`) and without (`--no-sample-tables`). "
         "Samples per CPU-second is what one core does (all processes' CPU time); issue 35 "
-        "asks for at least 100k with the tables. The speed-up from more processes (up to 14) "
-        "and 100M samples are measured on a 16-core machine by `tools/device/prep35.sh`.",
+        "asks for at least 100k with the tables. Peak RSS main / worker: the processes' own "
+        "high-water marks (getrusage); index.sqlite MiB: its size; peak disk: the most the free "
+        "space of the disk went down during the run (other writers on a shared disk count too). "
+        "The speed-up from more processes (up to 14) and 100M samples without the tables are "
+        "measured on a 16-core machine by `tools/device/prep35.sh`.",
         (
             _step(
                 "bench_prepare_scale.py",
@@ -451,9 +454,24 @@ WORKLOADS: tuple[Workload, ...] = (
             ),
         ),
         1.0,
-        not_rerun="`prepare_dataset()` of 10M samples (about 4-11 minutes; 2026-11-27, "
-        "load 10-23, before the grouping in C and the 64-row inserts: 77-79k samples per "
-        "CPU-second with sample tables, 191-215k without, peak main RSS 185 MiB). **16 cores**: "
+        not_rerun="**10M and 100M samples with the sample tables** (flat memory, issue 35; "
+        "2026-11-28 00:59-01:28 UTC, 2 cores shared with other work, load 3.3-8.9, commit "
+        "0bacd47 + this script's memory columns): `python tools/benchmarks/bench_prepare_scale.py "
+        "--root /tmp/prep4-b --samples 1000000,10000000,100000000 --workers 2 --tables 1,0 "
+        "--max-real 1000000` (run size by size). The 1M shards (100 x 10,000 tiny samples, 1 GB) "
+        "are real files; 10M and 100M are 1,000 and 10,000 hard links to them (100M real samples "
+        "would be about 100 GB of tar, more than this machine's free disk), read from the page "
+        "cache, keys made unique per link by the shard name (see the script's docstring). With "
+        "the tables, 2 workers: 1M / 10M / 100M: wall 3.2 / 44.0 / 766 s, CPU 5.8 / 54.6 / 510 s "
+        "(172k / 183k / 196k samples per CPU-second), **peak RSS main 115 / 122 / 131 MiB**, "
+        "largest worker 44 / 45 / 57 MiB (a chunk holds 1 / 1 / 10 shards), index.sqlite 138 / "
+        "1,712 / 17,526 MiB (about 180 bytes per sample), peak disk use 26 GB at 100M (the "
+        "index plus the chunks' rows kept for resuming). With 1 worker at 1M / 10M: 123 / 130 MiB "
+        "main. Without the tables, 2 workers, at 1M / 10M / 100M: peak RSS main 79 / 79 / 79 MiB, "
+        "worker 41 / 42 / 48 MiB, 490k / 606k / 735k samples per CPU-second (100M: 310 s wall, "
+        "136 CPU-s). The main process's memory is sqlite's page cache for index.sqlite "
+        "(64 MiB, a constant), imports and a few bytes per shard: Python's own objects peaked at "
+        "1.3 MiB (1M) and 3.1 MiB (10M) under tracemalloc. **16 cores**: "
         "`CHECKS=prep35:200 bash tools/device/run_all.sh` (tools/device/prep35.sh), recorded "
         "2026-11-27 23:00 UTC on the 16-core host of an NVIDIA H200 machine (CPU only), load "
         "2.8-4.7, main at c55da39 (grouping in C and the merge during the scan, before the "
