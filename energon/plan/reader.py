@@ -19,7 +19,7 @@ from typing import NamedTuple, Protocol, TypedDict
 import numpy as np
 
 from energon import state_fields as fields
-from energon.plan.rng import CounterRng, permutations, random_indices, stable_seed
+from energon.plan.rng import CounterRng, permutations, random_indices, stable_seed, stable_seeds
 
 LOOK_AHEAD = 8  # slices announced to the observer beyond the open ones
 
@@ -296,14 +296,10 @@ class SliceReader:
             return np.tile(np.arange(n), (count, 1))
         k = self.over_epochs
         if k == -1:
-            return np.stack(
-                [
-                    random_indices(stable_seed(self.seed, "with-replacement", e), n, n)
-                    for e in epochs
-                ]
-            ).reshape(count, n)
+            seeds = stable_seeds((self.seed, "with-replacement"), epochs)
+            return np.stack([random_indices(seed, n, n) for seed in seeds]).reshape(count, n)
         super_epochs = sorted({e // k for e in epochs})
-        keys = [stable_seed(self.seed, "slice-order", s) for s in super_epochs]
+        keys = stable_seeds((self.seed, "slice-order"), super_epochs)
         full = permutations(keys, n * k) % max(n, 1)
         row = {s: i for i, s in enumerate(super_epochs)}
         return np.stack([full[row[e // k], (e % k) * n : (e % k + 1) * n] for e in epochs]).reshape(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import MutableSequence, Sequence
+from collections.abc import Iterable, MutableSequence, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -25,6 +25,22 @@ def stable_seed(*parts: Any) -> int:
     if text is None:
         text = json.dumps(parts, separators=(",", ":"), sort_keys=True, default=str)
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def stable_seeds(parts: tuple[Any, ...], counters: Iterable[int]) -> list[int]:
+    """``[stable_seed(*parts, c) for c in counters]``, the hash of the common text prefix
+    computed once (a stream's slice orders take one seed per epoch)."""
+    prefix = _plain_json(parts)
+    counters = list(counters)
+    if prefix is None or any(type(c) is not int for c in counters):
+        return [stable_seed(*parts, c) for c in counters]
+    start = hashlib.blake2b((prefix[:-1] + ("," if parts else "")).encode(), digest_size=8)
+    seeds = []
+    for counter in counters:
+        hashed = start.copy()
+        hashed.update(b"%d]" % counter)
+        seeds.append(int.from_bytes(hashed.digest(), "little"))
+    return seeds
 
 
 def _plain_json(parts: tuple[Any, ...]) -> str | None:

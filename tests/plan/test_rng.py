@@ -12,7 +12,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon.plan.rng import CounterRng, permutation, random_indices, stable_seed
+from energon.plan.rng import (
+    CounterRng,
+    permutation,
+    random_indices,
+    stable_seed,
+    stable_seeds,
+)
 
 FAST = settings(max_examples=80, deadline=None)
 MASK = (1 << 64) - 1
@@ -37,6 +43,15 @@ def test_stable_seed_of_plain_parts_is_the_json_one(parts):
     text = json.dumps(parts, separators=(",", ":"), sort_keys=True, default=str)
     digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
     assert stable_seed(*parts) == int.from_bytes(digest, "little")
+
+
+@FAST
+@given(
+    st.lists(st.one_of(st.integers(), st.text(), st.booleans()), max_size=3),
+    st.lists(st.one_of(st.integers(), st.booleans()), max_size=4),
+)
+def test_stable_seeds_are_the_seeds_one_by_one(parts, counters):
+    assert stable_seeds(tuple(parts), counters) == [stable_seed(*parts, c) for c in counters]
 
 
 def test_pinned_values_never_change():
