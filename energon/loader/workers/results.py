@@ -190,6 +190,9 @@ class WorkerResults:
         if lost is not None:
             base = resume.snapshots.get(lost.stream) or self.watch.initial_snapshot(lost.stream)
             resume.snapshots[lost.stream] = with_lost(base, lost)
+            # as if the worker had delivered it: should the replacement die before it sends
+            # anything, its own replacement starts here again and must skip this sample too
+            self._delivered[worker][lost.stream] = resume.snapshots[lost.stream]
             self._mark_pending(worker, lost)
             self.watch.lost_sample(lost)
         self._reset_slot(worker)
