@@ -502,32 +502,34 @@ WORKLOADS: tuple[Workload, ...] = (
         "Balanced planning and the number of ranks",
         "what one rank spends per step composing balanced windows (`compose_steps`: every rank "
         "composes all ranks' samples of a window to find its own share; synthetic log-normal "
-        "costs, 16 samples per rank and step, windows of 8 steps; CPU, best of 2 runs) at 8 to "
-        "4,096 ranks, against 8 ranks in the same run (issue 35 asks for at most 1.5x per step; "
-        "per sample shows how far from linear the composition is). Then the whole planning "
-        "(pointer simulation, costs, composition) of the VLM mix per rank and step: planned by "
-        "every rank (today's default) against a shared plan store (`Balance(plan_store=DIR)`: "
-        "each window planned once by one rank; a rank's share of planning and publishing plus "
-        "reading its slice), at 8 to 4,096 simulated ranks in the same run, CPU, best of 3 "
-        "windows planned and 20 reads; the state bookkeeping per step (every stream's snapshot "
-        "with each item: made, pickled as from a worker, recorded by the loader) in its own "
-        "column. Measured on a quiet machine (2026-11-27, 16-core H200 host (CPU only used), "
-        "load 1.5-1.8, one run, commit db0731e, before each window's streams travelled as one "
-        "mapping and the step costs were read lazily): shared 0.223 / 0.171 / 0.233 / 0.248 / "
-        "0.362 ms per step at 8 / 64 / 512 / 1,024 / 4,096 ranks (1.63x), of which reading its "
-        "slice 0.013 / 0.014 / 0.025 / 0.029 / 0.092 ms and the planning share 0.210 / 0.157 / "
-        "0.208 / 0.219 / 0.270 ms; local 0.97 / 6.86 / 82.64 / 170.56 / 933.17 ms; state "
-        "bookkeeping (made only) local / shared 0.02 / 0.02, 0.07 / 0.08, 0.59 / 0.54, "
-        "1.44 / 1.11, 6.10 / 5.72 ms.",
+        "costs, 16 samples per rank and step, windows of 8 steps; CPU, best of 3 runs) at 8 to "
+        "4,096 ranks, against 8 ranks in the same run (per sample shows how far from linear the "
+        "composition is). Then the whole planning (pointer simulation, costs, composition) of "
+        "the VLM mix per rank and step: planned by every rank (today's default) against a "
+        "shared plan store (`Balance(plan_store=DIR)`: each window planned once by one rank; a "
+        "rank's share of planning and publishing plus reading its slice), at 8 to 4,096 "
+        "simulated ranks in the same run, CPU, best of 5 windows planned and 20 reads; issue 35 "
+        "asks for the shared cost per step within 1.5x between 8 and 4,096 ranks, plans "
+        "bit-identical (tests/balance/test_plan_identical.py). The state bookkeeping per step "
+        "(every stream's snapshot with each item: made, pickled as from a worker, recorded by "
+        "the loader) is in its own column. The 8,192-sample set gives each of 4,096 ranks about "
+        "2 samples, so a window wraps each stream through ~64 epochs (seeding per epoch is part "
+        "of what grows); what still grows at 4,096 is mostly Python's full garbage collections "
+        "(a larger live heap: every rank's stream state). Since 2026-11-28 (issue 35, fourth "
+        "pass) the composition places samples in rounds instead of a heap operation each and "
+        "indexes swaps lazily (same plans). Before it, on a quiet machine (2026-11-27 23:57 UTC, "
+        "load 1.1-1.3, commit 2c503cc): composition 1.99 / 2.24 / 3.99 / 7.22 us per sample at "
+        "8 / 64 / 512 / 4,096 ranks; shared 0.116 / 0.111 / 0.128 / 0.212 / 0.231 ms per step "
+        "at 8 / 64 / 512 / 1,024 / 4,096 ranks (2.00x).",
         (
             _step(
                 "bench_compose_ranks.py",
-                "--ranks 8,64,512,4096 --repeat 2",
+                "--ranks 8,64,512,1024,4096 --repeat 3",
                 "--ranks 8,16",
             ),
             _step(
                 "bench_shared_plans.py",
-                "--root {root} --ranks 8,64,512,1024,4096",
+                "--root {root} --ranks 8,64,512,1024,4096 --plans 5",
                 "--root {root} --ranks 8,16 --reads 2",
             ),
         ),
