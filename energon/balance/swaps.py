@@ -77,11 +77,28 @@ class SwapIndex:
         if first is None:
             return
         yield first
-        found = np.unique(self.holders[np.concatenate([np.arange(*span) for span in spans])])
+        found = self.swap_holders(tops, gap, skip[0], spans)
         found = found[~np.isin(found, [b - self.first for b in skip])]
         for b in found[np.lexsort((found, self.loads[found]))].tolist():
             if b + self.first != first:
                 yield b + self.first
+
+    def swap_holders(
+        self, tops: np.ndarray, gap: float, heavy: int, spans: list[tuple[int, int]]
+    ) -> np.ndarray:
+        """The bins (from the step's first) holding a sample of ``spans`` that could still take
+        a swap from ``heavy`` within their own, narrower gap: ``a - gap_b <= v <= a`` for a cost
+        ``a`` of ``tops``, widened as the spans are (a superset). A bin heavier than the
+        lightest has less room, so most of the bins found for the lightest's gap refuse; this
+        leaves them out without an exchange tried each."""
+        places = np.concatenate([np.arange(*span) for span in spans])
+        holders, values = self.holders[places], self.values[places]
+        ascending = np.sort(tops)
+        above = np.minimum(np.searchsorted(ascending, values, "left"), len(ascending) - 1)
+        nearest = ascending[above]  # the lowest cost at or above each sample (if any)
+        gaps = self.loads[heavy - self.first] - self.loads[holders]
+        near = values >= nearest - gaps - 1e-9 * (np.abs(nearest) + gap)
+        return np.unique(holders[(values <= nearest) & near])
 
     def lightest_holder(
         self, spans: list[tuple[int, int]], skip: tuple[int, ...], ranked: list[tuple[float, int]]
