@@ -298,10 +298,10 @@ class SliceReader:
         if k == -1:
             seeds = stable_seeds((self.seed, "with-replacement"), epochs)
             return np.stack([random_indices(seed, n, n) for seed in seeds]).reshape(count, n)
-        super_epochs = sorted({e // k for e in epochs})
+        first_super = first_epoch // k
+        super_epochs = range(first_super, (first_epoch + count - 1) // k + 1)
         keys = stable_seeds((self.seed, "slice-order"), super_epochs)
-        full = permutations(keys, n * k) % max(n, 1)
-        row = {s: i for i, s in enumerate(super_epochs)}
-        return np.stack([full[row[e // k], (e % k) * n : (e % k + 1) * n] for e in epochs]).reshape(
-            count, n
-        )
+        full = permutations(keys, n * k) % max(n, 1)  # [super-epoch, k epochs' orders]
+        each = np.arange(first_epoch, first_epoch + count)
+        columns = (each % k)[:, None] * n + np.arange(n)[None, :]
+        return full[(each // k - first_super)[:, None], columns]
