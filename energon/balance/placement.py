@@ -31,12 +31,10 @@ def place_heaviest_first(loads: np.ndarray, levels: np.ndarray, costs: np.ndarra
     """The bin of each of ``costs`` (heaviest first) placed in turn on the bin of the lowest
     ``loads - levels`` (ties: the lowest bin); ``loads`` grows by each placed cost (in place),
     exactly as ``loads[b] += cost`` one sample at a time would make it."""
-    placed = np.empty(len(costs), dtype=np.int64)
-    line = Line(loads - levels)
-    done = 0
-    while done < len(costs):
-        done += line.place_round(loads, levels, costs, done, placed)
-    return placed
+    line = Line(loads, levels, costs)
+    while line.done < len(costs):
+        line.place_round()
+    return line.placed
 
 
 def line_up(keys: np.ndarray, count: int) -> np.ndarray:
@@ -46,62 +44,53 @@ def line_up(keys: np.ndarray, count: int) -> np.ndarray:
 
 
 class Line:
-    """The bins sorted by ``(key, bin)``: the order in which a heap would pop them."""
+    """The bins sorted by ``(key, bin)``: the order in which a heap would pop them; and the
+    samples of ``costs`` placed so far (``placed[:done]``), whose costs are in ``loads``."""
 
-    def __init__(self, keys: np.ndarray) -> None:
+    def __init__(self, loads: np.ndarray, levels: np.ndarray, costs: np.ndarray) -> None:
+        self.loads, self.levels, self.costs = loads, levels, costs
+        self.placed = np.empty(len(costs), dtype=np.int64)
+        self.done = 0
+        keys = loads - levels
         self.bins = line_up(keys, len(keys))
         self.keys = keys[self.bins]
 
-    def place_round(
-        self,
-        loads: np.ndarray,
-        levels: np.ndarray,
-        costs: np.ndarray,
-        done: int,
-        placed: np.ndarray,
-    ) -> int:
-        """Places the samples from ``costs[done]`` on that one round can take; how many."""
-        count = min(len(costs) - done, len(self.bins))
+    def place_round(self) -> None:
+        """Places the next samples, as many as one round can take."""
+        loads, done = self.loads, self.done
+        count = min(len(self.costs) - done, len(self.bins))
         taken = self.bins[:count]
-        new_loads = loads[taken] + costs[done : done + count]
-        new_keys = new_loads - levels[taken]
+        new_loads = loads[taken] + self.costs[done : done + count]
+        new_keys = new_loads - self.levels[taken]
         size = round_size(new_keys, self.keys[:count])
         if size < SHORT_ROUND:
-            return self.place_at_front(loads, levels, costs, done, placed)
+            self.place_at_front()
+            return
         loads[taken[:size]] = new_loads[:size]
-        placed[done : done + size] = taken[:size]
+        self.placed[done : done + size] = taken[:size]
+        self.done += size
         self.requeue(new_keys[:size], taken[:size], size)
-        return size
 
-    def place_at_front(
-        self,
-        loads: np.ndarray,
-        levels: np.ndarray,
-        costs: np.ndarray,
-        done: int,
-        placed: np.ndarray,
-    ) -> int:
+    def place_at_front(self) -> None:
         """The heap rule itself on the first bins of the line, for as long as the bin it pops
         comes before the first bin left out of the heap (which no sample has reached)."""
         width = min(len(self.bins), FRONT_BINS)
         front = self.bins[:width].tolist()
         heap = list(zip(self.keys[:width].tolist(), front))  # sorted, so a heap already
         bound = (float(self.keys[width]), int(self.bins[width])) if width < len(self.bins) else None
-        load_of = dict(zip(front, loads[front].tolist()))
-        level_of = dict(zip(front, levels[front].tolist()))
-        count = 0
-        for cost in costs[done : done + FRONT_SAMPLES].tolist():
+        load_of = dict(zip(front, self.loads[front].tolist()))
+        level_of = dict(zip(front, self.levels[front].tolist()))
+        for cost in self.costs[self.done : self.done + FRONT_SAMPLES].tolist():
             if bound is not None and heap[0] > bound:
                 break
             b = heap[0][1]
             load_of[b] += cost
             heapq.heapreplace(heap, (load_of[b] - level_of[b], b))
-            placed[done + count] = b
-            count += 1
-        loads[front] = [load_of[b] for b in front]
+            self.placed[self.done] = b
+            self.done += 1
+        self.loads[front] = [load_of[b] for b in front]
         keys, bins = zip(*heap)
         self.requeue(np.array(keys), np.array(bins, dtype=np.int64), width)
-        return count
 
     def requeue(self, keys: np.ndarray, bins: np.ndarray, taken: int) -> None:
         """The first ``taken`` bins of the line are back with new ``keys``."""

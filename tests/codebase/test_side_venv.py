@@ -6,7 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.helpers.side_venv import SUITE_HEADROOM_GIB, disk_shortfall, share_identical_files
+from tests.helpers.side_venv import (
+    SUITE_HEADROOM_GIB,
+    disk_shortfall,
+    ensure_venv,
+    share_identical_files,
+)
 
 
 def _site(venv: Path) -> Path:
@@ -41,3 +46,15 @@ def test_a_short_disk_is_a_reason_not_an_attempt(tmp_path):
     assert disk_shortfall(tmp_path, -SUITE_HEADROOM_GIB) is None  # nothing wanted: always fits
     reason = disk_shortfall(tmp_path, 10**9)
     assert reason is not None and "GiB free" in reason and str(tmp_path) in reason
+
+
+def test_a_venv_is_made_once_and_its_marker_keeps_it(tmp_path):
+    directory, marker = tmp_path / "side-venv", tmp_path / "side-venv" / ".ready"
+    assert ensure_venv(directory, (), marker, needs_gib=0.0) is None
+    assert marker.is_file() and (directory / "bin" / "python").exists()
+    (directory / "kept").write_text("made by the first call")
+    assert ensure_venv(directory, (), marker, needs_gib=0.0) is None  # not made again
+    assert (directory / "kept").is_file()
+    too_big = ensure_venv(tmp_path / "other", (), tmp_path / "other.ready", needs_gib=10**9)
+    assert too_big is not None and "GiB free" in too_big
+    assert not (tmp_path / "other").exists()

@@ -21,13 +21,12 @@ import fcntl
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.paths import REPO_ROOT
-from tests.helpers.side_venv import disk_shortfall, pip_install, run_steps, share_identical_files
+from tests.helpers.side_venv import build_venv, pip_install, run_steps
 
 # energon itself is not installed there (examples run with PYTHONPATH=<repo>); numpy comes with mcore
 ENERGON_DEPS = ["pyyaml", "pillow", "click", "tqdm", "braceexpand"]
@@ -51,15 +50,9 @@ class McoreVenv:
     def create(self) -> str | None:
         """Build (or complete) the venv; returns a reason string on failure."""
         if not (self.directory / self.base_marker).is_file():
-            shortfall = disk_shortfall(self.directory.parent, self.needs_gib)
-            if shortfall is not None:
-                return shortfall
-            steps = [[sys.executable, "-m", "venv", "--clear", str(self.directory)]]
-            steps += [pip_install(self.python, args) for args in self.base_steps]
-            reason = run_steps(steps)
+            reason = build_venv(self.directory, self.base_steps, self.needs_gib)
             if reason is not None:
                 return reason
-            share_identical_files(self.directory)
             (self.directory / self.base_marker).write_text("ok\n")
         reason = run_steps([pip_install(self.python, ENERGON_DEPS)])
         if reason is not None:

@@ -30,22 +30,30 @@ def ensure_venv(
     ``needs_gib`` is its size on disk after sharing files, so that a short disk skips this one
     comparison with the reason instead of failing the tests that run beside it."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    python = directory / "bin" / "python"
     with open(f"{directory}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.is_file():
             return None
-        shortfall = disk_shortfall(directory.parent, needs_gib)
-        if shortfall is not None:
-            return shortfall
-        steps = [[sys.executable, "-m", "venv", "--clear", str(directory)]]
-        steps += [pip_install(python, args) for args in pip_steps]
-        reason = run_steps(steps)
-        if reason is not None:
-            return reason
+        reason = build_venv(directory, pip_steps, needs_gib)
+        if reason is None:
+            marker.write_text("ok\n")
+    return reason
+
+
+def build_venv(directory: Path, pip_steps: Sequence[Sequence[str]], needs_gib: float) -> str | None:
+    """Make the venv afresh with ``pip_steps`` and share its files with the other venvs; the
+    reason when it cannot be made (no lock, no marker: the caller's)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    shortfall = disk_shortfall(directory.parent, needs_gib)
+    if shortfall is not None:
+        return shortfall
+    python = directory / "bin" / "python"
+    steps = [[sys.executable, "-m", "venv", "--clear", str(directory)]]
+    steps += [pip_install(python, args) for args in pip_steps]
+    reason = run_steps(steps)
+    if reason is None:
         share_identical_files(directory)
-        marker.write_text("ok\n")
-    return None
+    return reason
 
 
 def disk_shortfall(place: Path, needs_gib: float) -> str | None:
