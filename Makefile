@@ -24,7 +24,7 @@ demo-av: install
 test: install
 	$(BIN)/ruff check energon tests tools
 	$(BIN)/ruff format --check energon tests tools
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15 tests
 
 # Re-run every benchmark and rewrite docs/benchmarks.md (about 25 minutes on a quiet 2-core machine).
 bench: install

@@ -4,12 +4,15 @@ a hard link to it; a different file, or one with no twin, is left alone."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from tests.helpers.side_venv import (
     SUITE_HEADROOM_GIB,
+    build_once,
     disk_shortfall,
     ensure_venv,
+    run_steps,
     share_identical_files,
 )
 
@@ -58,3 +61,28 @@ def test_a_venv_is_made_once_and_its_marker_keeps_it(tmp_path):
     too_big = ensure_venv(tmp_path / "other", (), tmp_path / "other.ready", needs_gib=10**9)
     assert too_big is not None and "GiB free" in too_big
     assert not (tmp_path / "other").exists()
+
+
+def test_a_failed_build_is_tried_once_per_test_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", "run-1")
+    directory, marker = tmp_path / "side-venv", tmp_path / "side-venv" / ".ready"
+    attempts = []
+
+    def failing_build() -> str:
+        attempts.append(1)
+        return "pip install nothing failed: no index"
+
+    assert build_once(directory, marker, failing_build) == "pip install nothing failed: no index"
+    again = build_once(directory, marker, failing_build)  # another worker of the same run
+    assert again == "(an earlier attempt in this run) pip install nothing failed: no index"
+    assert len(attempts) == 1
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", "run-2")  # a later run tries again
+    assert build_once(directory, marker, lambda: directory.mkdir()) is None
+    assert marker.is_file() and not (tmp_path / "side-venv.failed").exists()
+
+
+def test_a_step_past_the_deadline_is_a_reason_not_a_wait():
+    stalled = [sys.executable, "-c", "import time; time.sleep(600)"]
+    reason = run_steps([stalled], deadline=0.0)  # long past: each step still gets 1 s
+    assert reason is not None and "did not finish" in reason
+    assert run_steps([[sys.executable, "-c", "pass"]], deadline=time.monotonic() + 600) is None

@@ -52,7 +52,9 @@ def test_each_task_encoder_name_is_one_class():
         "print(all(getattr(m, n) is getattr(core, n) is getattr(mt, n) for n in names))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "True"
 
@@ -118,7 +120,11 @@ def test_composition_without_the_compat_layer_says_how_to_get_it(dataset):
     )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(dataset)], capture_output=True, text=True, env=env
+        [sys.executable, "-c", code, str(dataset)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "True"]

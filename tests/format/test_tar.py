@@ -375,6 +375,7 @@ def test_gnu_tar_archives_split_like_tarfile(tmp_path, fmt):
         ["tar", f"--format={fmt}", "--sort=name", "-cf", str(archive), "-C", str(src), *names],
         check=True,
         capture_output=True,
+        timeout=600,
     )
     with tarfile.open(archive) as tf:
         expected = {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isreg()}

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
+import time
 from typing import Any
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -25,6 +27,9 @@ FLAGS = [
     "--remote-debugging-pipe",
 ]
 MAX_MESSAGES = 10_000  # a bound on how many messages to read while waiting for one answer
+# a bound on the wait for one message: a page of the tests renders in well under a second, and a
+# browser that hangs must fail the test, not stall the suite
+MESSAGE_SECONDS = 120
 
 
 def available() -> bool:
@@ -52,7 +57,7 @@ class Browser:
         )
         os.close(to_child_r)
         os.close(from_child_w)
-        self._reader = os.fdopen(self._from_child, "rb")
+        self._received = bytearray()
         self._next_id = 0
         self.events: list[dict[str, Any]] = []
         self.session: str | None = None
@@ -84,14 +89,21 @@ class Browser:
         raise RuntimeError(f"no {method} event")
 
     def _read(self) -> dict:
-        data = bytearray()
-        while True:
-            byte = self._reader.read(1)
-            if not byte:
+        """The next message (they end in NUL), waiting at most ``MESSAGE_SECONDS`` for it."""
+        deadline = time.monotonic() + MESSAGE_SECONDS
+        while b"\0" not in self._received:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._from_child], [], [], max(0.0, left))
+            if not ready:
+                raise RuntimeError(f"chromium sent nothing for {MESSAGE_SECONDS} s")
+            data = os.read(self._from_child, 1 << 16)
+            if not data:
                 raise RuntimeError("chromium closed the pipe")
-            if byte == b"\0":
-                return json.loads(data)
-            data += byte
+            self._received += data
+        end = self._received.index(b"\0")
+        message = bytes(self._received[:end])
+        del self._received[: end + 1]
+        return json.loads(message)
 
     def open(self, url: str) -> None:
         """A new page, attached, with runtime/log events on, navigated to ``url`` and loaded."""
@@ -142,7 +154,7 @@ class Browser:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        self._reader.close()
+        os.close(self._from_child)
         os.close(self._to_child)
         shutil.rmtree(self.profile, ignore_errors=True)
 

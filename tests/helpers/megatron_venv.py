@@ -17,16 +17,16 @@ a plain CPU-installable wheel.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.paths import REPO_ROOT
-from tests.helpers.side_venv import build_venv, pip_install, run_steps
+from tests.helpers.side_venv import BUILD_SECONDS, build_once, build_venv, pip_install, run_steps
 
 # energon itself is not installed there (examples run with PYTHONPATH=<repo>); numpy comes with mcore
 ENERGON_DEPS = ["pyyaml", "pillow", "click", "tqdm", "braceexpand"]
@@ -48,17 +48,15 @@ class McoreVenv:
         return self.directory / "bin" / "python"
 
     def create(self) -> str | None:
-        """Build (or complete) the venv; returns a reason string on failure."""
+        """Build (or complete) the venv; returns a reason string on failure (the caller writes
+        ``marker`` when it succeeds)."""
         if not (self.directory / self.base_marker).is_file():
             reason = build_venv(self.directory, self.base_steps, self.needs_gib)
             if reason is not None:
                 return reason
             (self.directory / self.base_marker).write_text("ok\n")
-        reason = run_steps([pip_install(self.python, ENERGON_DEPS)])
-        if reason is not None:
-            return reason
-        (self.directory / self.marker).write_text("ok\n")
-        return None
+        deadline = time.monotonic() + BUILD_SECONDS
+        return run_steps([pip_install(self.python, ENERGON_DEPS)], deadline)
 
 
 MCORE_VENVS = {
@@ -94,14 +92,10 @@ def mcore_python(version: str = "0.16.1") -> str | None:
     if os.environ.get("ENERGON_SKIP_MCORE"):
         return None
     venv = MCORE_VENVS[version]
-    venv.directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{venv.directory}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (venv.directory / venv.marker).is_file():
-            reason = venv.create()
-            if reason is not None:
-                print(f"skipping megatron-core {version} comparisons: {reason}")
-                return None
+    reason = build_once(venv.directory, venv.directory / venv.marker, venv.create)
+    if reason is not None:
+        print(f"skipping megatron-core {version} comparisons: {reason}")
+        return None
     return str(venv.python)
 
 

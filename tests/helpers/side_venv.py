@@ -15,29 +15,63 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 # what the rest of the suite writes while it runs (test folders, prepared datasets, pip's unpacking)
 SUITE_HEADROOM_GIB = 3.0
 
 
+# A whole venv's build (every pip step): local builds take 1-3 minutes; a build past this is an
+# unreachable or stalled package index, and the comparison is skipped with that reason instead of
+# holding a test (and every worker waiting for the same venv) until CI's own limit.
+BUILD_SECONDS = 600
+
+
 def ensure_venv(
     directory: Path, pip_steps: Sequence[Sequence[str]], marker: Path, needs_gib: float
 ) -> str | None:
     """Create the venv at ``directory`` with ``pip_steps`` unless ``marker`` says it is complete;
-    returns a reason string when it cannot be created. Locked, so parallel workers build it once.
-    ``needs_gib`` is its size on disk after sharing files, so that a short disk skips this one
-    comparison with the reason instead of failing the tests that run beside it."""
+    returns a reason string when it cannot be created. ``needs_gib`` is its size on disk after
+    sharing files, so that a short disk skips this one comparison with the reason instead of
+    failing the tests that run beside it."""
+    return build_once(directory, marker, lambda: build_venv(directory, pip_steps, needs_gib))
+
+
+def build_once(directory: Path, marker: Path, build: Callable[[], str | None]) -> str | None:
+    """``build()`` unless ``marker`` exists, under a lock so that parallel workers build it once;
+    the reason it failed, or None. A failure is kept for the rest of this test run (next to the
+    lock), so the other workers skip at once instead of each trying again."""
     directory.parent.mkdir(parents=True, exist_ok=True)
+    failed = Path(f"{directory}.failed")
     with open(f"{directory}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.is_file():
             return None
-        reason = build_venv(directory, pip_steps, needs_gib)
+        earlier = _failure_in_this_run(failed)
+        if earlier is not None:
+            return earlier
+        reason = build()
         if reason is None:
             marker.write_text("ok\n")
+            failed.unlink(missing_ok=True)
+        else:
+            failed.write_text(f"{_test_run()}\n{reason}")
     return reason
+
+
+def _test_run() -> str:
+    """This pytest run (pytest-xdist gives its workers one id; without it, this process)."""
+    return os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid-{os.getpid()}"
+
+
+def _failure_in_this_run(failed: Path) -> str | None:
+    try:
+        run, reason = failed.read_text().split("\n", 1)
+    except (OSError, ValueError):
+        return None
+    return f"(an earlier attempt in this run) {reason}" if run == _test_run() else None
 
 
 def build_venv(directory: Path, pip_steps: Sequence[Sequence[str]], needs_gib: float) -> str | None:
@@ -50,7 +84,7 @@ def build_venv(directory: Path, pip_steps: Sequence[Sequence[str]], needs_gib: f
     python = directory / "bin" / "python"
     steps = [[sys.executable, "-m", "venv", "--clear", str(directory)]]
     steps += [pip_install(python, args) for args in pip_steps]
-    reason = run_steps(steps)
+    reason = run_steps(steps, time.monotonic() + BUILD_SECONDS)
     if reason is None:
         share_identical_files(directory)
     return reason
@@ -73,12 +107,22 @@ def pip_install(python: Path, args: Sequence[str]) -> list[str]:
     return [str(python), "-m", "pip", "install", "-q", "--no-cache-dir", *args]
 
 
-def run_steps(steps: Sequence[Sequence[str]]) -> str | None:
-    """Run commands in order; the first failure's command and stderr tail, or None."""
+def run_steps(steps: Sequence[Sequence[str]], deadline: float) -> str | None:
+    """Run commands in order, all by ``deadline`` (``time.monotonic()``); the first failure's
+    command and stderr tail, or None."""
     for step in steps:
-        proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)
+        command = " ".join(step[:6])
+        try:
+            proc = subprocess.run(
+                step,
+                capture_output=True,
+                text=True,
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
+        except subprocess.TimeoutExpired:
+            return f"{command} did not finish within the {BUILD_SECONDS} s a side venv may take"
         if proc.returncode != 0:
-            return f"{' '.join(step[:6])} failed: {proc.stderr.strip()[-500:]}"
+            return f"{command} failed: {proc.stderr.strip()[-500:]}"
     return None
 
 

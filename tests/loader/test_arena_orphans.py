@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -46,6 +47,7 @@ time.sleep(600)
 # Bounds with a wide margin: a batch of the test set takes milliseconds; a worker sees its main
 # process gone at once (its pipes to it end; the arena checks its parent while it waits).
 WAIT_BEFORE_KILL_SECONDS = 3
+START_SECONDS = 300  # the main process's start and first batch (a few seconds on a busy machine)
 EXIT_SECONDS = 60
 
 
@@ -67,6 +69,8 @@ def test_workers_waiting_for_a_block_end_when_the_main_process_is_killed(caption
         env=env,
     )
     try:
+        ready, _, _ = select.select([main.stdout], [], [], START_SECONDS)
+        assert ready, f"the main process printed no worker ids in {START_SECONDS} s"
         workers = [int(pid) for pid in main.stdout.readline().split()]
         assert len(workers) == 2, "the main process did not start its workers"
         time.sleep(WAIT_BEFORE_KILL_SECONDS)  # the workers now wait for a block

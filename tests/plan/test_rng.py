@@ -76,7 +76,12 @@ def test_values_are_the_same_in_another_process_with_another_hash_seed():
     )
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
     ).stdout
     assert out.strip() == f"{stable_seed(1, 'slice-order', 0)} {permutation(5, 8).tolist()}"
 
