@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import resource
 import shutil
 import tempfile
 from pathlib import Path
@@ -39,7 +40,8 @@ def _work_unit(nodeid: str) -> str:
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the test extra)
 def pytest_report_header(config) -> str:
     """Free disk where the side venvs and the test folders go: the suite needs several GB (the
-    side venvs, about 5 GB after sharing files), and a full disk shows up as scattered errors."""
+    side venvs, about 5 GB after sharing files), and a full disk shows up as scattered errors;
+    likewise the open-files limit ("Too many open files")."""
     places = {
         "repository": Path(__file__).resolve().parents[1],
         "temp": Path(tempfile.gettempdir()),
@@ -47,7 +49,8 @@ def pytest_report_header(config) -> str:
     free = ", ".join(
         f"{name} {shutil.disk_usage(p).free / 2**30:.1f} GiB" for name, p in places.items()
     )
-    return f"free disk: {free}"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return f"free disk: {free}; open files per process: {soft} (hard {hard})"
 
 
 def pytest_xdist_make_scheduler(config, log):

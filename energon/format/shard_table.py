@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -274,20 +275,31 @@ class _RangeFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd: tuple[int, int] | None = None  # (pid, descriptor)
+        self._opened: _Descriptor | None = None
 
     def read(self, start: int, end: int) -> bytes:
         if epath.is_remote(self.path):
             return epath.read_range(self.path, start, end)
-        if self._fd is None or self._fd[0] != os.getpid():
-            self._fd = (os.getpid(), os.open(self.path, os.O_RDONLY))
-        data = os.pread(self._fd[1], end - start, start)
+        if self._opened is None or self._opened.pid != os.getpid():
+            self._opened = _Descriptor(self.path)
+        data = os.pread(self._opened.fd, end - start, start)
         if len(data) != end - start:
             raise DatasetInfoError(f"{self.path}: truncated (wanted bytes {start}..{end})")
         return data
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "_fd": None}
+        return {"path": self.path, "_opened": None}
+
+
+class _Descriptor:
+    """A read-only descriptor of one process, closed when the table that read through it goes:
+    a process that builds datasets again and again (a validation set per evaluation) must not
+    keep one descriptor per build until it runs out."""
+
+    def __init__(self, path: str) -> None:
+        self.pid = os.getpid()
+        self.fd = os.open(path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self.fd)  # (also at exit, before modules are torn down)
 
 
 @dataclass(frozen=True)

@@ -390,23 +390,40 @@ _READERS = {
     "join": JoinMeta,
     "parquet": ParquetMeta,
 }
-_cache: dict[int, tuple[Any, MetaReader]] = {}
+_READER_ATTRIBUTE = "_energon_meta_reader"
+
+
+class _ReaderSlot:
+    """A leaf's metadata reader in the process that made it, kept on the leaf itself: it goes
+    with the leaf (a module-level cache kept every leaf ever built, with its open index
+    database and shard table), and it pickles, and so reaches a spawned worker, empty."""
+
+    __slots__ = ("pid", "reader")
+
+    def __init__(self, reader: MetaReader) -> None:
+        self.pid = os.getpid()
+        self.reader = reader
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_ReaderSlot, (None,))
 
 
 def meta_reader(leaf: Any) -> MetaReader:
-    """The metadata reader of a leaf (one per leaf object and process). A leaf that wraps another
-    (the ledger's metadata leaves) hands out its own through ``sample_meta_reader()``."""
+    """The metadata reader of a leaf (one per leaf object and process: a forked worker opens its
+    own database connection). A leaf that wraps another (the ledger's metadata leaves) hands out
+    its own through ``sample_meta_reader()``."""
     own = getattr(leaf, "sample_meta_reader", None)
     if own is not None:
         return own()
-    cached = _cache.get(id(leaf))
-    if cached is not None and cached[0] is leaf:
-        return cached[1]
+    slot = getattr(leaf, "__dict__", {}).get(_READER_ATTRIBUTE)
+    if slot is not None and slot.reader is not None and slot.pid == os.getpid():
+        return slot.reader
     cls = _READERS.get(getattr(leaf, "kind", ""), MetaReader)
     if cls is WebdatasetMeta and not hasattr(leaf, "shard_names"):
         cls = MetaReader  # a leaf that calls itself a webdataset without being one (tests)
     reader = cls(leaf)
-    _cache[id(leaf)] = (leaf, reader)
+    if hasattr(leaf, "__dict__"):  # (a leaf with slots only gets a new reader each time)
+        leaf.__dict__[_READER_ATTRIBUTE] = _ReaderSlot(reader)
     return reader
 
 

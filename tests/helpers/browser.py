@@ -93,8 +93,9 @@ class Browser:
         deadline = time.monotonic() + MESSAGE_SECONDS
         while b"\0" not in self._received:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._from_child], [], [], max(0.0, left))
-            if not ready:
+            poll = select.poll()  # (select.select refuses descriptors past 1023)
+            poll.register(self._from_child, select.POLLIN)
+            if not poll.poll(max(0.0, left) * 1000):
                 raise RuntimeError(f"chromium sent nothing for {MESSAGE_SECONDS} s")
             data = os.read(self._from_child, 1 << 16)
             if not data:
