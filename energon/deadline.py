@@ -12,7 +12,10 @@
   works where signals cannot be used (threads other than the main thread, Windows).
 
 Deadlines nest: an inner block never extends an outer one, and leaving a block restores the outer
-timer with its remaining time. ``seconds=None`` (or ``<= 0``) means "no deadline" and costs nothing.
+timer with its remaining time. A ``SIGALRM`` timer that was set before the outermost block (the
+training job's own watchdog, ``pytest-timeout``) is put back when that block ends, with its
+remaining time: delayed by at most the block, never lost. ``seconds=None`` (or ``<= 0``) means
+"no deadline" and costs nothing.
 """
 
 from __future__ import annotations
@@ -114,21 +117,30 @@ def _armed(seconds: float, what: str) -> Iterator[None]:
     stack.append(_Active(expires_at, own_expires_at, seconds, what))
     use_signals = _can_use_signals()
     previous_handler = None
+    foreign = None
     if use_signals:
         previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, max(1e-3, expires_at - time.monotonic()))
+        before = signal.setitimer(signal.ITIMER_REAL, max(1e-3, expires_at - time.monotonic()))
+        if len(stack) == 1 and before[0] > 0:  # someone else's timer: give it back afterwards
+            foreign = (time.monotonic() + before[0], before[1])
     try:
         yield
     finally:
         stack.pop()
         if use_signals:
-            _restore_outer_timer(stack, previous_handler)
+            _restore_outer_timer(stack, previous_handler, foreign)
 
 
-def _restore_outer_timer(stack: list[_Active], previous_handler: object) -> None:
-    """Disarm our timer; re-arm it for the enclosing deadline, or give SIGALRM back."""
+def _restore_outer_timer(
+    stack: list[_Active], previous_handler: object, foreign: tuple[float, float] | None
+) -> None:
+    """Disarm our timer; re-arm it for the enclosing deadline, or give SIGALRM back (and the
+    timer that was armed before the outermost deadline, ``(expires at, interval)``)."""
     signal.setitimer(signal.ITIMER_REAL, 0)
     if stack:
         signal.setitimer(signal.ITIMER_REAL, max(1e-3, stack[-1].expires_at - time.monotonic()))
-    else:
-        signal.signal(signal.SIGALRM, previous_handler)  # type: ignore[arg-type]
+        return
+    signal.signal(signal.SIGALRM, previous_handler)  # type: ignore[arg-type]
+    if foreign is not None:
+        expires_at, interval = foreign
+        signal.setitimer(signal.ITIMER_REAL, max(1e-3, expires_at - time.monotonic()), interval)

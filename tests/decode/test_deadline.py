@@ -71,10 +71,38 @@ def test_nested_deadlines_never_extend_the_outer_one():
 
 
 def test_fast_block_is_untouched():
+    # (pytest-timeout's own timer, if this run has one, is armed already: ours must not be left)
+    before = signal.getitimer(signal.ITIMER_REAL)[0]
     with deadline(2.0, "fast"):  # 200 times what the block needs
         busy(0.01)
     assert remaining_time() is None, "no deadline is armed after the block"
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0), "the timer was disarmed"
+    after = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert after <= before and (after > 0) == (before > 0), "our timer was disarmed"
+
+
+def test_a_timer_set_before_the_deadline_is_given_back():
+    """The job's own SIGALRM timer (a watchdog, pytest-timeout) survives a deadline: re-armed
+    with what was left of it, and one that came due meanwhile fires right after the block."""
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))
+    previous_timer = signal.setitimer(signal.ITIMER_REAL, 600)
+    try:
+        with deadline(2.0, "fast"):
+            busy(0.01)
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 0 < left <= 600 and fired == []
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # comes due inside the next block
+        with deadline(5.0, "longer than the job's timer"):
+            busy(0.2)
+        assert fired == []  # not during the block: the deadline's timer stood in for it
+        for _ in range(1000):  # re-armed at 1 ms: it fires at once (bounded by count)
+            if fired:
+                break
+            time.sleep(0.01)
+        assert fired == [1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *previous_timer)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_other_threads_use_cooperative_checks():
