@@ -58,6 +58,8 @@ class Browser:
         os.close(to_child_r)
         os.close(from_child_w)
         self._received = bytearray()
+        self._readable = select.poll()  # (select.select refuses descriptors past 1023)
+        self._readable.register(self._from_child, select.POLLIN)
         self._next_id = 0
         self.events: list[dict[str, Any]] = []
         self.session: str | None = None
@@ -93,9 +95,7 @@ class Browser:
         deadline = time.monotonic() + MESSAGE_SECONDS
         while b"\0" not in self._received:
             left = deadline - time.monotonic()
-            poll = select.poll()  # (select.select refuses descriptors past 1023)
-            poll.register(self._from_child, select.POLLIN)
-            if not poll.poll(max(0.0, left) * 1000):
+            if not self._readable.poll(max(0.0, left) * 1000):
                 raise RuntimeError(f"chromium sent nothing for {MESSAGE_SECONDS} s")
             data = os.read(self._from_child, 1 << 16)
             if not data:

@@ -50,12 +50,12 @@ class McoreVenv:
     def create(self) -> str | None:
         """Build (or complete) the venv; returns a reason string on failure (the caller writes
         ``marker`` when it succeeds)."""
+        deadline = time.monotonic() + BUILD_SECONDS  # for every step together
         if not (self.directory / self.base_marker).is_file():
-            reason = build_venv(self.directory, self.base_steps, self.needs_gib)
+            reason = build_venv(self.directory, self.base_steps, self.needs_gib, deadline)
             if reason is not None:
                 return reason
             (self.directory / self.base_marker).write_text("ok\n")
-        deadline = time.monotonic() + BUILD_SECONDS
         return run_steps([pip_install(self.python, ENERGON_DEPS)], deadline)
 
 

@@ -74,9 +74,15 @@ def _failure_in_this_run(failed: Path) -> str | None:
     return f"(an earlier attempt in this run) {reason}" if run == _test_run() else None
 
 
-def build_venv(directory: Path, pip_steps: Sequence[Sequence[str]], needs_gib: float) -> str | None:
-    """Make the venv afresh with ``pip_steps`` and share its files with the other venvs; the
-    reason when it cannot be made (no lock, no marker: the caller's)."""
+def build_venv(
+    directory: Path,
+    pip_steps: Sequence[Sequence[str]],
+    needs_gib: float,
+    deadline: float | None = None,
+) -> str | None:
+    """Make the venv afresh with ``pip_steps`` by ``deadline`` (``time.monotonic()``; default
+    ``BUILD_SECONDS`` from now) and share its files with the other venvs; the reason when it
+    cannot be made (no lock, no marker: the caller's)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     shortfall = disk_shortfall(directory.parent, needs_gib)
     if shortfall is not None:
@@ -84,7 +90,9 @@ def build_venv(directory: Path, pip_steps: Sequence[Sequence[str]], needs_gib: f
     python = directory / "bin" / "python"
     steps = [[sys.executable, "-m", "venv", "--clear", str(directory)]]
     steps += [pip_install(python, args) for args in pip_steps]
-    reason = run_steps(steps, time.monotonic() + BUILD_SECONDS)
+    if deadline is None:
+        deadline = time.monotonic() + BUILD_SECONDS
+    reason = run_steps(steps, deadline)
     if reason is None:
         share_identical_files(directory)
     return reason
