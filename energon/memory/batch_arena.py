@@ -237,14 +237,19 @@ class BatchArena:
             slot = next((base + i for i, b in enumerate(blocks) if b is None), None)
             if slot is None:
                 return None
-        if within_budget:
-            # earlier batches still in blocks (a batch with several large tensors, two images
-            # say, takes a block for each: the batch being made is never held back)
-            earlier = {b.group for b in blocks if b is not None and b.index in busy}
-            earlier.discard(self.group)
-            kept = sum(b.used for b in blocks if b is not None and b is not replaced)
-            if len(earlier) >= self.min_batches and kept + nbytes > self.budget_bytes:
-                return None
+        # earlier batches still in blocks (a batch with several large tensors, two images say,
+        # takes a block for each: the batch being made is never held back)
+        earlier = {b.group for b in blocks if b is not None and b.index in busy}
+        earlier.discard(self.group)
+        kept = sum(b.used for b in blocks if b is not None and b is not replaced)
+        if len(earlier) >= self.min_batches and kept + nbytes > self.budget_bytes:
+            return self._exceed_budget(slot, nbytes) if not within_budget else None
+        return self._mark_used(self._new_block(slot, nbytes), nbytes)
+
+    def _exceed_budget(self, slot: int, nbytes: int) -> _Block:
+        """The one place a worker takes a block past its budget: the main process waits for
+        this very batch, so holding it back would stall the loader (a claim that finds a freed
+        block meanwhile never gets here)."""
         return self._mark_used(self._new_block(slot, nbytes), nbytes)
 
     def _mark_used(self, block: _Block, nbytes: int) -> _Block:

@@ -250,15 +250,14 @@ def test_a_batch_with_two_large_tensors_is_never_held_back(captioning_ds, tmp_pa
 
     _tight_arena(monkeypatch)
     past_budget = tmp_path / "past_budget"
-    claim_block = batch_arena.BatchArena._claim_block
+    exceed_budget = batch_arena.BatchArena._exceed_budget
 
-    def recording_claim(self, nbytes, within_budget):
-        if not within_budget:  # runs in the workers: record in a file
-            with open(past_budget, "a") as f:
-                f.write(f"{self.worker}\n")
-        return claim_block(self, nbytes, within_budget)
+    def recording_exceed(self, slot, nbytes):
+        with open(past_budget, "a") as f:  # runs in the workers: record in a file
+            f.write(f"{self.worker}\n")
+        return exceed_budget(self, slot, nbytes)
 
-    monkeypatch.setattr(batch_arena.BatchArena, "_claim_block", recording_claim)
+    monkeypatch.setattr(batch_arena.BatchArena, "_exceed_budget", recording_exceed)
     blocks = _record_imported_blocks(monkeypatch)
     for i, batch in enumerate(_small_batches(captioning_ds, 2, task_encoder=TwoImages())):
         assert torch.equal(batch["a"], batch["b"])
