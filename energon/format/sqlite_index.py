@@ -9,11 +9,12 @@ renames it into place), so it can switch off journaling and fsync while filling 
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from pathlib import Path
 
@@ -124,11 +125,21 @@ def _insert_sql(table: str, width: int, rows: int) -> str:
 
 
 class SqliteIndexWriter:
-    """Fills a new ``index.sqlite`` shard by shard (or chunk by chunk, from the chunk databases of
-    a ``prepare``), then creates the indexes on :meth:`close`.
+    """Fills a new ``index.sqlite`` from the chunk databases of a ``prepare`` (:meth:`add_chunk`),
+    or a chunk database shard by shard (``chunk=True``, :meth:`add_shard`).
 
     ``shard_names`` (by ``tar_file_id``: a list, or a mapping for some of them) are only used to
     name both places of a duplicate key.
+
+    **The key index.** The reference's schema makes ``sample_key`` ``UNIQUE``, so sqlite keeps an
+    index of every key while rows come in. Rows come in shard and sample order: when the keys
+    grow with that order (numbered samples), each key lands at the index's end, which is cheap;
+    when they do not (hashed names), each lands at a random page, and once the index outgrows
+    the page cache every row costs a random read (12-13 us per sample past a few million, hours
+    at a billion). So the first chunk decides: keys in ascending order keep the index up as rows
+    come in; keys in any other order fill the table without it, and :meth:`close` builds it in
+    one sort (1-2 us per sample, in sequential passes; a duplicate is then found at the end
+    instead of at its chunk). Either way the file has the reference's schema, text included.
     """
 
     def __init__(
@@ -137,32 +148,32 @@ class SqliteIndexWriter:
         shard_names: Sequence[str] | Mapping[int, str] = (),
         *,
         chunk: bool = False,
-        indexes_first: bool = False,
     ) -> None:
         """``chunk``: a chunk database of a ``prepare`` (its rows go into the real index by
-        :meth:`add_chunk`, whose ``UNIQUE`` key column finds duplicates): no ``UNIQUE`` index of
-        its own to keep up, and one transaction for all its shards. ``indexes_first``: create
-        the lookup indexes now and keep them up while rows come in (cheaper than building them
-        on :meth:`close` when the rows come sorted by shard and sample, as from ``prepare``)."""
+        :meth:`add_chunk`, whose key index finds duplicates): no key index of its own and one
+        transaction for all its shards. Otherwise the lookup indexes exist from the start and are
+        kept up while rows come in (cheaper than building them at the end, as rows come sorted by
+        shard and sample), except the key index (see the class docstring)."""
         self.db_path = Path(db_path)
         self.shard_names = (
             dict(shard_names) if isinstance(shard_names, Mapping) else dict(enumerate(shard_names))
         )
         self.rows_written = 0
         self.chunk = chunk
+        self.key_index_at_end: bool | None = None  # decided by the first chunk (None: not yet)
         self._db = sqlite3.connect(self.db_path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=OFF")
         self._db.execute("PRAGMA synchronous=OFF")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.execute(f"PRAGMA cache_size={-CACHE_KIB}")
-        for statement in SCHEMA:
-            self._db.execute(
-                statement.replace("NOT NULL UNIQUE", "NOT NULL") if chunk else statement
-            )
+        if chunk:
+            self._db.execute(_without_key_index(SAMPLE_SCHEMA[0]))
+        for statement in SCHEMA[1:]:
+            self._db.execute(statement)
         if chunk:
             self._db.execute("BEGIN")
-        elif indexes_first:
-            for statement in INDEXES:
+        else:
+            for statement in INDEXES[1:]:  # sample_parts' (the samples table comes later)
                 self._db.execute(statement)
 
     def add_shard(
@@ -175,7 +186,7 @@ class SqliteIndexWriter:
         part_offsets: Iterable[int],
         part_sizes: Iterable[int],
     ) -> None:
-        """Insert one shard, given column-wise.
+        """Insert one shard into a chunk database, given column-wise.
 
         ``offsets`` has ``len(keys) + 1`` entries (the ``.tar.idx``); the four part columns hold
         one entry per part. Rows are assembled by ``zip`` in C (building per-row tuples in Python
@@ -187,37 +198,9 @@ class SqliteIndexWriter:
         part_rows = zip(
             repeat(tar_file_id), part_sample_index, part_names, part_offsets, part_sizes
         )
-        db = self._db
-        db.execute("SAVEPOINT shard")
-        try:
-            insert_rows(db, "samples", 5, samples)
-        except sqlite3.IntegrityError:
-            db.execute("ROLLBACK TO shard")
-            db.execute("RELEASE shard")
-            raise self._explain_duplicate(tar_file_id, keys, offsets) from None
-        insert_rows(db, "sample_parts", 5, part_rows)
-        db.execute("RELEASE shard")
-        self.rows_written += len(keys)
-
-    def _explain_duplicate(
-        self, tar_file_id: int, keys: Sequence[str], offsets: Sequence[int]
-    ) -> DuplicateSampleKeyError:
-        """Find which key of the rejected shard an earlier shard has, and where both copies live.
-
-        With ``journal_mode=OFF`` the rollback does not undo the rows inserted before the failing
-        one, so rows of this shard itself are not evidence (a shard's own keys are unique: the
-        tar scan checks that).
-        """
-        for i, key in enumerate(keys):
-            row = self._db.execute(
-                "SELECT tar_file_id, byte_offset FROM samples WHERE sample_key = ? "
-                "AND tar_file_id != ?",
-                (key, tar_file_id),
-            ).fetchone()
-            if row is not None:
-                first = self._location(row[0], row[1])
-                return DuplicateSampleKeyError(key, first, self._location(tar_file_id, offsets[i]))
-        return DuplicateSampleKeyError("?", "?", self._location(tar_file_id, offsets[0]))
+        insert_rows(self._db, "samples", 5, samples)
+        insert_rows(self._db, "sample_parts", 5, part_rows)
+        self.rows_written += n
 
     def _location(self, tar_file_id: int, byte_offset: int) -> str:
         name = self.shard_names.get(tar_file_id, f"tar_file_id {tar_file_id}")
@@ -226,10 +209,12 @@ class SqliteIndexWriter:
     def add_chunk(self, chunk_db: PathLike) -> None:
         """Append the rows of a chunk database (same schema, global ``tar_file_id``), in their
         order; a key that an earlier chunk has is a :class:`DuplicateSampleKeyError` naming
-        both places."""
+        both places (at :meth:`close` when the key index is built there)."""
         db = self._db
         db.execute("ATTACH DATABASE ? AS chunk", (str(chunk_db),))
         try:
+            if self.key_index_at_end is None:
+                self._create_samples_table(key_index_at_end=not self._chunk_keys_ascend())
             try:
                 db.execute("INSERT INTO main.samples SELECT * FROM chunk.samples")
             except sqlite3.IntegrityError:
@@ -242,12 +227,71 @@ class SqliteIndexWriter:
         finally:
             db.execute("DETACH DATABASE chunk")
 
+    def _chunk_keys_ascend(self) -> bool:
+        """Whether the attached chunk's keys are in ascending order (row by row: a chunk's rows
+        are numbered 1, 2, ... as they were inserted)."""
+        row = self._db.execute(
+            "SELECT 1 FROM chunk.samples a JOIN chunk.samples b ON b.rowid = a.rowid + 1 "
+            "WHERE b.sample_key <= a.sample_key LIMIT 1"
+        ).fetchone()
+        return row is None
+
+    def _create_samples_table(self, key_index_at_end: bool) -> None:
+        self.key_index_at_end = key_index_at_end
+        schema = SAMPLE_SCHEMA[0]
+        self._db.execute(_without_key_index(schema) if key_index_at_end else schema)
+        self._db.execute(INDEXES[0])
+
     def _explain_chunk_duplicate(self) -> DuplicateSampleKeyError:
         row = self._db.execute(
             "SELECT c.sample_key, m.tar_file_id, m.byte_offset, c.tar_file_id, c.byte_offset "
             "FROM chunk.samples c JOIN main.samples m ON m.sample_key = c.sample_key "
             "AND m.tar_file_id != c.tar_file_id ORDER BY m.rowid LIMIT 1"
         ).fetchone()
+        return self._duplicate_error(row)
+
+    def _build_key_index(self) -> None:
+        """The ``UNIQUE`` key index of the reference's schema, built in one sort.
+
+        sqlite cannot add a constraint to a table, so the index is made as an ordinary unique
+        index and then recorded as the table's own: the table's schema text gets its ``UNIQUE``
+        back and the index the name and empty text sqlite gives the index of a ``UNIQUE``
+        column. Both indexes hold the same entries (the key, then the rowid), so the file is
+        what a table created with the constraint would be; ``PRAGMA integrity_check`` agrees
+        (tests/prepare/test_key_index.py).
+        """
+        db = self._db
+        try:
+            with _sort_files_in(self.db_path.parent):
+                db.execute(f"CREATE UNIQUE INDEX {_LATE_KEY_INDEX} ON samples(sample_key)")
+        except sqlite3.IntegrityError:
+            raise self._explain_late_duplicate() from None
+        version = db.execute("PRAGMA schema_version").fetchone()[0]
+        db.execute("PRAGMA writable_schema=ON")
+        try:
+            db.execute(
+                "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'samples'",
+                (SAMPLE_SCHEMA[0],),
+            )
+            db.execute(
+                "UPDATE sqlite_master SET name = ?, sql = NULL WHERE type = 'index' AND name = ?",
+                (_KEY_AUTOINDEX, _LATE_KEY_INDEX),
+            )
+            # other connections (and this one) must read the schema again
+            db.execute(f"PRAGMA schema_version={version + 1}")
+        finally:
+            db.execute("PRAGMA writable_schema=OFF")
+
+    def _explain_late_duplicate(self) -> DuplicateSampleKeyError:
+        """The first row (in index order) whose key an earlier row has, and that earlier row."""
+        row = self._db.execute(
+            "SELECT b.sample_key, a.tar_file_id, a.byte_offset, b.tar_file_id, b.byte_offset "
+            "FROM samples b JOIN samples a ON a.sample_key = b.sample_key AND a.rowid < b.rowid "
+            "ORDER BY b.rowid, a.rowid LIMIT 1"
+        ).fetchone()
+        return self._duplicate_error(row)
+
+    def _duplicate_error(self, row: tuple | None) -> DuplicateSampleKeyError:
         if row is None:
             return DuplicateSampleKeyError("?", "?", "?")
         key, first_id, first_offset, second_id, second_offset = row
@@ -286,16 +330,48 @@ class SqliteIndexWriter:
         record_media_filter(self._db, strategy, patterns)
 
     def close(self) -> None:
-        """Create the lookup indexes (a chunk database needs none) and close the database."""
+        """Finish the key index where it was left to the end, and close the database."""
         if self.chunk:
             self._db.execute("COMMIT")
-        else:
-            for statement in INDEXES:
-                self._db.execute(statement)
+        elif self.key_index_at_end is None:  # no chunk came: an empty index
+            self._create_samples_table(key_index_at_end=False)
+        elif self.key_index_at_end:
+            self._build_key_index()
         self._db.close()
 
     def abort(self) -> None:
         self._db.close()
+
+
+_LATE_KEY_INDEX = "samples_key_built_at_end"
+_KEY_AUTOINDEX = "sqlite_autoindex_samples_1"  # sqlite's name for the samples' UNIQUE column
+
+
+def _without_key_index(samples_schema: str) -> str:
+    return samples_schema.replace("NOT NULL UNIQUE", "NOT NULL")
+
+
+@contextlib.contextmanager
+def _sort_files_in(folder: Path) -> Iterator[None]:
+    """sqlite's sort spills to temporary files (about the keys' size, tens of GB at a billion
+    samples): put them next to the index (``prepare --tmp-path`` chooses where), not in ``/tmp``.
+    The setting is the process's, so the previous one comes back afterwards."""
+    setting = sqlite3.connect(":memory:")
+    try:
+        before = setting.execute("PRAGMA temp_store_directory").fetchone()
+        setting.execute(f"PRAGMA temp_store_directory = {_sql_text(str(folder))}")
+        try:
+            yield
+        finally:
+            setting.execute(
+                f"PRAGMA temp_store_directory = {_sql_text(before[0] if before else '')}"
+            )
+    finally:
+        setting.close()
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 def write_index_uuid(root: PathLike, *, mode_like: PathLike | None = None) -> str:

@@ -5,7 +5,8 @@ workers scan the shards. It is done while they scan: each chunk's rows are appen
 it and every chunk before it are finished, in chunk order, so the rows (and their ``rowid``)
 are the same whichever worker finished first, and the same as a run that was killed and
 continued. The lookup indexes exist from the start: rows arrive sorted by
-``(tar_file_id, sample_index)``, so keeping them up costs less than sorting every row at the end.
+``(tar_file_id, sample_index)``, so keeping them up costs less than sorting every row at the end
+(the key index too, when the keys grow in that order; see ``SqliteIndexWriter``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class IndexMerge:
         self.root = root
         self.work = work
         self.path = temp_name_for(folder / INDEX_SQLITE_FILENAME)
-        self._writer = SqliteIndexWriter(self.path, shards, indexes_first=True)
+        self._writer = SqliteIndexWriter(self.path, shards)
         self._finished: set[int] = set()
         self._next = 0  # the first chunk not merged yet
 

@@ -4,6 +4,7 @@ need the per-sample tables say so."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -21,6 +22,7 @@ from energon.source.meta import meta_reader
 from energon.source.webdataset import WebdatasetLeaf
 from tests.helpers.datasets import make_text_dataset
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.tarfiles import write_tar
 
 # `energon prepare` in a child that kills itself (SIGKILL) when its N-th chunk is finished (the
 # rename of a chunk folder into place), or ("removal") just after it deleted the first chunk's
@@ -100,8 +102,18 @@ def _shards_only(root: Path) -> Path:
     return root
 
 
-def test_a_killed_prepare_continues_and_writes_what_a_clean_run_writes(tmp_path):
-    clean, killed = _shards_only(tmp_path / "clean"), _shards_only(tmp_path / "killed")
+def _hashed_shards_only(root: Path) -> Path:
+    """Keys in no order (hashed names): ``index.sqlite``'s key index is built at the end."""
+    for shard in range(8):
+        numbers = range(shard * 12, shard * 12 + 12)
+        members = [(f"{hashlib.md5(b'%d' % n).hexdigest()}.txt", b"text %d" % n) for n in numbers]
+        write_tar(root / "parts" / f"data-{shard:05d}.tar", members)
+    return root
+
+
+@pytest.mark.parametrize("shards_only", [_shards_only, _hashed_shards_only])
+def test_a_killed_prepare_continues_and_writes_what_a_clean_run_writes(tmp_path, shards_only):
+    clean, killed = shards_only(tmp_path / "clean"), shards_only(tmp_path / "killed")
     done = _prepare(clean)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CHUNKS 8" in done.stdout  # one chunk per shard at this size

@@ -39,8 +39,9 @@ from bench_common import _REPO_ROOT, machine_summary, print_markdown_table, samp
 PER_SHARD = 10_000
 
 
-def write_shards(folder: str, first: int, count: int, per_shard: int) -> None:
-    """Shards ``first ... first + count - 1`` of tiny samples (skips those already there)."""
+def write_shards(folder: str, first: int, count: int, per_shard: int, hashed: bool = False) -> None:
+    """Shards ``first ... first + count - 1`` of tiny samples (skips those already there).
+    ``hashed``: keys in no order (12 hex digits of a bijection of the sample number, unique)."""
     os.makedirs(folder, exist_ok=True)
     records = np.zeros((per_shard, 1024), dtype=np.uint8)
 
@@ -59,13 +60,22 @@ def write_shards(folder: str, first: int, count: int, per_shard: int) -> None:
     put(148, [b"        "] * per_shard)
     put(512, [b"%08d" % i for i in range(per_shard)])
     base = records[:, :512].astype(np.int64).sum(axis=1) - 6 * ord("0")
+    if hashed:
+        records[:, 0:100] = 0  # the name field, without the numbered name
+        put(0, [b"%012x.txt" % 0] * per_shard)
+        base = records[:, :512].astype(np.int64).sum(axis=1) - 12 * ord("0")
     for shard in range(first, first + count):
         path = os.path.join(folder, f"shard-{shard:06d}.tar")
         if os.path.exists(path):
             continue
-        digits = np.frombuffer(b"%06d" % shard, dtype=np.uint8)
-        records[:, 0:6] = digits
-        total = base + int(digits.astype(np.int64).sum())
+        if hashed:
+            name = _hashed_names(shard * per_shard, per_shard)
+            records[:, 0:12] = name
+            total = base + name.astype(np.int64).sum(axis=1)
+        else:
+            digits = np.frombuffer(b"%06d" % shard, dtype=np.uint8)
+            records[:, 0:6] = digits
+            total = base + int(digits.astype(np.int64).sum())
         for k in range(6):
             records[:, 148 + k] = ord("0") + ((total >> (3 * (5 - k))) & 7)
         records[:, 154], records[:, 155] = 0, ord(" ")
@@ -73,6 +83,21 @@ def write_shards(folder: str, first: int, count: int, per_shard: int) -> None:
             f.write(records.tobytes())
             f.write(bytes(1024))
         os.replace(path + ".tmp", path)
+
+
+def _hashed_names(first: int, count: int) -> np.ndarray:
+    """12 lower-case hex digits per sample: ``n * odd mod 2**48`` (a bijection, so unique)."""
+    n = np.arange(first, first + count, dtype=np.uint64)
+    value = (n * np.uint64(0x9E3779B97F4B)) & np.uint64((1 << 48) - 1)
+    nibbles = (value[:, None] >> (np.arange(44, -4, -4, dtype=np.uint64))) & np.uint64(15)
+    return np.frombuffer(b"0123456789abcdef", dtype=np.uint8)[nibbles.astype(np.int64)]
+
+
+def make_hashed_set(root: str, samples: int) -> str:
+    """A set of ``samples`` tiny samples with keys in no order (real shards only)."""
+    folder = os.path.join(root, f"tiny-{samples}-hashed")
+    write_shards(os.path.join(folder, "parts"), 0, samples // PER_SHARD, PER_SHARD, hashed=True)
+    return folder
 
 
 def make_set(root: str, samples: int, max_real: int) -> tuple[str, bool]:
@@ -99,8 +124,13 @@ CHILD = textwrap.dedent(
     """
     import json, os, resource, sys, time
     root, workers, tables, unique_keys = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
+    key_index = sys.argv[5]
     from energon.prepare import scan as prepare_scan
     from energon.prepare.dataset import prepare_dataset
+
+    if key_index == "kept":  # the baseline: the UNIQUE key index kept up whatever the key order
+        from energon.format.sqlite_index import SqliteIndexWriter
+        SqliteIndexWriter._chunk_keys_ascend = lambda self: True
 
     if unique_keys:  # shards that are links to the same file: keys made unique by shard name
         real_scan = prepare_scan._scan_local
@@ -135,10 +165,11 @@ def clear_outputs(folder: str) -> None:
             os.unlink(os.path.join(parts, name))
 
 
-def measure(folder: str, workers: int, tables: bool, linked: bool) -> dict:
+def measure(folder: str, workers: int, tables: bool, linked: bool, key_index: str = "auto") -> dict:
     clear_outputs(folder)
     env = {**os.environ, "PYTHONPATH": _REPO_ROOT}
     args = [folder, str(workers), "1" if tables else "0", "1" if linked and tables else "0"]
+    args.append(key_index)
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, *args],
         stdout=subprocess.PIPE,
@@ -181,40 +212,63 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--tables", default="1,0", help="1: with sample tables, 0: without")
     parser.add_argument("--max-real", type=int, default=10_000_000, help="samples on real shards")
+    parser.add_argument(
+        "--keys",
+        choices=("numbered", "hashed"),
+        default="numbered",
+        help="hashed: keys in no order (real shards only), as hashed file names are",
+    )
+    parser.add_argument(
+        "--key-index",
+        default="auto",
+        help="auto: as prepare decides; kept: the UNIQUE key index kept up whatever the key "
+        "order (the baseline); a comma-separated list runs each",
+    )
     args = parser.parse_args()
     rows = []
     print(machine_summary(), flush=True)
     for samples in [int(s) for s in args.samples.split(",")]:
-        folder, linked = make_set(args.root, samples, args.max_real)
+        if args.keys == "hashed":
+            if samples > args.max_real:
+                parser.error("--keys hashed needs real shards: --samples at most --max-real")
+            folder, linked = make_hashed_set(args.root, samples), False
+        else:
+            folder, linked = make_set(args.root, samples, args.max_real)
         for tables in [t == "1" for t in args.tables.split(",")]:
             for workers in [int(w) for w in args.workers.split(",")]:
-                r = measure(folder, workers, tables, linked)
-                rows.append(
-                    [
-                        f"{samples:,}",
-                        "links" if linked else "real",
-                        workers,
-                        "yes" if tables else "no",
-                        f"{r['wall']:.1f}",
-                        f"{r['cpu']:.1f}",
-                        f"{samples / r['cpu']:,.0f}",
-                        f"{r['maxrss_main'] / 2**20:.0f}",
-                        f"{r['maxrss_worker'] / 2**20:.0f}" if workers > 1 else "",
-                        f"{r['peak_pss_total'] / 2**20:.0f}",
-                        f"{r['index_bytes'] / 2**20:,.0f}",
-                        f"{r['peak_disk'] / 2**20:,.0f}",
-                        f"{r['load']:.1f}",
-                    ]
-                )
-                print(" | ".join(map(str, rows[-1])), flush=True)
+                for key_index in args.key_index.split(",") if tables else ["auto"]:
+                    r = measure(folder, workers, tables, linked, key_index)
+                    at_end = tables and args.keys == "hashed" and key_index == "auto"
+                    rows.append(
+                        [
+                            f"{samples:,}",
+                            "links" if linked else "real",
+                            args.keys,
+                            workers,
+                            "yes" if tables else "no",
+                            ("built at end" if at_end else "kept up") if tables else "",
+                            f"{r['wall']:.1f}",
+                            f"{r['cpu']:.1f}",
+                            f"{samples / r['cpu']:,.0f}",
+                            f"{r['maxrss_main'] / 2**20:.0f}",
+                            f"{r['maxrss_worker'] / 2**20:.0f}" if workers > 1 else "",
+                            f"{r['peak_pss_total'] / 2**20:.0f}",
+                            f"{r['index_bytes'] / 2**20:,.0f}",
+                            f"{r['peak_disk'] / 2**20:,.0f}",
+                            f"{r['load']:.1f}",
+                        ]
+                    )
+                    print(" | ".join(map(str, rows[-1])), flush=True)
         clear_outputs(folder)
     print(machine_summary())
     print_markdown_table(
         [
             "samples",
             "shards",
+            "keys",
             "workers",
             "sample tables",
+            "key index",
             "wall s",
             "CPU s",
             "samples per CPU-second",
