@@ -141,6 +141,9 @@ def test_workers_waiting_for_a_block_end_when_the_loader_is_dropped(captioning_d
         kill(process)
 
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "kill", recording_kill)
+    # the pool's wait for its workers to end, with a wide margin for a busy machine (a worker
+    # that ends on its own takes well under a second; one that waits for a block never ends)
+    monkeypatch.setattr("energon.loader.workers.processes.STOP_SECONDS", 60.0)
     loader = _small_batches(captioning_ds, 2)
     it = iter(loader)
     kept = [next(it) for _ in range(4)]
