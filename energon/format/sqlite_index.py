@@ -14,7 +14,7 @@ import operator
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from pathlib import Path
 
@@ -329,20 +329,34 @@ class SqliteIndexWriter:
         """Record the filter the media metadata was computed with."""
         record_media_filter(self._db, strategy, patterns)
 
-    def close(self) -> None:
-        """Finish the key index where it was left to the end, and close the database."""
+    def close(self, on_progress: Callable[[], None] | None = None) -> None:
+        """Finish the key index where it was left to the end, and close the database.
+
+        ``on_progress`` is called now and then while the key index is built (a sort that can
+        take minutes on a large index, with no count of its own to show)."""
         if self.chunk:
             self._db.execute("COMMIT")
         elif self.key_index_at_end is None:  # no chunk came: an empty index
             self._create_samples_table(key_index_at_end=False)
         elif self.key_index_at_end:
-            self._build_key_index()
+            if on_progress is not None:
+
+                def go_on() -> int:
+                    on_progress()
+                    return 0  # anything else would make sqlite abort the sort
+
+                self._db.set_progress_handler(go_on, _PROGRESS_STEPS)
+            try:
+                self._build_key_index()
+            finally:
+                self._db.set_progress_handler(None, 0)
         self._db.close()
 
     def abort(self) -> None:
         self._db.close()
 
 
+_PROGRESS_STEPS = 1 << 20  # sqlite virtual-machine steps between two on_progress calls
 _LATE_KEY_INDEX = "samples_key_built_at_end"
 _KEY_AUTOINDEX = "sqlite_autoindex_samples_1"  # sqlite's name for the samples' UNIQUE column
 

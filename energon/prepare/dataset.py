@@ -442,7 +442,7 @@ def _index_shards(
             if merge is not None:  # while the workers scan the next chunks
                 merge.chunk_finished(summary.chunk)
         if merge is not None:
-            merge.close(scan.media_filter)
+            merge.close(scan.media_filter, scan.progress)
     except BaseException:
         if merge is not None:
             merge.abort()

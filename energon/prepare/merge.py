@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tqdm import tqdm
+
 from energon.format.layout import INDEX_SQLITE_FILENAME, nv_meta_dir, temp_name_for
 from energon.format.sqlite_index import SqliteIndexWriter
 from energon.media.extract import MediaFilterConfig
@@ -42,15 +44,23 @@ class IndexMerge:
             self._writer.add_chunk(self.work.chunk_folder(self._next) / CHUNK_ROWS)
             self._next += 1
 
-    def close(self, media_filter: MediaFilterConfig | None) -> None:
-        """After the last chunk: the media metadata (new, or carried over from the old index)."""
+    def close(self, media_filter: MediaFilterConfig | None, progress: bool = False) -> None:
+        """After the last chunk: the media metadata (new, or carried over from the old index),
+        and the key index where it is built at the end (with ``progress``, a line that shows
+        the time it takes: the shards' bar is full by then)."""
         if self._next != self.work.num_chunks:
             raise RuntimeError(f"merged {self._next} of {self.work.num_chunks} chunks")
         if media_filter is None:
             self._writer.copy_media_tables_from(nv_meta_dir(self.root) / INDEX_SQLITE_FILENAME)
         else:
             self._writer.add_media_filter(media_filter.strategy.value, media_filter.patterns_column)
-        self._writer.close()
+        if not (progress and self._writer.key_index_at_end):
+            self._writer.close()
+            return
+        rows = self._writer.rows_written
+        desc = f"Sorting the keys of {rows:,} samples (they are in no order)"
+        with tqdm(desc=desc, bar_format="{desc}: {elapsed}") as bar:
+            self._writer.close(on_progress=bar.update)
 
     def abort(self) -> None:
         self._writer.abort()

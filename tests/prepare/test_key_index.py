@@ -152,3 +152,27 @@ def test_the_sort_spills_next_to_the_index_and_the_setting_comes_back(tmp_path):
     with sqlite_index._sort_files_in(folder):
         assert current() == [(str(folder),)]
     assert current() == before
+
+
+def test_the_sort_at_the_end_shows_a_line_with_its_time(tmp_path, capsys, monkeypatch):
+    """The shards' bar is full when the sort starts: a line says what runs and for how long
+    (sqlite's progress handler refreshes it); keys that ascend have no such step."""
+    calls = []
+    close = SqliteIndexWriter.close
+
+    def counting_close(self, on_progress=None):
+        def counted():
+            calls.append(1)
+            on_progress()
+
+        return close(self, counted if on_progress is not None else None)
+
+    monkeypatch.setattr(SqliteIndexWriter, "close", counting_close)
+    monkeypatch.setattr(sqlite_index, "_PROGRESS_STEPS", 50)
+    prepare_dataset(_write_shards(tmp_path / "numbered", _numbered), progress=True, num_workers=1)
+    assert "Sorting the keys" not in capsys.readouterr().err
+    prepare_dataset(_write_shards(tmp_path / "hashed", _hashed), progress=True, num_workers=1)
+    err = capsys.readouterr().err
+    assert f"Sorting the keys of {5 * PER_SHARD} samples (they are in no order): 00:0" in err
+    assert calls, "the sort reported no progress"
+    assert _db(tmp_path / "hashed").execute("PRAGMA integrity_check").fetchall() == [("ok",)]

@@ -18,6 +18,11 @@ shard's name (a patch of ``energon.prepare.scan._scan_local`` in the measured pr
 inherited by its forked workers): the tar walk, the grouping, the sqlite writing and merging
 all run on real bytes and rows. ``--no-sample-tables`` needs no such patch (it does not compare
 keys across shards).
+
+``--keys hashed`` writes real shards whose keys are in no order (12 hex digits of
+``n * odd mod 2**48``: unique, and unordered as hashed file names are), and ``--key-index
+kept,auto`` measures prepare against the baseline of keeping ``index.sqlite``'s key index up as
+rows come in whatever the key order (a patch of the writer in the measured process).
 """
 
 from __future__ import annotations

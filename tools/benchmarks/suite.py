@@ -482,7 +482,9 @@ WORKLOADS: tuple[Workload, ...] = (
         "into a serial tail. Keys in random order (hashed names) make it worse: 5 CPU-us per "
         "sample for the first million, 12-13 from the fourth to the eighth million, as the key "
         "index outgrows the page cache (the same with a 256 MiB cache or a 2 GB mmap); keys "
-        "that grow with the shard and sample number (as here) stay at 2-3. **16 cores**: "
+        "that grow with the shard and sample number (as here) stay at 2-3 (prepare now builds "
+        "the key index at the end for keys in no order: see Prepare with keys in no order). "
+        "**16 cores**: "
         "`CHECKS=prep35:200 bash tools/device/run_all.sh` (tools/device/prep35.sh), recorded "
         "2026-11-27 23:00 UTC on the 16-core host of an NVIDIA H200 machine (CPU only), load "
         "2.8-4.7, main at c55da39 (grouping in C and the merge during the scan, before the "
@@ -496,6 +498,29 @@ WORKLOADS: tuple[Workload, ...] = (
         "200 real shards, read from the page cache: 100M real samples are about 100 GB of tar, "
         "more than the machine's 64 GB disk): 12.83 s wall, 156 CPU-s (641k samples per "
         "CPU-second), peak RSS 98 MiB main and 49 MiB per worker, the same main RSS as at 2M.",
+    ),
+    Workload(
+        "prepare-keys",
+        "Prepare with keys in no order",
+        "`prepare_dataset()` of tiny samples (as in Prepare at scale) whose keys are in no order, "
+        "as hashed file names are (12 hex digits of a bijection of the sample number, so "
+        "unique), with the per-sample tables and 2 worker processes, a fresh process per run. "
+        "Key index `kept up` is the baseline, measured in the same run: `index.sqlite`'s UNIQUE "
+        "key index kept up as rows come in, what prepare did for every key order before (and "
+        "still does when the first chunk's keys ascend); each row is then a random insert into "
+        "a B-tree that outgrows sqlite's 64 MiB page cache after a few million keys. `built at "
+        "end`: what prepare now does for such keys, one sort after the scan, spilling next to "
+        "the index (its memory is the sorter's, bounded by the page cache's size).",
+        (
+            _step(
+                "bench_prepare_scale.py",
+                "--root {root}/prepare_keys --samples 1000000,4000000,8000000 --keys hashed "
+                "--key-index kept,auto --workers 2 --tables 1",
+                "--root {root}/prepare_keys-quick --samples 20000 --keys hashed "
+                "--key-index kept,auto --workers 1 --tables 1",
+            ),
+        ),
+        6.0,
     ),
     Workload(
         "balanced-ranks",
