@@ -14,6 +14,7 @@ import operator
 import os
 import sqlite3
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from pathlib import Path
@@ -251,31 +252,41 @@ class SqliteIndexWriter:
         return self._duplicate_error(row)
 
     def _build_key_index(self) -> None:
-        """The ``UNIQUE`` key index of the reference's schema, built in one sort.
-
-        sqlite cannot add a constraint to a table, so the index is made as an ordinary unique
-        index and then recorded as the table's own: the table's schema text gets its ``UNIQUE``
-        back and the index the name and empty text sqlite gives the index of a ``UNIQUE``
-        column. Both indexes hold the same entries (the key, then the rowid), so the file is
-        what a table created with the constraint would be; ``PRAGMA integrity_check`` agrees
-        (tests/prepare/test_key_index.py).
-        """
-        db = self._db
+        """The ``UNIQUE`` key index of the reference's schema, built in one sort."""
         try:
             with _sort_files_in(self.db_path.parent):
-                db.execute(f"CREATE UNIQUE INDEX {_LATE_KEY_INDEX} ON samples(sample_key)")
+                self._db.execute(f"CREATE UNIQUE INDEX {_LATE_KEY_INDEX} ON samples(sample_key)")
         except sqlite3.IntegrityError:
             raise self._explain_late_duplicate() from None
+        try:
+            self._record_as_the_tables_own()
+        except sqlite3.DatabaseError as e:  # an sqlite built to refuse schema edits
+            warnings.warn(
+                f"{self.db_path}: the sample key index stays the unique index "
+                f"{_LATE_KEY_INDEX} ({e}); lookups and uniqueness are the same as with the "
+                "reference's UNIQUE column, only the schema text differs",
+                stacklevel=2,
+            )
+
+    def _record_as_the_tables_own(self) -> None:
+        """Make the key index the one of the table's ``UNIQUE`` column.
+
+        sqlite cannot add a constraint to a table, so the index was made as an ordinary unique
+        index: the table's schema text gets its ``UNIQUE`` back and the index the name and empty
+        text sqlite gives the index of a ``UNIQUE`` column. Both kinds of index hold the same
+        entries (the key, then the rowid), so the file is what a table created with the
+        constraint would be; ``PRAGMA integrity_check`` agrees (tests/prepare/test_key_index.py).
+        One statement changes both entries: a refusal leaves the schema as it was.
+        """
+        db = self._db
         version = db.execute("PRAGMA schema_version").fetchone()[0]
         db.execute("PRAGMA writable_schema=ON")
         try:
             db.execute(
-                "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'samples'",
-                (SAMPLE_SCHEMA[0],),
-            )
-            db.execute(
-                "UPDATE sqlite_master SET name = ?, sql = NULL WHERE type = 'index' AND name = ?",
-                (_KEY_AUTOINDEX, _LATE_KEY_INDEX),
+                "UPDATE sqlite_master SET sql = CASE type WHEN 'table' THEN ? ELSE NULL END, "
+                "name = CASE type WHEN 'index' THEN ? ELSE name END "
+                "WHERE (type = 'table' AND name = 'samples') OR (type = 'index' AND name = ?)",
+                (SAMPLE_SCHEMA[0], _KEY_AUTOINDEX, _LATE_KEY_INDEX),
             )
             # other connections (and this one) must read the schema again
             db.execute(f"PRAGMA schema_version={version + 1}")

@@ -176,3 +176,38 @@ def test_the_sort_at_the_end_shows_a_line_with_its_time(tmp_path, capsys, monkey
     assert f"Sorting the keys of {5 * PER_SHARD} samples (they are in no order): 00:0" in err
     assert calls, "the sort reported no progress"
     assert _db(tmp_path / "hashed").execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+def test_an_sqlite_that_refuses_schema_edits_keeps_a_working_unique_index(tmp_path, monkeypatch):
+    """Some sqlite builds refuse writes to ``sqlite_master`` (defensive mode). Here an authorizer
+    refuses them for real: the key index then keeps its own name, with a warning, and still
+    finds every key and refuses duplicates; the schema is left whole."""
+    record = SqliteIndexWriter._record_as_the_tables_own
+
+    def refusing(self):
+        def authorizer(action, table, *_):
+            if action == sqlite3.SQLITE_UPDATE and table == "sqlite_master":
+                return sqlite3.SQLITE_DENY
+            return sqlite3.SQLITE_OK
+
+        self._db.set_authorizer(authorizer)
+        try:
+            return record(self)
+        finally:
+            self._db.set_authorizer(None)
+
+    monkeypatch.setattr(SqliteIndexWriter, "_record_as_the_tables_own", refusing)
+    root = _write_shards(tmp_path, _hashed)
+    with pytest.warns(UserWarning, match="stays the unique index samples_key_built_at_end"):
+        prepare_dataset(root, progress=False, num_workers=1)
+    db = _db(root)
+    assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert ("index", "samples_key_built_at_end", "samples") in {r[:3] for r in _schema(root)}
+    key = _hashed(11)
+    plan = db.execute("EXPLAIN QUERY PLAN SELECT * FROM samples WHERE sample_key = ?", (key,))
+    assert "samples_key_built_at_end" in plan.fetchall()[0][-1]
+    assert db.execute(
+        "SELECT sample_index FROM samples WHERE sample_key = ?", (key,)
+    ).fetchall() == [(11 - PER_SHARD,)]
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE constraint failed"):
+        db.execute("INSERT INTO samples VALUES (0, ?, 99, 0, 0)", (key,))
