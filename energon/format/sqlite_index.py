@@ -151,10 +151,15 @@ class SqliteIndexWriter:
         chunk: bool = False,
     ) -> None:
         """``chunk``: a chunk database of a ``prepare`` (its rows go into the real index by
-        :meth:`add_chunk`, whose key index finds duplicates): no key index of its own and one
-        transaction for all its shards. Otherwise the lookup indexes exist from the start and are
-        kept up while rows come in (cheaper than building them at the end, as rows come sorted by
-        shard and sample), except the key index (see the class docstring)."""
+        :meth:`add_chunk`, whose key index finds duplicates): no key index of its own, no
+        journal (a killed chunk is scanned again) and one transaction for all its shards.
+
+        Otherwise ``db_path`` is the index being built: created, or continued where a killed
+        run left it (each chunk is one transaction under a rollback journal, so a kill undoes
+        at most the chunk being added; :attr:`rows_written` counts the rows it holds). The
+        lookup indexes exist from the start and are kept up while rows come in (cheaper than
+        building them at the end, as rows come sorted by shard and sample), except the key
+        index (see the class docstring)."""
         self.db_path = Path(db_path)
         self.shard_names = (
             dict(shard_names) if isinstance(shard_names, Mapping) else dict(enumerate(shard_names))
@@ -163,19 +168,53 @@ class SqliteIndexWriter:
         self.chunk = chunk
         self.key_index_at_end: bool | None = None  # decided by the first chunk (None: not yet)
         self._db = sqlite3.connect(self.db_path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=OFF")
-        self._db.execute("PRAGMA synchronous=OFF")
+        # a journal costs little here: rows are appended, so few existing pages change
+        self._db.execute(f"PRAGMA journal_mode={'OFF' if chunk else 'DELETE'}")
+        self._db.execute("PRAGMA synchronous=OFF")  # a kill -9 loses nothing the OS was given
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.execute(f"PRAGMA cache_size={-CACHE_KIB}")
         if chunk:
-            self._db.execute(_without_key_index(SAMPLE_SCHEMA[0]))
-        for statement in SCHEMA[1:]:
-            self._db.execute(statement)
-        if chunk:
             self._db.execute("BEGIN")
-        else:
-            for statement in INDEXES[1:]:  # sample_parts' (the samples table comes later)
+            self._db.execute(_without_key_index(SAMPLE_SCHEMA[0]))
+            for statement in SCHEMA[1:]:
                 self._db.execute(statement)
+        elif self._table_sql("sample_parts") is None:
+            self._create_schema()
+        else:
+            self._continue()
+
+    def _table_sql(self, name: str) -> str | None:
+        row = self._db.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def _create_schema(self) -> None:
+        """Every table but ``samples`` (the first chunk decides its key index), with
+        ``sample_parts``' indexes, in one transaction."""
+        with self._transaction():
+            for statement in SCHEMA[1:]:
+                self._db.execute(statement)
+            for statement in INDEXES[1:]:
+                self._db.execute(statement)
+
+    def _continue(self) -> None:
+        """An index a killed run was building: how far it got and how its key index is made."""
+        samples = self._table_sql("samples")
+        if samples is not None:
+            self.key_index_at_end = "UNIQUE" not in samples
+            self.rows_written = self._db.execute("SELECT max(rowid) FROM samples").fetchone()[0]
+            self.rows_written = self.rows_written or 0  # rows are appended, never removed
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def add_shard(
         self,
@@ -209,21 +248,23 @@ class SqliteIndexWriter:
 
     def add_chunk(self, chunk_db: PathLike) -> None:
         """Append the rows of a chunk database (same schema, global ``tar_file_id``), in their
-        order; a key that an earlier chunk has is a :class:`DuplicateSampleKeyError` naming
-        both places (at :meth:`close` when the key index is built there)."""
+        order, in one transaction; a key that an earlier row has is a
+        :class:`DuplicateSampleKeyError` naming both places (at :meth:`close` when the key
+        index is built there)."""
         db = self._db
         db.execute("ATTACH DATABASE ? AS chunk", (str(chunk_db),))
         try:
-            if self.key_index_at_end is None:
-                self._create_samples_table(key_index_at_end=not self._chunk_keys_ascend())
-            try:
-                db.execute("INSERT INTO main.samples SELECT * FROM chunk.samples")
-            except sqlite3.IntegrityError:
-                raise self._explain_chunk_duplicate() from None
-            db.execute("INSERT INTO main.sample_parts SELECT * FROM chunk.sample_parts")
-            db.execute(
-                "INSERT OR REPLACE INTO main.media_metadata SELECT * FROM chunk.media_metadata"
-            )
+            with self._transaction():
+                if self.key_index_at_end is None:
+                    self._create_samples_table(key_index_at_end=not self._chunk_keys_ascend())
+                try:
+                    db.execute("INSERT INTO main.samples SELECT * FROM chunk.samples")
+                except sqlite3.IntegrityError:
+                    raise self._explain_chunk_duplicate() from None
+                db.execute("INSERT INTO main.sample_parts SELECT * FROM chunk.sample_parts")
+                db.execute(
+                    "INSERT OR REPLACE INTO main.media_metadata SELECT * FROM chunk.media_metadata"
+                )
             self.rows_written += db.execute("SELECT count(*) FROM chunk.samples").fetchone()[0]
         finally:
             db.execute("DETACH DATABASE chunk")
@@ -244,29 +285,40 @@ class SqliteIndexWriter:
         self._db.execute(INDEXES[0])
 
     def _explain_chunk_duplicate(self) -> DuplicateSampleKeyError:
+        """The chunk's first row whose key came before: in an earlier chunk, or earlier in this
+        one (the failed insert was undone, so the index holds only earlier chunks' rows)."""
         row = self._db.execute(
-            "SELECT c.sample_key, m.tar_file_id, m.byte_offset, c.tar_file_id, c.byte_offset "
+            "SELECT key, first_tar, first_offset, tar, offset FROM ("
+            "SELECT c.rowid AS at, 0 AS before, c.sample_key AS key, m.tar_file_id AS first_tar, "
+            "m.byte_offset AS first_offset, c.tar_file_id AS tar, c.byte_offset AS offset "
             "FROM chunk.samples c JOIN main.samples m ON m.sample_key = c.sample_key "
-            "AND m.tar_file_id != c.tar_file_id ORDER BY m.rowid LIMIT 1"
+            "UNION ALL "
+            "SELECT b.rowid, a.rowid, b.sample_key, a.tar_file_id, a.byte_offset, b.tar_file_id, "
+            "b.byte_offset FROM chunk.samples b JOIN chunk.samples a "
+            "ON a.sample_key = b.sample_key AND a.rowid < b.rowid"
+            ") ORDER BY at, before LIMIT 1"
         ).fetchone()
         return self._duplicate_error(row)
 
     def _build_key_index(self) -> None:
         """The ``UNIQUE`` key index of the reference's schema, built in one sort."""
-        try:
-            with _sort_files_in(self.db_path.parent):
-                self._db.execute(f"CREATE UNIQUE INDEX {_LATE_KEY_INDEX} ON samples(sample_key)")
-        except sqlite3.IntegrityError:
-            raise self._explain_late_duplicate() from None
-        try:
-            self._record_as_the_tables_own()
-        except sqlite3.DatabaseError as e:  # an sqlite built to refuse schema edits
-            warnings.warn(
-                f"{self.db_path}: the sample key index stays the unique index "
-                f"{_LATE_KEY_INDEX} ({e}); lookups and uniqueness are the same as with the "
-                "reference's UNIQUE column, only the schema text differs",
-                stacklevel=2,
-            )
+        with self._transaction():  # a kill undoes all of it: the next run builds it again
+            try:
+                with _sort_files_in(self.db_path.parent):
+                    self._db.execute(
+                        f"CREATE UNIQUE INDEX IF NOT EXISTS {_LATE_KEY_INDEX} ON samples(sample_key)"
+                    )
+            except sqlite3.IntegrityError:
+                raise self._explain_late_duplicate() from None
+            try:
+                self._record_as_the_tables_own()
+            except sqlite3.DatabaseError as e:  # an sqlite built to refuse schema edits
+                warnings.warn(
+                    f"{self.db_path}: the sample key index stays the unique index "
+                    f"{_LATE_KEY_INDEX} ({e}); lookups and uniqueness are the same as with the "
+                    "reference's UNIQUE column, only the schema text differs",
+                    stacklevel=2,
+                )
 
     def _record_as_the_tables_own(self) -> None:
         """Make the key index the one of the table's ``UNIQUE`` column.
@@ -348,7 +400,8 @@ class SqliteIndexWriter:
         if self.chunk:
             self._db.execute("COMMIT")
         elif self.key_index_at_end is None:  # no chunk came: an empty index
-            self._create_samples_table(key_index_at_end=False)
+            with self._transaction():
+                self._create_samples_table(key_index_at_end=False)
         elif self.key_index_at_end:
             if on_progress is not None:
 

@@ -20,6 +20,7 @@ first removes the temporary files that killed runs left behind.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import shutil
@@ -82,7 +83,7 @@ from energon.prepare.scan import (
     ChunkTask,
     run_chunk,
 )
-from energon.prepare.work import WorkFolder, publish_file
+from energon.prepare.work import WorkFolder, publish_file, remove_database
 
 SHARD_SUFFIXES = (".tar", ".tgz")
 DEFAULT_SPLIT_NAMES = ("train", "val", "test")
@@ -190,8 +191,8 @@ class _Staging:
     checksum_dir: Path | None = None  # prepare --checksums: the new checksums folder, filled
 
     def cleanup(self, interrupted: bool) -> None:
-        if self.sqlite_tmp is not None:
-            remove_quietly(self.sqlite_tmp)
+        if self.sqlite_tmp is not None and not interrupted:
+            remove_database(self.sqlite_tmp)  # (interrupted: the next run continues it)
         if self.checksum_dir is not None:
             shutil.rmtree(self.checksum_dir, ignore_errors=True)
         if self.work is not None and not interrupted:
@@ -412,27 +413,28 @@ def _index_shards(
     ``source_root``: where the shards are read from when that is not ``root`` (remote prepare:
     ``root`` is then the local staging folder and the shards are ``source_root/<shard>`` URLs).
     """
-    work = staging.work = WorkFolder(root, shards, scan.plan(source_root is not None))
+    index_folder = Path(scan.tmp_path) if scan.tmp_path is not None else None
+    plan = scan.plan(source_root is not None)
+    work = staging.work = WorkFolder(root, shards, plan, index_folder)
     work.open()
     tar_paths = [
         epath.join(source_root, shard) if source_root is not None else str(root / shard)
         for shard in shards
     ]
-    summaries: dict[int, ChunkSummary] = {}
-    pending = []
-    for chunk in range(work.num_chunks):
-        paths = [tar_paths[i] for i in work.chunk_range(chunk)]
-        done = work.finished(chunk, paths)
-        if done is not None:
-            summaries[chunk] = done
-        else:
-            pending.append(_chunk_task(work, chunk, shards, paths, scan, source_root, root))
     merge = None
     if scan.sample_tables:
-        folder = Path(scan.tmp_path) if scan.tmp_path is not None else nv_meta_dir(root)
-        merge = IndexMerge(root, work, shards, folder)
+        merge = IndexMerge(root, work, shards)
         staging.sqlite_tmp = merge.path
     try:
+        summaries = _finished_chunks(work, tar_paths, merge)
+        if merge is not None and not merge.holds_what_it_should():
+            merge.start_over()  # a chunk it held changed: every chunk needs its rows again
+            summaries = _finished_chunks(work, tar_paths, merge)
+        pending = []
+        for chunk in range(work.num_chunks):
+            if chunk not in summaries:
+                paths = [tar_paths[i] for i in work.chunk_range(chunk)]
+                pending.append(_chunk_task(work, chunk, shards, paths, scan, source_root, root))
         if merge is not None:
             for chunk in sorted(summaries):  # finished by an earlier run
                 merge.chunk_finished(chunk)
@@ -448,6 +450,23 @@ def _index_shards(
             merge.abort()
         raise
     return _result_of(work, shards, summaries)
+
+
+def _finished_chunks(
+    work: WorkFolder, tar_paths: list[str], merge: IndexMerge | None
+) -> dict[int, ChunkSummary]:
+    """The chunks an earlier run finished whose files are all there: their rows only where the
+    index does not hold them yet. The others are removed, to be scanned again."""
+    summaries = {}
+    for chunk in range(work.num_chunks):
+        summary = work.summary(chunk, [tar_paths[i] for i in work.chunk_range(chunk)])
+        if summary is not None:
+            held = merge is not None and merge.holds(chunk, sum(summary.counts))
+            if work.complete(chunk, rows=merge is not None and not held):
+                summaries[chunk] = summary
+                continue
+        work.drop_chunk(chunk)
+    return summaries
 
 
 def _chunk_task(
@@ -618,19 +637,25 @@ def _publish_checksums(staging: _Staging, target: Path) -> None:
 
 
 def _publish_sqlite(staging: _Staging, target: Path, mode_like: Path) -> None:
-    tmp = staging.sqlite_tmp
-    assert tmp is not None
-    if tmp.parent != target.parent:  # built elsewhere (--tmp-path): copy next to the target first
-        local_tmp = temp_name_for(target)
+    """Move the finished index into place: renamed where it can be (the work folder, or a
+    ``--tmp-path`` on the same file system), else copied next to the target first."""
+    built = staging.sqlite_tmp
+    assert built is not None
+    copy_permissions(mode_like, built)
+    try:
+        os.replace(built, target)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        local_tmp = temp_name_for(target)  # another file system: copy, then rename
         try:
-            shutil.copyfile(tmp, local_tmp)
+            shutil.copyfile(built, local_tmp)
+            copy_permissions(mode_like, local_tmp)
+            os.replace(local_tmp, target)
         except BaseException:
             remove_quietly(local_tmp)
             raise
-        remove_quietly(tmp)
-        staging.sqlite_tmp = tmp = local_tmp
-    copy_permissions(mode_like, tmp)
-    os.replace(tmp, target)
+        remove_quietly(built)
     staging.sqlite_tmp = None
 
 

@@ -7,41 +7,79 @@ are the same whichever worker finished first, and the same as a run that was kil
 continued. The lookup indexes exist from the start: rows arrive sorted by
 ``(tar_file_id, sample_index)``, so keeping them up costs less than sorting every row at the end
 (the key index too, when the keys grow in that order; see ``SqliteIndexWriter``).
+
+The index is built at a fixed place (``WorkFolder.index_path``) and each chunk is added in one
+transaction, so a killed run leaves an index that holds a whole number of chunks: the next run
+continues it, and a chunk's own rows are deleted as soon as the index holds them (the work
+folder would otherwise keep a second copy of every row until the end).
 """
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from tqdm import tqdm
 
-from energon.format.layout import INDEX_SQLITE_FILENAME, nv_meta_dir, temp_name_for
+from energon.format.layout import INDEX_SQLITE_FILENAME, nv_meta_dir
 from energon.format.sqlite_index import SqliteIndexWriter
 from energon.media.extract import MediaFilterConfig
 from energon.prepare.scan import CHUNK_ROWS
-from energon.prepare.work import WorkFolder
+from energon.prepare.work import WorkFolder, remove_database
 
 
 class IndexMerge:
-    """Appends the rows of finished chunks to a new ``index.sqlite`` (under a temporary name,
-    :attr:`path`), in chunk order."""
+    """Appends the rows of finished chunks to the ``index.sqlite`` being built (at
+    :attr:`path`), in chunk order, continuing what a killed run built."""
 
-    def __init__(self, root: Path, work: WorkFolder, shards: list[str], folder: Path) -> None:
-        """``folder``: where the index is built (``prepare --tmp-path``, or ``.nv-meta``)."""
-        folder.mkdir(parents=True, exist_ok=True)
+    def __init__(self, root: Path, work: WorkFolder, shards: list[str]) -> None:
         self.root = root
         self.work = work
-        self.path = temp_name_for(folder / INDEX_SQLITE_FILENAME)
-        self._writer = SqliteIndexWriter(self.path, shards)
+        self.shards = shards
+        self.path = work.index_path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._writer = SqliteIndexWriter(self.path, shards)
+        except sqlite3.DatabaseError:  # damaged (the disk, or a hand): build it again
+            self.start_over()
         self._finished: set[int] = set()
         self._next = 0  # the first chunk not merged yet
+        self._held_samples = 0  # the samples of chunks 0 .. _next - 1
+
+    def holds(self, chunk: int, samples: int) -> bool:
+        """Whether the index already holds ``chunk`` (of ``samples`` samples): asked of the
+        chunks an earlier run finished, in chunk order, before anything is merged."""
+        if chunk != self._next or self._held_samples + samples > self._writer.rows_written:
+            return False
+        self._next += 1
+        self._held_samples += samples
+        return True
+
+    def holds_what_it_should(self) -> bool:
+        """Whether the chunks :meth:`holds` took are exactly the index's rows (if not, a chunk
+        it holds changed or went: :meth:`start_over`)."""
+        return self._held_samples == self._writer.rows_written
+
+    def start_over(self) -> None:
+        """An empty index (the chunks must then all have their rows)."""
+        writer = getattr(self, "_writer", None)
+        if writer is not None:
+            writer.abort()
+        remove_database(self.path)
+        self._writer = SqliteIndexWriter(self.path, self.shards)
+        self._next = self._held_samples = 0
 
     def chunk_finished(self, chunk: int) -> None:
-        """Merge ``chunk`` and those after it that were waiting for it."""
+        """Merge ``chunk`` and those after it that were waiting for it; a chunk the index
+        already holds (scanned again for its other files) only gives up its rows."""
+        if chunk < self._next:
+            self.work.drop_rows(chunk)
+            return
         self._finished.add(chunk)
         while self._next in self._finished:
             self._finished.discard(self._next)
             self._writer.add_chunk(self.work.chunk_folder(self._next) / CHUNK_ROWS)
+            self.work.drop_rows(self._next)
             self._next += 1
 
     def close(self, media_filter: MediaFilterConfig | None, progress: bool = False) -> None:

@@ -7,8 +7,11 @@ killed (or failed) leaves its finished chunks behind, and the next ``prepare`` o
 shards with the same options (``plan.json`` records both; the shards' sizes and modification
 times are checked per chunk) scans only the chunks that are missing, then builds the same
 files a run from scratch would: chunks are merged in shard order, so the result is
-byte-for-byte the same (``index.uuid`` aside, which is new on every run). A ``prepare`` with
-other shards or options starts over. The folder is removed when the dataset was published.
+byte-for-byte the same (``index.uuid`` aside, which is new on every run). The index being
+built lives here too (or in ``--tmp-path``; ``plan.json`` says where), and holds a whole number
+of chunks after a kill: chunks it holds need no rows any more (:mod:`energon.prepare.merge`).
+A ``prepare`` with other shards or options starts over. The folder is removed when the dataset
+was published.
 """
 
 from __future__ import annotations
@@ -16,17 +19,33 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from energon.format.layout import atomic_write_text, nv_meta_dir, remove_quietly, temp_name_for
-from energon.prepare.scan import CHUNK_FILES, CHUNK_META, ChunkSummary, files_complete, shard_stat
+from energon.format.layout import (
+    INDEX_SQLITE_FILENAME,
+    atomic_write_text,
+    nv_meta_dir,
+    remove_quietly,
+    temp_name_for,
+)
+from energon.prepare.scan import (
+    CHUNK_FILES,
+    CHUNK_META,
+    CHUNK_ROWS,
+    ChunkSummary,
+    files_complete,
+    shard_stat,
+)
 
 WORK_FOLDER_NAME = ".prepare-work"
 PLAN_FILENAME = "plan.json"
 MAX_CHUNKS = 1024  # chunks of one prepare at most (resuming redoes at most one chunk per worker)
 MAX_CHUNK_SHARDS = 64
+# the name of an index built in a --tmp-path folder (the work folder's own is INDEX_SQLITE_FILENAME)
+_OWN_INDEX_NAME = re.compile(r"^\.energon-index-[0-9a-f]{16}\.sqlite$")
 
 
 def chunk_shards_for(num_shards: int) -> int:
@@ -43,32 +62,56 @@ def plan_key(shards: Sequence[str], options: dict) -> str:
 
 
 class WorkFolder:
-    """The finished chunks of one plan (a shard list and scan options)."""
+    """The finished chunks of one plan (a shard list and scan options), and the ``index.sqlite``
+    being built from them (:attr:`index_path`: here, or in ``index_folder``, ``--tmp-path``)."""
 
-    def __init__(self, root: Path, shards: Sequence[str], options: dict) -> None:
+    def __init__(
+        self,
+        root: Path,
+        shards: Sequence[str],
+        options: dict,
+        index_folder: Path | None = None,
+    ) -> None:
         self.path = nv_meta_dir(root) / WORK_FOLDER_NAME
         self.shards = list(shards)
         self.chunk_shards = chunk_shards_for(len(shards))
         self.key = plan_key(shards, {**options, "chunk_shards": self.chunk_shards})
         self.num_chunks = -(-len(shards) // self.chunk_shards)
+        if index_folder is None:
+            self.index_path = self.path / INDEX_SQLITE_FILENAME
+        else:  # a folder other datasets may share: the name says whose it is
+            owner = hashlib.sha256(f"{Path(root).absolute()}\n{self.key}".encode()).hexdigest()
+            self.index_path = Path(index_folder) / f".energon-index-{owner[:16]}.sqlite"
+        self._chunk_files: dict[int, dict[str, int]] = {}
 
     def open(self) -> None:
-        """Keep the chunks of the same plan (drop unfinished ones), start over otherwise."""
-        plan = self.path / PLAN_FILENAME
+        """Keep the chunks of the same plan (drop unfinished ones), start over otherwise; an
+        index built elsewhere by an earlier plan (or with another ``--tmp-path``) goes."""
+        plan_path = self.path / PLAN_FILENAME
         try:
-            same = json.loads(plan.read_text())["key"] == self.key
-        except (OSError, ValueError, KeyError, TypeError):
-            same = False
-        if not same:
+            plan = json.loads(plan_path.read_text())
+            same = plan["key"] == self.key
+            previous_index = plan.get("index")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            same, previous_index = False, None
+        if isinstance(previous_index, str) and previous_index != str(self.index_path):
+            previous = Path(previous_index)
+            if previous == self.path / INDEX_SQLITE_FILENAME or _OWN_INDEX_NAME.match(
+                previous.name
+            ):
+                remove_database(previous)  # (never any other file a damaged plan might name)
+        if same:
+            for entry in self.path.iterdir():  # a killed worker's half-written chunk
+                if ".tmp" in entry.name:
+                    shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else (
+                        remove_quietly(entry)
+                    )
+        else:
             discard(self.path)
             self.path.mkdir(parents=True)
-            atomic_write_text(plan, json.dumps({"key": self.key, "chunks": self.num_chunks}))
-            return
-        for entry in self.path.iterdir():  # a killed worker's half-written chunk
-            if ".tmp" in entry.name:
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else remove_quietly(
-                    entry
-                )
+        if not same or previous_index != str(self.index_path):
+            plan = {"key": self.key, "chunks": self.num_chunks, "index": str(self.index_path)}
+            atomic_write_text(plan_path, json.dumps(plan))
 
     def chunk_folder(self, chunk: int) -> Path:
         return self.path / f"chunk-{chunk:06d}"
@@ -77,21 +120,37 @@ class WorkFolder:
         first = chunk * self.chunk_shards
         return range(first, min(first + self.chunk_shards, len(self.shards)))
 
-    def finished(self, chunk: int, tar_paths: Sequence[str]) -> ChunkSummary | None:
-        """The chunk's summary if it is finished (every file it lists is there, complete) and
-        its shards did not change since; otherwise its folder, if any, is removed."""
+    def summary(self, chunk: int, tar_paths: Sequence[str]) -> ChunkSummary | None:
+        """The chunk's summary if an earlier run finished it and its shards did not change
+        since (whether its files are all there is :meth:`complete`'s question)."""
         folder = self.chunk_folder(chunk)
         try:
             with open(folder / CHUNK_META) as f:
                 meta = json.load(f)
             summary = ChunkSummary.from_json(meta)
-            complete = files_complete(folder, meta[CHUNK_FILES])
+            self._chunk_files[chunk] = {str(k): int(v) for k, v in meta[CHUNK_FILES].items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            summary, complete = None, False
-        if not complete or summary.stats != [shard_stat(p) for p in tar_paths]:
-            discard(folder)
+            return None
+        if summary.stats != [shard_stat(p) for p in tar_paths]:
             return None
         return summary
+
+    def complete(self, chunk: int, rows: bool) -> bool:
+        """Whether every file of the chunk (after :meth:`summary`) is there with its size: its
+        rows only when ``rows`` (a chunk the index holds has none any more)."""
+        files = self._chunk_files.get(chunk, {})
+        if not rows:
+            files = {rel: size for rel, size in files.items() if rel != CHUNK_ROWS}
+        return bool(files) and files_complete(self.chunk_folder(chunk), files)
+
+    def drop_chunk(self, chunk: int) -> None:
+        """Remove a chunk's folder (to scan it again)."""
+        discard(self.chunk_folder(chunk))
+
+    def drop_rows(self, chunk: int) -> None:
+        """The chunk's rows, once the index holds them: the work folder would otherwise keep a
+        second copy of every row until the end (0.4x the index's size)."""
+        remove_quietly(self.chunk_folder(chunk) / CHUNK_ROWS)
 
     def chunk_files(self, chunk: int, subfolder: str, suffix: str) -> Iterator[tuple[int, Path]]:
         """(global shard number, file) of each shard of the chunk in ``subfolder``."""
@@ -100,7 +159,14 @@ class WorkFolder:
             yield shard_id, folder / f"{n}{suffix}"
 
     def remove(self) -> None:
+        remove_database(self.index_path)
         discard(self.path)
+
+
+def remove_database(path: Path) -> None:
+    """An sqlite file and its rollback journal."""
+    remove_quietly(path)
+    remove_quietly(path.with_name(path.name + "-journal"))
 
 
 def discard(folder: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from tests.helpers.tarfiles import write_tar
 
 # `energon prepare` in a child that kills itself (SIGKILL) when its N-th chunk is finished (the
 # rename of a chunk folder into place), or ("removal") just after it deleted the first chunk's
-# rows.sqlite while removing the work folder at the end; it prints how many chunks it finished
+# meta.json while removing the work folder at the end; it prints how many chunks it finished
 # (when it is not killed).
 CHILD = r"""
 import os, signal, sys
@@ -45,7 +46,7 @@ def replace(src, dst, *a, **k):
 
 def unlink(path, *a, **k):
     result = real_unlink(path, *a, **k)
-    if when == "removal" and os.path.basename(str(path)) == "rows.sqlite":
+    if when == "removal" and os.path.basename(str(path)) == "meta.json":
         os.kill(os.getpid(), signal.SIGKILL)
     return result
 
@@ -120,15 +121,61 @@ def test_a_killed_prepare_continues_and_writes_what_a_clean_run_writes(tmp_path,
     first = _prepare(killed, kill_at=4)
     assert first.returncode == -9
     assert not (killed / ".nv-meta" / ".info.json").exists()
-    # a finished chunk whose files are not all there, whole, is scanned again
     work = killed / ".nv-meta" / WORK_FOLDER_NAME
-    rows = work / "chunk-000001" / "rows.sqlite"
-    rows.write_bytes(rows.read_bytes()[:1024])
+    # four chunks were finished; the index being built holds the first three (the fourth was
+    # finished at the kill), and their own rows went
+    index = sqlite3.connect(work / "index.sqlite")
+    assert index.execute("SELECT count(*) FROM samples").fetchone() == (36,)
+    index.close()
+    rows = [(work / f"chunk-00000{c}" / "rows.sqlite").exists() for c in range(4)]
+    assert rows == [False, False, False, True]
+    # a finished chunk whose files are not all there, whole, is scanned again (not merged again)
+    idx = work / "chunk-000001" / "idx" / "0.idx"
+    idx.write_bytes(idx.read_bytes()[:8])
     (work / "chunk-000002" / "idx" / "0.idx").unlink()
     again = _prepare(killed)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "CHUNKS 6" in again.stdout  # two finished chunks were not scanned again
+    assert "CHUNKS 6" in again.stdout  # chunks 0 and 3 were not scanned again
     assert not work.exists()
+    assert _files(killed) == _files(clean)
+
+
+def test_an_index_built_in_tmp_path_is_continued_there_and_left_nowhere(tmp_path):
+    """``--tmp-path``: the index is built there under a name of its dataset's own; a killed
+    run's index is continued from the same folder, and one left in a folder no longer named
+    is removed (the chunks it held are then scanned again)."""
+    clean, killed = _shards_only(tmp_path / "clean"), _shards_only(tmp_path / "killed")
+    scratch, other = tmp_path / "scratch", tmp_path / "other"
+    assert _prepare(clean).returncode == 0
+    assert _prepare(killed, 4, "chunk", "--tmp-path", str(scratch)).returncode == -9
+    (left,) = scratch.iterdir()
+    assert re.fullmatch(r"\.energon-index-[0-9a-f]{16}\.sqlite", left.name)
+    assert sqlite3.connect(left).execute("SELECT count(*) FROM samples").fetchone() == (36,)
+    # continued there: killed when the third of the chunks left was finished (4, 5, 6)
+    assert _prepare(killed, 3, "chunk", "--tmp-path", str(scratch)).returncode == -9
+    assert list(scratch.iterdir()) == [left]
+    assert sqlite3.connect(left).execute("SELECT count(*) FROM samples").fetchone() == (72,)
+    again = _prepare(killed, 0, "chunk", "--tmp-path", str(other))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "CHUNKS 7" in again.stdout  # all but chunk 6 (finished, not merged: it has its rows)
+    assert list(scratch.iterdir()) == [] and list(other.iterdir()) == []
+    assert _files(killed) == _files(clean)
+
+
+def test_a_changed_shard_in_what_the_index_holds_builds_it_again(tmp_path):
+    """A shard of a chunk the index holds changed after the kill: its rows there are stale, so
+    the index is built again from scratch, and the chunks whose rows it held are scanned again."""
+    clean, killed = _shards_only(tmp_path / "clean"), _shards_only(tmp_path / "killed")
+    first = _prepare(killed, kill_at=4)
+    assert first.returncode == -9
+    for root in (clean, killed):  # the same new content in both
+        shard = sorted((root / "parts").glob("*.tar"))[1]
+        write_tar(shard, [(f"changed{n:03d}.txt", b"new text %d" % n) for n in range(5)])
+    assert _prepare(clean).returncode == 0
+    again = _prepare(killed)
+    assert again.returncode == 0, again.stderr[-2000:]
+    # the chunks the index held lost their rows: scanned again, all but the fourth (not merged)
+    assert "CHUNKS 7" in again.stdout
     assert _files(killed) == _files(clean)
 
 
