@@ -211,3 +211,23 @@ def test_an_sqlite_that_refuses_schema_edits_keeps_a_working_unique_index(tmp_pa
     ).fetchall() == [(11 - PER_SHARD,)]
     with pytest.raises(sqlite3.IntegrityError, match="UNIQUE constraint failed"):
         db.execute("INSERT INTO samples VALUES (0, ?, 99, 0, 0)", (key,))
+
+
+def test_a_duplicate_within_one_chunk_names_both_places(tmp_path, monkeypatch):
+    """Two shards per chunk (a 2-chunk plan): the first chunk's keys ascend, so the key index is
+    kept up, and the second chunk holds both copies of a key. The failed insert is undone, so
+    the explanation finds both copies in the chunk itself."""
+    monkeypatch.setattr("energon.prepare.work.MAX_CHUNKS", 2)
+    built = _record_key_index_builds(monkeypatch)
+    for name, keys in (("a", "k1 k2"), ("b", "k3 k4"), ("c", "k5 k6"), ("d", "k7 k5")):
+        write_tar(tmp_path / f"{name}.tar", [(f"{key}.txt", b"x") for key in keys.split()])
+    with pytest.raises(DuplicateSampleKeyError) as raised:
+        prepare_dataset(tmp_path, progress=False, num_workers=1)
+    assert built == []  # found while merging, not at the end
+    e = raised.value
+    assert (e.key, e.first, e.second) == (
+        "k5",
+        "shard c.tar at byte offset 0",
+        "shard d.tar at byte offset 1024",
+    )
+    assert not has_info(tmp_path) and not list(tmp_path.rglob("*.sqlite*"))
