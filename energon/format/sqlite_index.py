@@ -3,8 +3,10 @@
 The schema is the reference's (F8) so either tool can read the other's index. ``index.uuid`` is a
 fresh random UUID whenever new rows were written; join indices use it to notice a rebuilt index.
 
-The writer is meant for a NEW database file (``prepare`` builds it under a temporary name and
-renames it into place), so it can switch off journaling and fsync while filling it.
+The writer is meant for a database that nobody reads yet (``prepare`` builds it in its work
+folder and renames it into place), so it can switch off fsync while filling it: a ``kill -9``
+loses nothing the operating system was given, and the rollback journal undoes the chunk that
+was being added (a chunk database has no journal at all: a killed chunk is scanned again).
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ class SqliteIndexWriter:
     at a billion). So the first chunk decides: keys in ascending order keep the index up as rows
     come in; keys in any other order fill the table without it, and :meth:`close` builds it in
     one sort (1-2 us per sample, in sequential passes; a duplicate is then found at the end
-    instead of at its chunk). Either way the file has the reference's schema, text included.
+    instead of at its chunk). Either way the file has the reference's schema, text included
+    (unless the sqlite build refuses edits of the schema: see :meth:`_build_key_index`).
     """
 
     def __init__(
@@ -212,7 +215,8 @@ class SqliteIndexWriter:
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # (sqlite ends it on its own after some errors)
+                self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
 
