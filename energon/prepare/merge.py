@@ -38,10 +38,7 @@ class IndexMerge:
         self.shards = shards
         self.path = work.index_path
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._writer = SqliteIndexWriter(self.path, shards)
-        except sqlite3.DatabaseError:  # damaged (the disk, or a hand): build it again
-            self.start_over()
+        self._writer = self._open()
         self._finished: set[int] = set()
         self._next = 0  # the first chunk not merged yet
         self._held_samples = 0  # the samples of chunks 0 .. _next - 1
@@ -60,11 +57,17 @@ class IndexMerge:
         it holds changed or went: :meth:`start_over`)."""
         return self._held_samples == self._writer.rows_written
 
+    def _open(self) -> SqliteIndexWriter:
+        """The index a killed run left (or a new one)."""
+        try:
+            return SqliteIndexWriter(self.path, self.shards)
+        except sqlite3.DatabaseError:  # damaged (the disk, or a hand): build it again
+            remove_database(self.path)
+            return SqliteIndexWriter(self.path, self.shards)
+
     def start_over(self) -> None:
         """An empty index (the chunks must then all have their rows)."""
-        writer = getattr(self, "_writer", None)
-        if writer is not None:
-            writer.abort()
+        self._writer.abort()
         remove_database(self.path)
         self._writer = SqliteIndexWriter(self.path, self.shards)
         self._next = self._held_samples = 0

@@ -238,3 +238,16 @@ def _train_keys(root: Path) -> list[str]:
     )
     it = iter(get_loader(ds))
     return [k for _ in range(6) for k in next(it).__key__]
+
+
+def test_a_damaged_index_from_a_killed_run_is_built_again(tmp_path):
+    """The index a killed run left is not an sqlite file any more: it is built again, and the
+    chunks whose rows it held are scanned again."""
+    clean, killed = _shards_only(tmp_path / "clean"), _shards_only(tmp_path / "killed")
+    assert _prepare(clean).returncode == 0
+    assert _prepare(killed, kill_at=4).returncode == -9
+    (killed / ".nv-meta" / WORK_FOLDER_NAME / "index.sqlite").write_bytes(b"not sqlite" * 500)
+    again = _prepare(killed)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "CHUNKS 7" in again.stdout  # all but chunk 3 (finished, not merged: it has its rows)
+    assert _files(killed) == _files(clean)
